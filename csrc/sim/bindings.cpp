@@ -1,0 +1,83 @@
+// Python access to the simulator: load modules, dispatch with CPU tensors and
+// scalar bytes as buffers.
+#include <torch/extension.h>
+
+#include <string>
+#include <vector>
+
+#include "sim/runtime/runtime.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Bytes from the first element to one past the last: what a kernel indexing
+// the tensor through its strides can touch.
+size_t span_bytes(const at::Tensor& t) {
+  if (t.numel() == 0) return 0;
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return size_t(last + 1) * t.element_size();
+}
+
+std::vector<std::string> dispatch(const mtlsim::Module& module, const std::string& kernel, const py::list& buffers,
+                                  std::array<uint32_t, 3> grid, std::array<uint32_t, 3> threadgroup,
+                                  const std::vector<size_t>& threadgroup_lengths, bool grid_in_threads) {
+  mtlsim::Launch launch;
+  launch.module = &module;
+  launch.kernel = module.find(kernel);
+  if (!launch.kernel) throw py::attribute_error("no kernel named '" + kernel + "' in " + module.name);
+  TORCH_CHECK_VALUE(buffers.size() <= mtlsim::kMaxBufferSlots, "at most ", mtlsim::kMaxBufferSlots,
+                    " buffers can be bound, got ", buffers.size());
+  TORCH_CHECK_VALUE(threadgroup_lengths.size() == mtlsim::kMaxBufferSlots, "expected ", mtlsim::kMaxBufferSlots,
+                    " threadgroup memory lengths");
+  std::vector<std::string> scalars;  // owned copies: kernels get writable memory, Python bytes are not
+  scalars.reserve(buffers.size());
+  std::vector<at::Tensor> tensors;
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    py::handle b = buffers[i];
+    if (b.is_none()) continue;
+    if (THPVariable_Check(b.ptr())) {
+      at::Tensor t = THPVariable_Unpack(b.ptr());
+      TORCH_CHECK_VALUE(t.device().is_cpu(), "buffer ", i, " must be a CPU tensor, got one on ", t.device());
+      // An empty tensor is still a bound (zero-length) buffer, as on Metal.
+      static char empty;
+      launch.buffers[i] = mtlsim::Buffer{t.numel() ? t.data_ptr() : &empty, span_bytes(t)};
+      tensors.push_back(std::move(t));
+    } else {
+      scalars.push_back(b.cast<std::string>());
+      launch.buffers[i] = mtlsim::Buffer{scalars.back().data(), scalars.back().size()};
+    }
+  }
+  for (size_t i = 0; i < mtlsim::kMaxBufferSlots; ++i) launch.threadgroup_lengths[i] = threadgroup_lengths[i];
+  launch.grid = mtlsim::Dim3{grid[0], grid[1], grid[2]};
+  launch.threadgroup = mtlsim::Dim3{threadgroup[0], threadgroup[1], threadgroup[2]};
+  launch.grid_in_threads = grid_in_threads;
+  mtlsim::Options options;
+  options.checked = mtlsim::checked_by_default();
+  mtlsim::Report report;
+  {
+    py::gil_scoped_release release;
+    report = mtlsim::dispatch(launch, options);
+  }
+  return report.warnings;
+}
+
+}  // namespace
+
+void register_sim_bindings(py::module_& m) {
+  py::register_exception<mtlsim::SimError>(m, "SimulatorError", PyExc_RuntimeError);
+  py::class_<mtlsim::Module>(m, "_SimModule").def_readonly("name", &mtlsim::Module::name);
+  m.def("_sim_load_module", &mtlsim::load_module, py::return_value_policy::reference, py::arg("path"),
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_sim_kernels", [](const mtlsim::Module& module) {
+    std::vector<std::pair<std::string, uint32_t>> out;
+    for (uint32_t i = 0; i < module.info->num_kernels; ++i)
+      out.emplace_back(module.info->kernels[i].host_name, module.info->kernels[i].max_total_threads_per_threadgroup);
+    return out;
+  });
+  m.def("_sim_dispatch", &dispatch);
+  m.def("_sim_push_checked", &mtlsim::push_checked);
+  m.def("_sim_pop_checked", &mtlsim::pop_checked);
+  m.def("_sim_checked", &mtlsim::checked_by_default);
+}

@@ -1,0 +1,356 @@
+// MSL vector types: vec<T,N>, packed_vec<T,N>, swizzles, operators, type names.
+#pragma once
+
+#include "scalar.h"
+
+namespace metal {
+
+template <class T, int N> struct vec;
+template <class V> struct packed;
+template <class T, int N> using packed_vec = packed<vec<T, N>>;
+template <class V, int... I> struct swizzle;
+
+namespace detail {
+
+// What a value-like type stands for: swizzles and packed vectors act as the
+// vec they convert to, scalars as one lane of themselves.
+template <class X> struct vec_info {
+  using value = X;
+  using elem = X;
+  static constexpr int lanes = 1;
+  static constexpr bool is_vec = false;
+};
+template <class T, int N> struct vec_info<vec<T, N>> {
+  using value = vec<T, N>;
+  using elem = T;
+  static constexpr int lanes = N;
+  static constexpr bool is_vec = true;
+};
+template <class V> struct vec_info<packed<V>> : vec_info<V> {};
+template <class V, int... I> struct vec_info<swizzle<V, I...>> : vec_info<V> {};
+
+template <class X> using info = vec_info<std::remove_cv_t<std::remove_reference_t<X>>>;
+template <class X> using value_t = typename info<X>::value;
+template <class X> using elem_t = typename info<X>::elem;
+template <class X> constexpr int lanes_v = info<X>::lanes;
+template <class X> constexpr bool is_vec_like_v = info<X>::is_vec;
+template <class X, class E> using rebind_t = std::conditional_t<is_vec_like_v<X>, vec<E, lanes_v<X>>, E>;
+
+// Lane i of a vector; a scalar is its own every lane.
+template <class T, int N> MTLSIM_HD constexpr T& lane(vec<T, N>& v, int i) { return v[i]; }
+template <class T, int N> MTLSIM_HD constexpr const T& lane(const vec<T, N>& v, int i) { return v[i]; }
+template <class T> MTLSIM_HD constexpr T& lane(T& x, int) { return x; }
+
+// Components a constructor argument contributes (0: not usable).
+template <class X>
+constexpr int pieces_v = is_num_v<std::decay_t<X>> ? 1 : is_vec_like_v<X> ? lanes_v<X> : 0;
+
+template <int I, class P, class... Ps> MTLSIM_HD constexpr auto piece(const P& p, const Ps&... ps) {
+  if constexpr (I < lanes_v<P>) return lane(p, I);
+  else return piece<I - lanes_v<P>>(ps...);
+}
+
+template <int... I> constexpr int lowest() { int m = 4; ((m = I < m ? I : m), ...); return m; }
+template <int... I> constexpr int highest() { int m = 0; ((m = I > m ? I : m), ...); return m; }
+template <int... I> constexpr bool distinct() { return ((0 | ... | (1 << I)) == (... + (1 << I))); }
+
+// Integer + - * wrap modulo 2^n as on the GPU; types narrower than int are
+// widened to unsigned so that their products cannot overflow int either.
+template <class T, bool = std::is_integral_v<T> && !std::is_same_v<T, bool>> struct wrapping { using type = T; };
+template <class T> struct wrapping<T, true> {
+  using type = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, std::make_unsigned_t<T>>;
+};
+template <class T> using wrap_t = typename wrapping<T>::type;
+
+#define MTLSIM_OP_FUNCTOR(name, R, expr) \
+  struct name { template <class T> MTLSIM_HD constexpr R operator()(T a, [[maybe_unused]] T b) const { return expr; } };
+#define MTLSIM_SHIFT_MASK (wrap_t<T>(b) & (sizeof(T) * CHAR_BIT - 1))
+MTLSIM_OP_FUNCTOR(add, T, T(wrap_t<T>(a) + wrap_t<T>(b)))
+MTLSIM_OP_FUNCTOR(sub, T, T(wrap_t<T>(a) - wrap_t<T>(b)))
+MTLSIM_OP_FUNCTOR(mul, T, T(wrap_t<T>(a) * wrap_t<T>(b)))
+MTLSIM_OP_FUNCTOR(div, T, T(a / b))
+MTLSIM_OP_FUNCTOR(mod, T, T(a % b))
+MTLSIM_OP_FUNCTOR(bit_and, T, T(a & b))
+MTLSIM_OP_FUNCTOR(bit_or, T, T(a | b))
+MTLSIM_OP_FUNCTOR(bit_xor, T, T(a ^ b))
+// Shift counts are taken modulo the lane width, as OpenCL/MSL GPUs do.
+MTLSIM_OP_FUNCTOR(shl, T, T(wrap_t<T>(a) << MTLSIM_SHIFT_MASK))
+MTLSIM_OP_FUNCTOR(shr, T, T(a >> MTLSIM_SHIFT_MASK))
+MTLSIM_OP_FUNCTOR(eq, bool, a == b)
+MTLSIM_OP_FUNCTOR(ne, bool, a != b)
+MTLSIM_OP_FUNCTOR(lt, bool, a < b)
+MTLSIM_OP_FUNCTOR(le, bool, a <= b)
+MTLSIM_OP_FUNCTOR(gt, bool, a > b)
+MTLSIM_OP_FUNCTOR(ge, bool, a >= b)
+MTLSIM_OP_FUNCTOR(land, bool, bool(a) && bool(b))
+MTLSIM_OP_FUNCTOR(lor, bool, bool(a) || bool(b))
+MTLSIM_OP_FUNCTOR(neg, T, T(-wrap_t<T>(a)))
+MTLSIM_OP_FUNCTOR(bit_not, T, T(~a))
+MTLSIM_OP_FUNCTOR(lnot, bool, !a)
+#undef MTLSIM_SHIFT_MASK
+#undef MTLSIM_OP_FUNCTOR
+
+struct elems_tag {};
+struct pieces_tag {};
+struct broadcast_tag {};
+
+template <class T, int N> struct storage;
+
+// Constructors shared by vec and packed_vec.
+template <class T, int N> struct vec_base : storage<T, N> {
+  vec_base() = default;
+  template <class... U>
+  MTLSIM_HD constexpr vec_base(elems_tag, const U&... u) : storage<T, N>{{{T(u)...}}} {}
+  template <class S, std::enable_if_t<is_num_v<S>, int> = 0>
+  MTLSIM_HD constexpr vec_base(const S& s) : vec_base(std::make_integer_sequence<int, N>{}, broadcast_tag{}, T(s)) {}
+  template <class A, class B, class... C,
+            std::enable_if_t<pieces_v<A> * pieces_v<B> * (1 * ... * pieces_v<C>) != 0 &&
+                                 pieces_v<A> + pieces_v<B> + (0 + ... + pieces_v<C>) == N, int> = 0>
+  MTLSIM_HD constexpr vec_base(const A& a, const B& b, const C&... c)
+      : vec_base(std::make_integer_sequence<int, N>{}, pieces_tag{}, value_t<A>(a), value_t<B>(b), value_t<C>(c)...) {}
+  template <class X, std::enable_if_t<is_vec_like_v<X> && lanes_v<X> == N && !std::is_same_v<elem_t<X>, T>, int> = 0>
+  MTLSIM_HD explicit constexpr vec_base(const X& x)
+      : vec_base(std::make_integer_sequence<int, N>{}, pieces_tag{}, value_t<X>(x)) {}
+
+  MTLSIM_HD constexpr T& operator[](int i) { return this->e[i]; }
+  MTLSIM_HD constexpr const T& operator[](int i) const { return this->e[i]; }
+
+ protected:
+  template <int... I, class... P>
+  MTLSIM_HD constexpr vec_base(std::integer_sequence<int, I...>, pieces_tag, const P&... p)
+      : storage<T, N>{{{T(piece<I>(p...))...}}} {}
+  template <int... I>
+  MTLSIM_HD constexpr vec_base(std::integer_sequence<int, I...>, broadcast_tag, const T& s)
+      : storage<T, N>{{{(void(I), s)...}}} {}
+};
+
+template <class V> using base_of = vec_base<elem_t<V>, lanes_v<V>>;
+
+}  // namespace detail
+
+template <class T, int N>
+struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::vec_base<T, N> {
+  static_assert(N >= 2 && N <= 4, "MSL vectors have 2, 3 or 4 components");
+  using detail::vec_base<T, N>::vec_base;
+  vec() = default;
+
+ private:
+  using bool_vec = vec<bool, N>;
+
+  template <class R, class F> MTLSIM_HD static constexpr R zip(const vec& a, const vec& b, F f) {
+    R r{};
+    for (int i = 0; i < N; ++i) r[i] = f(a[i], b[i]);
+    return r;
+  }
+
+  // Hidden friends: found through vec, swizzle<vec,...> and packed<vec>, and
+  // non-templates, so scalars broadcast and proxies convert on the way in.
+#define MTLSIM_VEC_BINARY(op, F)                                                                        \
+  friend MTLSIM_HD constexpr vec operator op(const vec& a, const vec& b) { return zip<vec>(a, b, detail::F{}); } \
+  friend MTLSIM_HD constexpr vec& operator op##=(vec& a, const vec& b) { return a = a op b; }
+#define MTLSIM_VEC_PREDICATE(op, F) \
+  friend MTLSIM_HD constexpr bool_vec operator op(const vec& a, const vec& b) { return zip<bool_vec>(a, b, detail::F{}); }
+#define MTLSIM_VEC_UNARY(op, R, F) \
+  friend MTLSIM_HD constexpr R operator op(const vec& a) { return zip<R>(a, a, detail::F{}); }
+#define MTLSIM_VEC_STEP(op, compound)                                                  \
+  friend MTLSIM_HD constexpr vec& operator op(vec& a) { return a compound vec(T(1)); } \
+  friend MTLSIM_HD constexpr vec operator op(vec& a, int) { vec t = a; op a; return t; }
+
+  MTLSIM_VEC_BINARY(+, add) MTLSIM_VEC_BINARY(-, sub) MTLSIM_VEC_BINARY(*, mul) MTLSIM_VEC_BINARY(/, div)
+  MTLSIM_VEC_BINARY(%, mod) MTLSIM_VEC_BINARY(&, bit_and) MTLSIM_VEC_BINARY(|, bit_or)
+  MTLSIM_VEC_BINARY(^, bit_xor) MTLSIM_VEC_BINARY(<<, shl) MTLSIM_VEC_BINARY(>>, shr)
+  MTLSIM_VEC_PREDICATE(==, eq) MTLSIM_VEC_PREDICATE(!=, ne) MTLSIM_VEC_PREDICATE(<, lt)
+  MTLSIM_VEC_PREDICATE(<=, le) MTLSIM_VEC_PREDICATE(>, gt) MTLSIM_VEC_PREDICATE(>=, ge)
+  MTLSIM_VEC_PREDICATE(&&, land) MTLSIM_VEC_PREDICATE(||, lor)
+  MTLSIM_VEC_UNARY(-, vec, neg) MTLSIM_VEC_UNARY(~, vec, bit_not) MTLSIM_VEC_UNARY(!, bool_vec, lnot)
+  MTLSIM_VEC_STEP(++, +=) MTLSIM_VEC_STEP(--, -=)
+  friend MTLSIM_HD constexpr vec operator+(const vec& a) { return a; }
+#undef MTLSIM_VEC_BINARY
+#undef MTLSIM_VEC_PREDICATE
+#undef MTLSIM_VEC_UNARY
+#undef MTLSIM_VEC_STEP
+};
+
+// A packed vector has the lanes of vec<T,N> without its padding or alignment;
+// arithmetic converts it to vec.
+template <class V> struct packed : detail::base_of<V> {
+  using base = detail::base_of<V>;
+  using base::base;
+  packed() = default;
+  MTLSIM_HD constexpr packed(const V& v) : packed(std::make_integer_sequence<int, detail::lanes_v<V>>{}, v) {}
+  MTLSIM_HD constexpr operator V() const {
+    V v{};
+    for (int i = 0; i < detail::lanes_v<V>; ++i) v[i] = this->e[i];
+    return v;
+  }
+
+ private:
+  template <int... I>
+  MTLSIM_HD constexpr packed(std::integer_sequence<int, I...>, const V& v) : base(detail::elems_tag{}, v[I]...) {}
+};
+
+// A view of some lanes of the enclosing vector. Its array covers exactly lanes
+// lo..hi (the struct wrapping it in the union pads it to lane lo), so the
+// implicit copy assignment -- still chosen for `a.zw = b.zw` with const b, and
+// kept trivial so that vec stays trivially copyable -- writes the right lanes
+// whenever the letters name a contiguous range.
+template <class V, int... I> struct swizzle {
+  using T = detail::elem_t<V>;
+  static constexpr int lo = detail::lowest<I...>(), hi = detail::highest<I...>();
+  T e[hi - lo + 1];
+
+  MTLSIM_HD constexpr operator V() const { return V(detail::elems_tag{}, e[I - lo]...); }
+  template <class X, std::enable_if_t<detail::distinct<I...>() && !std::is_same_v<X, swizzle> &&
+                                          std::is_convertible_v<X, V>, int> = 0>
+  MTLSIM_HD constexpr swizzle& operator=(X&& x) {
+    const V v = x;
+    int k = 0;
+    ((e[I - lo] = v[k++]), ...);
+    return *this;
+  }
+};
+
+namespace detail {
+template <class P> struct is_proxy : std::false_type {};
+template <class V> struct is_proxy<packed<V>> : std::true_type {};
+template <class V, int... I> struct is_proxy<swizzle<V, I...>> : std::true_type {};
+}  // namespace detail
+
+#define MTLSIM_PROXY_COMPOUND(op)                                                     \
+  template <class P, class X, std::enable_if_t<detail::is_proxy<P>::value, int> = 0> \
+  MTLSIM_HD constexpr P& operator op##=(P& p, const X& x) { return p = detail::value_t<P>(detail::value_t<P>(p) op x); }
+MTLSIM_PROXY_COMPOUND(+) MTLSIM_PROXY_COMPOUND(-) MTLSIM_PROXY_COMPOUND(*) MTLSIM_PROXY_COMPOUND(/)
+MTLSIM_PROXY_COMPOUND(%) MTLSIM_PROXY_COMPOUND(&) MTLSIM_PROXY_COMPOUND(|) MTLSIM_PROXY_COMPOUND(^)
+MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
+#undef MTLSIM_PROXY_COMPOUND
+
+// ------------------------------------------------------------- swizzle members
+//
+// Every 2-4 letter swizzle of both letter sets, as union members. Those whose
+// lowest lane is g > 0 sit in a nested union padded by g lanes (see swizzle).
+// A macro cannot re-enter its own expansion, so each nesting level of the
+// index loop has its own copy.
+#define MTLSIM_CAT(a, b) MTLSIM_CAT_(a, b)
+#define MTLSIM_CAT_(a, b) a##b
+#define MTLSIM_UNPAREN(...) __VA_ARGS__
+#define MTLSIM_DROP(...)
+#define MTLSIM_ARG2(a, b, ...) b
+#define MTLSIM_ARG2_(...) MTLSIM_ARG2(__VA_ARGS__)
+
+#define MTLSIM_XYZW0 x
+#define MTLSIM_XYZW1 y
+#define MTLSIM_XYZW2 z
+#define MTLSIM_XYZW3 w
+#define MTLSIM_RGBA0 r
+#define MTLSIM_RGBA1 g
+#define MTLSIM_RGBA2 b
+#define MTLSIM_RGBA3 a
+#define MTLSIM_LETTER(S, i) MTLSIM_##S##i
+
+#define MTLSIM_MIN_00 0
+#define MTLSIM_MIN_01 0
+#define MTLSIM_MIN_02 0
+#define MTLSIM_MIN_03 0
+#define MTLSIM_MIN_10 0
+#define MTLSIM_MIN_11 1
+#define MTLSIM_MIN_12 1
+#define MTLSIM_MIN_13 1
+#define MTLSIM_MIN_20 0
+#define MTLSIM_MIN_21 1
+#define MTLSIM_MIN_22 2
+#define MTLSIM_MIN_23 2
+#define MTLSIM_MIN_30 0
+#define MTLSIM_MIN_31 1
+#define MTLSIM_MIN_32 2
+#define MTLSIM_MIN_33 3
+#define MTLSIM_MIN(a, b) MTLSIM_CAT(MTLSIM_MIN_, MTLSIM_CAT(a, b))
+// MTLSIM_IF_SAME(a, b)(tokens) keeps the tokens only when a == b.
+#define MTLSIM_SAME_00 ~, MTLSIM_UNPAREN
+#define MTLSIM_SAME_11 ~, MTLSIM_UNPAREN
+#define MTLSIM_SAME_22 ~, MTLSIM_UNPAREN
+#define MTLSIM_SAME_33 ~, MTLSIM_UNPAREN
+#define MTLSIM_IF_SAME(a, b) MTLSIM_ARG2_(MTLSIM_CAT(MTLSIM_SAME_, MTLSIM_CAT(a, b)), MTLSIM_DROP, ~)
+
+#define MTLSIM_LOOP_A2(F, ...) F(__VA_ARGS__, 0) F(__VA_ARGS__, 1)
+#define MTLSIM_LOOP_A3(F, ...) MTLSIM_LOOP_A2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
+#define MTLSIM_LOOP_A4(F, ...) MTLSIM_LOOP_A3(F, __VA_ARGS__) F(__VA_ARGS__, 3)
+#define MTLSIM_LOOP_B2(F, ...) F(__VA_ARGS__, 0) F(__VA_ARGS__, 1)
+#define MTLSIM_LOOP_B3(F, ...) MTLSIM_LOOP_B2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
+#define MTLSIM_LOOP_B4(F, ...) MTLSIM_LOOP_B3(F, __VA_ARGS__) F(__VA_ARGS__, 3)
+#define MTLSIM_LOOP_C2(F, ...) F(__VA_ARGS__, 0) F(__VA_ARGS__, 1)
+#define MTLSIM_LOOP_C3(F, ...) MTLSIM_LOOP_C2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
+#define MTLSIM_LOOP_C4(F, ...) MTLSIM_LOOP_C3(F, __VA_ARGS__) F(__VA_ARGS__, 3)
+#define MTLSIM_LOOP_D2(F, ...) F(__VA_ARGS__, 0) F(__VA_ARGS__, 1)
+#define MTLSIM_LOOP_D3(F, ...) MTLSIM_LOOP_D2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
+#define MTLSIM_LOOP_D4(F, ...) MTLSIM_LOOP_D3(F, __VA_ARGS__) F(__VA_ARGS__, 3)
+
+#define MTLSIM_SWIZZLE_MEMBER(G, lowest, name, K, ...) \
+  MTLSIM_IF_SAME(G, lowest)(swizzle<vec<T, K>, __VA_ARGS__> name;)
+#define MTLSIM_SWIZZLE2(G, S, i, j) \
+  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(i, j), MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), 2, i, j)
+#define MTLSIM_SWIZZLE3(G, S, i, j, k)                                                                        \
+  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(MTLSIM_MIN(i, j), k),                                                   \
+                        MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), MTLSIM_LETTER(S, k)), \
+                        3, i, j, k)
+#define MTLSIM_SWIZZLE4(G, S, i, j, k, l)                                                        \
+  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(MTLSIM_MIN(i, j), MTLSIM_MIN(k, l)),                       \
+                        MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)),         \
+                                   MTLSIM_CAT(MTLSIM_LETTER(S, k), MTLSIM_LETTER(S, l))),        \
+                        4, i, j, k, l)
+#define MTLSIM_SWIZZLES_2A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLE2, G, S, i)
+#define MTLSIM_SWIZZLES_3A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_3B, N, G, S, i)
+#define MTLSIM_SWIZZLES_3B(N, G, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLE3, G, S, i, j)
+#define MTLSIM_SWIZZLES_4A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_4B, N, G, S, i)
+#define MTLSIM_SWIZZLES_4B(N, G, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLES_4C, N, G, S, i, j)
+#define MTLSIM_SWIZZLES_4C(N, G, S, i, j, k) MTLSIM_LOOP_D##N(MTLSIM_SWIZZLE4, G, S, i, j, k)
+// The swizzles of an N-vector whose lowest lane is G.
+#define MTLSIM_SWIZZLES(N, G)                                                  \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, G, XYZW)                             \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, G, XYZW)                             \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, G, XYZW)                             \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, G, RGBA)                             \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, G, RGBA)                             \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, G, RGBA)
+#define MTLSIM_SWIZZLES_AT(N, G) struct { T _pad##G[G]; union { MTLSIM_SWIZZLES(N, G) }; };
+
+#define MTLSIM_STORAGE(N, xyzw, rgba, ...)                  \
+  template <class T> struct storage<T, N> {                 \
+    union {                                                 \
+      T e[N];                                               \
+      struct { T MTLSIM_UNPAREN xyzw; };                    \
+      struct { T MTLSIM_UNPAREN rgba; };                    \
+      MTLSIM_SWIZZLES(N, 0) __VA_ARGS__                     \
+    };                                                      \
+  };
+namespace detail {
+MTLSIM_STORAGE(2, (x, y), (r, g), MTLSIM_SWIZZLES_AT(2, 1))
+MTLSIM_STORAGE(3, (x, y, z), (r, g, b), MTLSIM_SWIZZLES_AT(3, 1) MTLSIM_SWIZZLES_AT(3, 2))
+MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a),
+               MTLSIM_SWIZZLES_AT(4, 1) MTLSIM_SWIZZLES_AT(4, 2) MTLSIM_SWIZZLES_AT(4, 3))
+}  // namespace detail
+
+// ------------------------------------------------------------------- traits/names
+
+template <class T> struct is_vector : false_type {};
+template <class T, int N> struct is_vector<vec<T, N>> : true_type {};
+template <class T> inline constexpr bool is_vector_v = is_vector<T>::value;
+template <class T> struct vec_elements : integral_constant<int, 1> {};
+template <class T, int N> struct vec_elements<vec<T, N>> : integral_constant<int, N> {};
+template <class T> inline constexpr int vec_elements_v = vec_elements<T>::value;
+
+#define MTLSIM_VECTOR_SCALARS(X) \
+  X(bool) X(char) X(uchar) X(short) X(ushort) X(int) X(uint) X(long) X(ulong) X(half) X(bfloat) X(float)
+#define MTLSIM_PACKED_SCALARS(X) \
+  X(char) X(uchar) X(short) X(ushort) X(int) X(uint) X(half) X(bfloat) X(float)
+#define MTLSIM_VEC_NAMES(T) using T##2 = vec<T, 2>; using T##3 = vec<T, 3>; using T##4 = vec<T, 4>;
+#define MTLSIM_PACKED_NAMES(T) \
+  using packed_##T##2 = packed_vec<T, 2>; using packed_##T##3 = packed_vec<T, 3>; using packed_##T##4 = packed_vec<T, 4>;
+MTLSIM_VECTOR_SCALARS(MTLSIM_VEC_NAMES)
+MTLSIM_PACKED_SCALARS(MTLSIM_PACKED_NAMES)
+
+}  // namespace metal
+
+#define MTLSIM_GLOBAL_VEC_NAMES(T) using metal::T##2; using metal::T##3; using metal::T##4;
+#define MTLSIM_GLOBAL_PACKED_NAMES(T) using metal::packed_##T##2; using metal::packed_##T##3; using metal::packed_##T##4;
+MTLSIM_VECTOR_SCALARS(MTLSIM_GLOBAL_VEC_NAMES)
+MTLSIM_PACKED_SCALARS(MTLSIM_GLOBAL_PACKED_NAMES)

@@ -1,0 +1,203 @@
+"""The Metal simulator: run Metal compute kernels on the CPU.
+
+``compile_shader`` has the calling convention of ``torch.mps.compile_shader``
+and runs on CPU tensors, so a kernel written for the GPU can be executed and
+tested on any machine::
+
+    lib = mps_ext.sim.compile_shader('''
+        kernel void full(device float* out, constant float& val,
+                         uint idx [[thread_position_in_grid]]) { out[idx] = val; }''')
+    x = torch.zeros(16)
+    lib.full(x, 3.14)
+
+``checked()`` turns on the checks for races, divergence and out-of-bounds
+accesses (``MPS_EXT_SIM_CHECK=1`` does so for the whole process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Sequence
+
+import torch
+
+from .. import _C
+from . import compiler
+from .compiler import CompileError
+from .translate import TranslateError
+
+__all__ = [
+    "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
+    "compile_file", "dispatch",
+]
+
+SimulatorError = _C.SimulatorError
+MAX_THREADS_PER_THREADGROUP = 1024
+THREAD_EXECUTION_WIDTH = 32
+MAX_THREADGROUP_MEMORY = 32 * 1024
+
+
+class DivergenceWarning(RuntimeWarning):
+    """A SIMD-group function or barrier ran in divergent control flow (undefined or lane-dependent on the GPU)."""
+
+
+@contextlib.contextmanager
+def checked():
+    """Run every kernel dispatched inside the block in checked mode.
+
+    Checked mode runs each dispatch three times, with the GPU threads of a
+    threadgroup scheduled forward, in reverse and in a seeded random order,
+    on copies of the buffers that end at guard pages and with threadgroup
+    memory poisoned (all bits set), and requires identical results. It
+    reports, as ``SimulatorError``: a missing barrier or other race (results
+    differ between schedules), reads of threadgroup memory nobody wrote,
+    out-of-bounds buffer accesses (buffer, byte offset, thread and ``.metal``
+    line), threadgroup memory over 32 KiB and threadgroups over 1024 threads.
+    Divergent SIMD-group functions and barriers are reported as
+    ``DivergenceWarning`` in every mode. Applies to all threads of the process.
+    """
+    _C._sim_push_checked()
+    try:
+        yield
+    finally:
+        _C._sim_pop_checked()
+
+
+def _as_tuple(value, what: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        value = (value,)
+    value = tuple(int(v) for v in value)
+    if not 1 <= len(value) <= 3:
+        raise ValueError(f"{what} must have 1 to 3 dimensions, got {len(value)}")
+    if any(v < 0 for v in value):
+        raise ValueError(f"{what} must not be negative, got {value}")
+    return value
+
+
+def _dim3(value: tuple[int, ...]) -> tuple[int, int, int]:
+    return tuple(value) + (1,) * (3 - len(value))
+
+
+_CASTS = {"fp16": torch.float16, "bf16": torch.bfloat16, "int32": torch.int32, "int16": torch.int16,
+          "int8": torch.int8, "uint8": torch.uint8}
+
+
+def _scalar_bytes(value, cast: str | None, index: int) -> bytes:
+    """Python numbers as torch.mps.compile_shader binds them: int64 / float32, or the requested cast."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise ValueError(f"argument {index}: an empty list cannot be passed to a kernel")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        raise TypeError(f"argument {index}: expected a tensor, an int, a float or a list of them, "
+                        f"got {type(values[0]).__name__}")
+    if cast is None:
+        dtype = torch.float32 if isinstance(values[0], float) else torch.int64
+    elif cast in _CASTS:
+        dtype = _CASTS[cast]
+    else:
+        raise ValueError(f"argument {index}: unsupported cast {cast!r} (supported: {', '.join(_CASTS)})")
+    return torch.tensor(values, dtype=dtype).view(torch.uint8).numpy().tobytes()
+
+
+class Kernel:
+    """One kernel of a :class:`Library`, callable like ``torch.mps.compile_shader``'s kernels."""
+
+    max_threads_per_threadgroup: int
+    thread_execution_width = THREAD_EXECUTION_WIDTH
+
+    def __init__(self, library: Library, name: str, max_threads: int):
+        self._library = library
+        self.name = name
+        self.max_threads_per_threadgroup = max_threads or MAX_THREADS_PER_THREADGROUP
+
+    def __repr__(self) -> str:
+        return f"<mps_ext.sim.Kernel {self.name!r}>"
+
+    def __call__(self, *args, threads=None, group_size=None, arg_casts=None, threadgroup_memory=None):
+        """Dispatch the kernel over ``threads`` (``dispatchThreads``: edge threadgroups may be partial).
+
+        Tensor arguments bind, in order, to ``[[buffer(i)]]`` (CPU tensors, at
+        their storage offset), as do ``bytes`` (e.g. a ``struct.pack``-ed
+        parameter struct); Python ints bind as int64 and floats as float32
+        unless ``arg_casts`` (a cast name for all scalars, or ``{index: cast}``)
+        says ``"fp16"``, ``"bf16"``, ``"int32"``, ``"int16"``, ``"int8"`` or
+        ``"uint8"``; lists bind as arrays. ``threads`` defaults to the first
+        tensor's ``numel()``, ``group_size`` to as many threads as allowed.
+        ``threadgroup_memory`` (``{index: bytes}``) sets the lengths of
+        ``[[threadgroup(i)]]`` parameters.
+        """
+        buffers = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if a.device.type != "cpu":
+                    raise ValueError(f"argument {i}: the simulator runs on CPU tensors, got a tensor on "
+                                     f"{a.device}; use torch.mps.compile_shader for mps tensors")
+                if threads is None:
+                    threads = a.numel()
+                buffers.append(a)
+            elif isinstance(a, (bytes, bytearray)):
+                buffers.append(bytes(a))  # raw bytes, e.g. a packed parameter struct
+            else:
+                cast = arg_casts.get(i) if isinstance(arg_casts, dict) else arg_casts
+                buffers.append(_scalar_bytes(a, cast, i))
+        if threads is None:
+            raise ValueError("threads must be given when no tensor is passed")
+        threads = _as_tuple(threads, "threads")
+        if group_size is None:
+            group_size = (min(max(threads[0], 1), self.max_threads_per_threadgroup),) + (1,) * (len(threads) - 1)
+        group_size = _as_tuple(group_size, "group_size")
+        if len(group_size) != len(threads):
+            raise ValueError(f"group_size {group_size} and threads {threads} must have the same number of dimensions")
+        tg_lengths = [0] * 31
+        for index, length in (threadgroup_memory or {}).items():
+            tg_lengths[int(index)] = int(length)
+        dispatch(self._library, self.name, buffers, _dim3(threads), _dim3(group_size), tg_lengths,
+                 grid_in_threads=True)
+
+
+def dispatch(library: Library, kernel: str, buffers: Sequence, grid, threadgroup, threadgroup_lengths=(),
+             grid_in_threads: bool = True) -> None:
+    """Low-level dispatch: ``buffers[i]`` (a CPU tensor, ``bytes`` or None) binds to ``[[buffer(i)]]``.
+
+    ``grid_in_threads`` selects ``dispatchThreads`` (grid counts threads) over
+    ``dispatchThreadgroups`` (grid counts threadgroups).
+    """
+    lengths = list(threadgroup_lengths) + [0] * (31 - len(threadgroup_lengths))
+    for message in _C._sim_dispatch(library._handle, kernel, list(buffers), tuple(grid), tuple(threadgroup),
+                                    lengths, grid_in_threads):
+        warnings.warn(message, DivergenceWarning, stacklevel=3)
+
+
+class Library:
+    """Kernels compiled for the simulator; kernels are attributes, by host name."""
+
+    def __init__(self, path):
+        self._handle = _C._sim_load_module(str(path))
+        self._kernels = {name: Kernel(self, name, limit) for name, limit in _C._sim_kernels(self._handle)}
+        self.path = path
+
+    def __getattr__(self, name: str) -> Kernel:
+        kernels = self.__dict__.get("_kernels", {})
+        if name in kernels:
+            return kernels[name]
+        raise AttributeError(f"no kernel named {name!r} in this library (kernels: {', '.join(sorted(kernels))})")
+
+    def __dir__(self):
+        return sorted(self._kernels)
+
+
+def compile_shader(source: str, *, name: str = "shader", include_dirs=()) -> Library:
+    """Compile Metal Shading Language ``source`` for the simulator (cached on disk by content).
+
+    Mirrors ``torch.mps.compile_shader``: the result has one callable per
+    kernel host name. Raises :class:`CompileError` with the compiler's
+    diagnostics when it does not compile; they and the simulator's reports
+    name lines of ``<cache>/<name>-<hash>.metal``, a copy of ``source``.
+    """
+    return Library(compiler.compile_source(source, name, include_dirs))
+
+
+def compile_file(path, *, include_dirs=()) -> Library:
+    """Like :func:`compile_shader` for a ``.metal`` file; its directory is searched for includes."""
+    return Library(compiler.compile_file(path, include_dirs))

@@ -1,0 +1,134 @@
+"""Checked mode catches the planted bugs of tests/kernels/planted_bugs.metal
+and passes their correct twins without a false alarm."""
+
+import re
+
+import pytest
+import torch
+
+import mps_ext.sim
+from mps_ext.sim import DivergenceWarning, SimulatorError
+
+
+@pytest.fixture(scope="module")
+def bugs(kernels):
+    return kernels("planted_bugs")
+
+
+def line_of(text: str) -> int:
+    """The planted_bugs.metal line holding `text`."""
+    from conftest import KERNELS
+
+    lines = (KERNELS / "planted_bugs.metal").read_text().splitlines()
+    return next(n for n, line in enumerate(lines, 1) if text in line)
+
+
+def test_missing_barrier_is_a_race(bugs):
+    x = torch.arange(512, dtype=torch.float32)
+    y = torch.empty_like(x)
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError, match="reverse_missing_barrier.*not deterministic"):
+        bugs.reverse_missing_barrier(x, y, group_size=256)
+
+
+def test_barrier_passes(bugs):
+    x = torch.arange(512, dtype=torch.float32)
+    y = torch.empty_like(x)
+    with mps_ext.sim.checked():
+        bugs.reverse_with_barrier(x, y, group_size=256)
+    assert torch.equal(y, x.view(2, 256).flip(1).flatten())
+
+
+def test_divergent_simd_sum_is_reported(bugs):
+    x = torch.arange(64, dtype=torch.float32)
+    y = torch.empty_like(x)
+    with pytest.warns(DivergenceWarning, match=f"planted_bugs.metal:{line_of('v = simd_sum(v)')}"):
+        bugs.divergent_simd_sum(x, y, group_size=64)
+    # The GPU's answer: each branch reduces over the lanes that took it.
+    lanes = x.view(2, 32)
+    even, odd = lanes[:, 0::2].sum(1), lanes[:, 1::2].max(1).values
+    want = torch.stack([even.repeat_interleave(16), odd.repeat_interleave(16)], 1).view(2, 32)
+    assert torch.equal(y.view(2, 32)[:, 0::2], want[:, 0::2]) and torch.equal(y.view(2, 32)[:, 1::2], want[:, 1::2])
+
+
+def test_uniform_simd_functions_pass(bugs):
+    x = torch.randn(64)
+    y = torch.empty_like(x)
+    with mps_ext.sim.checked():
+        bugs.uniform_simd_sum(x, y, group_size=64)  # any DivergenceWarning is an error (pyproject)
+    sums, maxes = x.view(2, 32).sum(1), x.view(2, 32).max(1).values
+    want = torch.where(torch.arange(64) % 2 == 0, sums.repeat_interleave(32), maxes.repeat_interleave(32))
+    torch.testing.assert_close(y, want)
+
+
+def test_out_of_bounds_write_from_rounded_up_grid(bugs):
+    x, y = torch.randn(1000), torch.zeros(1000)
+    line = line_of("y[i] = 2.0f * x[i];")
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError) as e:
+        mps_ext.sim.dispatch(bugs, "scale_unchecked", [x, y], (4, 1, 1), (256, 1, 1), grid_in_threads=False)
+    message = str(e.value)
+    # The read of x[1000] faults first: it comes before the write.
+    assert re.search(r"out-of-bounds read of buffer\(0\) at byte offset 4000 \(the buffer holds 4000 bytes\)",
+                     message), message
+    assert "thread (1000, 0, 0)" in message and f"planted_bugs.metal:{line}" in message
+    assert torch.equal(y, torch.zeros(1000)), "a failed checked dispatch leaves the buffers untouched"
+
+
+def test_out_of_bounds_write_is_named(bugs):
+    y = torch.zeros(1000)
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError, match=r"out-of-bounds write of buffer\(0\) at byte "
+                                                                    r"offset 4000.*thread \(1000, 0, 0\)"):
+        bugs.write_one_past(y, 1000, arg_casts="int32", threads=1024, group_size=256)
+
+
+def test_off_by_one_write_into_alignment_slack(bugs):
+    y = torch.zeros(1001)  # 4004 bytes: the end is not 16-byte aligned, 12 bytes of canary follow it
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError, match=r"buffer\(0\) at byte offset 4004"):
+        bugs.write_one_past(y, 1001, arg_casts="int32", threads=1024, group_size=256)
+
+
+def test_bounds_checked_kernel_passes(bugs):
+    x, y = torch.randn(1000), torch.zeros(1000)
+    with mps_ext.sim.checked():
+        mps_ext.sim.dispatch(bugs, "scale_checked", [x, y, (1000).to_bytes(4, "little")], (4, 1, 1), (256, 1, 1),
+                             grid_in_threads=False)
+    torch.testing.assert_close(y, 2 * x)
+
+
+def test_threadgroup_memory_over_limit(bugs):
+    y = torch.zeros(32)
+    with pytest.raises(SimulatorError, match=r"exceeds Metal's limit of 32768 bytes.*planted_bugs.metal:"
+                                             f"{line_of('threadgroup float big[9000]')}"):
+        bugs.threadgroup_too_big(y, group_size=32)
+
+
+def test_threadgroup_memory_at_limit_passes(bugs):
+    y = torch.zeros(32)
+    with mps_ext.sim.checked():
+        bugs.threadgroup_at_limit(y, group_size=32)
+    assert y.tolist() == [float(8191 - t) for t in range(32)]
+
+
+def test_barrier_after_early_return_is_reported(bugs):
+    y = torch.zeros(64)
+    with pytest.warns(DivergenceWarning, match="returned"):
+        bugs.barrier_after_return(y, 40, arg_casts="int32", threads=64, group_size=64)
+
+
+def test_stack_overflow(bugs):
+    y = torch.zeros(4)
+    with pytest.raises(SimulatorError, match="stack overflow.*huge_local_array"):
+        bugs.huge_local_array(y)
+
+
+def test_integer_division_by_zero(bugs):
+    y = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(SimulatorError, match="integer division by zero.*divide_by_zero"):
+        bugs.divide_by_zero(y, 0, arg_casts="int32")
+
+
+def test_process_survives_faults(bugs):
+    # After the faults above, kernels still run normally.
+    x = torch.arange(512, dtype=torch.float32)
+    y = torch.empty_like(x)
+    bugs.reverse_with_barrier(x, y, group_size=256)
+    assert torch.equal(y, x.view(2, 256).flip(1).flatten())
