@@ -119,3 +119,16 @@ def test_instantiation_without_host_name_is_an_error(shader):
 def test_no_kernels_is_an_error(shader):
     with pytest.raises(CompileError, match="no kernel"):
         shader(HEADER + "inline float f(float x) { return x; }", name="empty")
+
+
+def test_compiled_modules_are_cached_by_content(tmp_path, monkeypatch):
+    from mps_ext.sim import compiler
+
+    monkeypatch.setenv("MPS_EXT_CACHE_DIR", str(tmp_path))
+    source = HEADER + "kernel void k(device float* x [[buffer(0)]]) { x[0] = 1.0f; }\n"
+    first = compiler.compile_source(source, "cached")
+    built = first.stat().st_mtime_ns
+    assert compiler.compile_source(source, "cached") == first
+    assert first.stat().st_mtime_ns == built, "an unchanged source is not compiled again"
+    other = compiler.compile_source(source.replace("1.0f", "2.0f"), "cached")
+    assert other != first and str(other).startswith(str(tmp_path))

@@ -20,7 +20,7 @@ extern "C" void mtlsim_switch(void** save_sp, void* new_sp);
 extern "C" void mtlsim_trampoline();
 #endif
 
-#if defined(__x86_64__)
+#if !MTLSIM_UCONTEXT && defined(__x86_64__)
 // System V: rbx, rbp, r12-r15 are callee-saved. A new stack starts with the
 // six saved registers and a return address pointing at the trampoline, which
 // calls entry(r13) with arg in r12.
@@ -49,7 +49,7 @@ asm(R"(
   callq *%r13
   ud2
 )");
-#elif defined(__aarch64__)
+#elif !MTLSIM_UCONTEXT && defined(__aarch64__)
 // AAPCS64: x19-x28, the frame pointer x29, the link register x30 and the low
 // halves of v8-v15 are callee-saved.
 asm(R"(

@@ -8,8 +8,15 @@
 
 #include <cstddef>
 
-#if !defined(__x86_64__) && !defined(__aarch64__)
+// Define MTLSIM_UCONTEXT=1 to force the portable fallback (its test does).
+#ifndef MTLSIM_UCONTEXT
+#if defined(__x86_64__) || defined(__aarch64__)
+#define MTLSIM_UCONTEXT 0
+#else
 #define MTLSIM_UCONTEXT 1
+#endif
+#endif
+#if MTLSIM_UCONTEXT
 #include <ucontext.h>
 #endif
 

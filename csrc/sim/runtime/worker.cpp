@@ -270,9 +270,11 @@ void Worker::complete_collective(uint32_t sg, uint32_t mask) {
   simd_waiting_[sg] &= ~mask;
   if (fn) {
     running_ = base + __builtin_ctz(mask);
+    collective_ = &fibers_[running_].site;
     in_kernel_ = true;
     fn(in, out, mask);
     in_kernel_ = false;
+    collective_ = nullptr;
   }
 }
 
@@ -422,7 +424,9 @@ void Worker::report_fault() {
     what = s.str();
   }
   if (fault_.kind == FaultKind::DivideByZero) what = "integer division by zero";
-  const std::string line = symbolize(fault_.pc);
+  // A fault inside a SIMD-group function is reported at the kernel's call.
+  const std::string line = collective_ ? str(*collective_) : symbolize(fault_.pc);
+  collective_ = nullptr;
   job_->fail(what + " — kernel '" + job_->launch.kernel->host_name + "', " + where(running_, nullptr) +
              (line.empty() ? "" : " at " + line));
 }

@@ -126,6 +126,7 @@ class Worker {
   uint32_t running_ = 0;
   uint64_t arrivals_ = 0, idle_yields_ = 0;
   bool in_kernel_ = false, aborted_group_ = false;
+  const Site* collective_ = nullptr;  // the SIMD-group function being completed
   // Threadgroup memory: offsets of each declaration site in this group.
   std::vector<unsigned char> arena_;
   std::vector<int64_t> site_offset_;
