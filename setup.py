@@ -74,7 +74,7 @@ def extension():
     return CppExtension(
         "mps_ext._C",
         sources=[str(Path(s).relative_to(ROOT)) if Path(s).is_relative_to(ROOT) else s for s in sources],
-        include_dirs=[str(ROOT / "csrc"), str(ROOT / "csrc" / "sim" / "include")],
+        include_dirs=[str(ROOT / "csrc"), str(ROOT / "csrc" / "sim" / "include"), str(ROOT / "metal" / "include")],
         extra_compile_args={"cxx": cxx},
     )
 

@@ -1,8 +1,50 @@
+// mps_ext._C: Python bindings of the native core.
 #include <torch/extension.h>
+
+#include "backend.h"
+#include "overrides/overrides.h"
+#include "trace.h"
 
 void register_sim_bindings(pybind11::module_& m);
 
+namespace {
+
+c10::DeviceType device_type(const std::string& device) { return c10::Device(device).type(); }
+
+}  // namespace
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "mps_ext native core: the Metal simulator (and, on macOS, the Metal backend)";
+  namespace py = pybind11;
+  namespace ov = mps_ext::overrides;
+  m.doc() = "mps_ext native core: the Metal simulator, the op layer, overrides and the Metal backend";
   register_sim_bindings(m);
+
+  m.def("_has_metal", [] { return mps_ext::metal_backend() != nullptr; });
+
+  m.def("_overrides_enable", [](const std::string& d) { ov::enable(device_type(d)); });
+  m.def("_overrides_disable", [](const std::string& d) { ov::disable(device_type(d)); });
+  m.def("_overrides_is_enabled", [](const std::string& d) { return ov::is_enabled(device_type(d)); });
+  m.def("_override_stats", [] {
+    py::dict out;
+    for (const auto& [op, s] : ov::stats()) {
+      py::dict reasons;
+      for (const auto& [why, n] : s.reasons) reasons[py::str(why)] = n;
+      py::dict entry;
+      entry["hits"] = s.hits;
+      entry["fallbacks"] = s.fallbacks;
+      entry["reasons"] = reasons;
+      out[py::str(op)] = entry;
+    }
+    return out;
+  });
+  m.def("_override_reset_stats", &ov::reset_stats);
+
+  m.def("_trace_begin", &mps_ext::trace::begin);
+  m.def("_trace_end", [] {
+    py::list out;
+    for (const auto& r : mps_ext::trace::end())
+      out.append(py::make_tuple(r.name, py::make_tuple(r.grid.x, r.grid.y, r.grid.z),
+                                py::make_tuple(r.threadgroup.x, r.threadgroup.y, r.threadgroup.z), r.backend));
+    return out;
+  });
 }

@@ -1,10 +1,23 @@
 """mps_ext: hand-written Metal kernels for PyTorch's ``mps`` device, and a Metal
-simulator that runs the same kernels on the CPU (``mps_ext.sim``)."""
+simulator that runs the same kernels on the CPU (``mps_ext.sim``).
+
+Importing mps_ext overrides torch ops on ``mps`` tensors with its kernels
+(see :mod:`mps_ext.overrides`; ``MPS_EXT_DISABLE=1`` opts out). Its own
+functions (``mps_ext.softmax``...) run the kernels on ``mps`` tensors on the GPU
+and on CPU tensors in the simulator.
+"""
+
+import os
 
 import torch  # loads libtorch, which _C links against
 
-from . import _C, sim
+from . import _C, overrides, sim
+from ._ops import log_softmax, softmax
+from ._trace import KernelRecord, trace
 
 __version__ = "0.1.0"
 
-__all__ = ["sim"]
+__all__ = ["KernelRecord", "log_softmax", "overrides", "sim", "softmax", "trace"]
+
+if os.environ.get("MPS_EXT_DISABLE") != "1" and torch.backends.mps.is_available():
+    overrides.enable("mps")

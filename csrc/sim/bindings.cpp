@@ -5,20 +5,13 @@
 #include <string>
 #include <vector>
 
+#include "sim/sim_backend.h"
 #include "sim/runtime/runtime.h"
+#include "trace.h"
 
 namespace py = pybind11;
 
 namespace {
-
-// Bytes from the first element to one past the last: what a kernel indexing
-// the tensor through its strides can touch.
-size_t span_bytes(const at::Tensor& t) {
-  if (t.numel() == 0) return 0;
-  int64_t last = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return size_t(last + 1) * t.element_size();
-}
 
 std::vector<std::string> dispatch(const mtlsim::Module& module, const std::string& kernel, const py::list& buffers,
                                   std::array<uint32_t, 3> grid, std::array<uint32_t, 3> threadgroup,
@@ -40,9 +33,7 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
     if (THPVariable_Check(b.ptr())) {
       at::Tensor t = THPVariable_Unpack(b.ptr());
       TORCH_CHECK_VALUE(t.device().is_cpu(), "buffer ", i, " must be a CPU tensor, got one on ", t.device());
-      // An empty tensor is still a bound (zero-length) buffer, as on Metal.
-      static char empty;
-      launch.buffers[i] = mtlsim::Buffer{t.numel() ? t.data_ptr() : &empty, span_bytes(t)};
+      launch.buffers[i] = mps_ext::sim_buffer(t);
       tensors.push_back(std::move(t));
     } else {
       scalars.push_back(b.cast<std::string>());
@@ -53,6 +44,12 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
   launch.grid = mtlsim::Dim3{grid[0], grid[1], grid[2]};
   launch.threadgroup = mtlsim::Dim3{threadgroup[0], threadgroup[1], threadgroup[2]};
   launch.grid_in_threads = grid_in_threads;
+  auto groups = [&](uint32_t g, uint32_t t) { return grid_in_threads ? (g + t - 1) / t : g; };
+  mps_ext::trace::record({kernel,
+                          {groups(grid[0], threadgroup[0]), groups(grid[1], threadgroup[1]),
+                           groups(grid[2], threadgroup[2])},
+                          {threadgroup[0], threadgroup[1], threadgroup[2]},
+                          "simulator"});
   mtlsim::Options options;
   options.checked = mtlsim::checked_by_default();
   mtlsim::Report report;

@@ -98,8 +98,6 @@ class Pool {
 };
 
 std::atomic<int> checked_depth{0};
-std::atomic<TraceHook> trace_hook{nullptr};
-std::atomic<void*> trace_user{nullptr};
 
 void validate(const Launch& l) {
   if (!l.module || !l.kernel) throw SimError("dispatch without a kernel");
@@ -217,7 +215,6 @@ std::string compare(const std::vector<std::vector<unsigned char>>& a, const std:
 
 Report dispatch(const Launch& l, const Options& options) {
   validate(l);
-  if (TraceHook hook = trace_hook.load()) hook(l, trace_user.load());
   if (!product(l.grid)) return {};
   install_fault_handlers();
 
@@ -266,11 +263,6 @@ bool checked_by_default() {
     return v && *v && std::strcmp(v, "0") != 0;
   }();
   return env || checked_depth.load() > 0;
-}
-
-void set_trace_hook(TraceHook hook, void* user) {
-  trace_user = user;
-  trace_hook = hook;
 }
 
 }  // namespace mtlsim

@@ -68,8 +68,4 @@ void push_checked();
 void pop_checked();
 bool checked_by_default();
 
-// Called with every dispatch (for mps_ext.trace()).
-using TraceHook = void (*)(const Launch&, void* user);
-void set_trace_hook(TraceHook hook, void* user);
-
 }  // namespace mtlsim

@@ -1,0 +1,35 @@
+#include "backend.h"
+
+#include "sim/sim_backend.h"
+#include "trace.h"
+
+namespace mps_ext {
+
+c10::Device Launch::device() const {
+  for (const Arg& a : args)
+    if (a.is_tensor()) return a.tensor.device();
+  TORCH_CHECK(false, "kernel launch '", kernel, "' has no tensor argument");
+}
+
+#if !defined(MPS_EXT_METAL)
+Backend* metal_backend() { return nullptr; }
+#endif
+
+void dispatch(const Launch& launch) {
+  const c10::Device device = launch.device();
+  Backend* backend = nullptr;
+  if (device.is_cpu()) {
+    backend = &sim_backend();
+  } else if (device.is_mps()) {
+    backend = metal_backend();
+    TORCH_CHECK(backend, "mps_ext was built without its Metal backend (build on macOS with an MPS-enabled torch)");
+  }
+  TORCH_CHECK(backend, "mps_ext kernels run on cpu (simulator) or mps tensors, got ", device);
+  for (const Arg& a : launch.args)
+    TORCH_CHECK(!a.is_tensor() || a.tensor.device() == device, "kernel '", launch.kernel,
+                "': all tensors must be on ", device, ", got one on ", a.tensor.device());
+  trace::record({launch.kernel, launch.threadgroups, launch.threads_per_threadgroup, backend->name()});
+  backend->dispatch(launch);
+}
+
+}  // namespace mps_ext

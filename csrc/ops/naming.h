@@ -1,0 +1,28 @@
+// Host names of the kernels: <op>_<kernel>_<types...>, the same parts the
+// .metal instantiation macros join (e.g. softmax_block_half_float).
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <initializer_list>
+#include <string>
+
+namespace mps_ext::ops {
+
+// The MSL name of a tensor dtype the kernels support.
+inline const char* metal_type(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float";
+    case at::kHalf: return "half";
+    case at::kBFloat16: return "bfloat";
+    default: TORCH_CHECK(false, "mps_ext: no Metal type for ", t);
+  }
+}
+
+inline std::string host_name(const char* op, const char* kernel, std::initializer_list<at::ScalarType> types) {
+  std::string name = std::string(op) + "_" + kernel;
+  for (at::ScalarType t : types) name += std::string("_") + metal_type(t);
+  return name;
+}
+
+}  // namespace mps_ext::ops

@@ -1,0 +1,65 @@
+#include "overrides/overrides.h"
+
+#include <memory>
+#include <mutex>
+
+namespace mps_ext::overrides {
+
+namespace {
+
+std::mutex mu;
+std::map<c10::DeviceType, std::unique_ptr<torch::Library>> libraries;
+std::map<std::string, OpStats> op_stats;
+
+c10::DispatchKey key_for(c10::DeviceType device) {
+  TORCH_CHECK_VALUE(device == c10::DeviceType::MPS || device == c10::DeviceType::CPU,
+                    "mps_ext overrides exist for the mps and cpu devices, not ", device);
+  return device == c10::DeviceType::MPS ? c10::DispatchKey::MPS : c10::DispatchKey::CPU;
+}
+
+}  // namespace
+
+void enable(c10::DeviceType device) {
+  const c10::DispatchKey key = key_for(device);
+  std::lock_guard<std::mutex> lock(mu);
+  if (libraries.count(device)) return;
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  register_softmax(*lib);
+  libraries[device] = std::move(lib);
+}
+
+void disable(c10::DeviceType device) {
+  key_for(device);
+  std::lock_guard<std::mutex> lock(mu);
+  libraries.erase(device);  // deregisters: torch's own kernels are back
+}
+
+bool is_enabled(c10::DeviceType device) {
+  key_for(device);
+  std::lock_guard<std::mutex> lock(mu);
+  return libraries.count(device) != 0;
+}
+
+void hit(const char* op) {
+  std::lock_guard<std::mutex> lock(mu);
+  ++op_stats[op].hits;
+}
+
+void fallback(const char* op, const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu);
+  OpStats& s = op_stats[op];
+  ++s.fallbacks;
+  ++s.reasons[reason];
+}
+
+std::map<std::string, OpStats> stats() {
+  std::lock_guard<std::mutex> lock(mu);
+  return op_stats;
+}
+
+void reset_stats() {
+  std::lock_guard<std::mutex> lock(mu);
+  op_stats.clear();
+}
+
+}  // namespace mps_ext::overrides

@@ -1,0 +1,34 @@
+// Overrides of aten ops: registered at a device's dispatch key through a
+// torch::Library this extension owns (destroying it restores torch's
+// kernels), with per-op statistics of what ran.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace mps_ext::overrides {
+
+void enable(c10::DeviceType device);
+void disable(c10::DeviceType device);
+bool is_enabled(c10::DeviceType device);
+
+// Called by every override: the kernels ran, or torch's kernel with why.
+void hit(const char* op);
+void fallback(const char* op, const std::string& reason);
+
+struct OpStats {
+  int64_t hits = 0;
+  int64_t fallbacks = 0;
+  std::map<std::string, int64_t> reasons;
+};
+std::map<std::string, OpStats> stats();
+void reset_stats();
+
+// Each op family adds its overrides here (overrides/<family>.cpp).
+void register_softmax(torch::Library& lib);
+
+}  // namespace mps_ext::overrides

@@ -1,0 +1,81 @@
+// The simulator as a backend: CPU tensors, the kernel modules compiled into
+// this extension.
+#include "sim/sim_backend.h"
+
+#include <mutex>
+#include <unordered_map>
+
+#include "sim/builtin_modules.h"
+
+namespace mps_ext {
+
+mtlsim::Buffer sim_buffer(const at::Tensor& t) {
+  static char empty;
+  if (t.numel() == 0) return mtlsim::Buffer{&empty, 0};
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  return mtlsim::Buffer{t.data_ptr(), size_t(last + 1) * t.element_size()};
+}
+
+namespace {
+
+class SimBackend final : public Backend {
+ public:
+  const char* name() const override { return "simulator"; }
+
+  void dispatch(const Launch& launch) override {
+    mtlsim::Launch l;
+    l.kernel = find(launch.kernel, &l.module);
+    TORCH_CHECK(launch.args.size() <= mtlsim::kMaxBufferSlots, "too many kernel arguments");
+    for (size_t i = 0; i < launch.args.size(); ++i) {
+      const Arg& a = launch.args[i];
+      if (a.is_tensor()) {
+        l.buffers[i] = sim_buffer(a.tensor);
+      } else {
+        l.buffers[i] = mtlsim::Buffer{const_cast<uint8_t*>(a.bytes.data()), a.bytes.size()};
+      }
+    }
+    l.grid_in_threads = false;
+    l.grid = mtlsim::Dim3{launch.threadgroups.x, launch.threadgroups.y, launch.threadgroups.z};
+    const Size3 t = launch.threads_per_threadgroup;
+    l.threadgroup = mtlsim::Dim3{t.x, t.y, t.z};
+    mtlsim::Options options;
+    options.checked = mtlsim::checked_by_default();
+    mtlsim::Report report;
+    try {
+      report = mtlsim::dispatch(l, options);
+    } catch (const mtlsim::SimError& e) {
+      TORCH_CHECK(false, "mps_ext simulator: ", e.what());
+    }
+    // The package's own kernels must never depend on divergent control flow.
+    TORCH_CHECK(report.warnings.empty(), "mps_ext simulator: ", report.warnings.front());
+  }
+
+ private:
+  const mtlsim::KernelInfo* find(const std::string& name, const mtlsim::Module** module) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (index_.empty()) {
+      for (const mtlsim::BuiltinModule& m : mtlsim::builtin_modules()) {
+        const mtlsim::Module& mod = mtlsim::builtin_module(m.name, m.init);
+        for (uint32_t k = 0; k < mod.info->num_kernels; ++k)
+          index_[mod.info->kernels[k].host_name] = {&mod, &mod.info->kernels[k]};
+      }
+    }
+    auto it = index_.find(name);
+    TORCH_CHECK(it != index_.end(), "mps_ext: no kernel named '", name, "' in this build");
+    *module = it->second.first;
+    return it->second.second;
+  }
+
+  std::mutex mu_;
+  std::unordered_map<std::string, std::pair<const mtlsim::Module*, const mtlsim::KernelInfo*>> index_;
+};
+
+}  // namespace
+
+Backend& sim_backend() {
+  static SimBackend backend;
+  return backend;
+}
+
+}  // namespace mps_ext

@@ -1,0 +1,56 @@
+"""Overrides of torch ops with mps_ext's kernels.
+
+On import, mps_ext enables them for the ``mps`` device when MPS is available
+(set ``MPS_EXT_DISABLE=1`` to opt out). They can be enabled for ``cpu`` too,
+where the kernels run in the simulator: that is how the override routing and
+fallbacks are tested without a Mac. Every case the kernels do not cover goes
+to torch's own kernel, and ``stats()`` counts both.
+
+Overridden: ``aten::_softmax``, ``aten::_log_softmax`` (``torch.softmax``,
+``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from . import _C
+
+__all__ = ["disable", "enable", "enabled", "is_enabled", "reset_stats", "stats"]
+
+
+def enable(device: str = "mps") -> None:
+    """Route the overridden torch ops on ``device`` ("mps" or "cpu") to mps_ext's kernels."""
+    _C._overrides_enable(device)
+
+
+def disable(device: str = "mps") -> None:
+    """Restore torch's own kernels on ``device``."""
+    _C._overrides_disable(device)
+
+
+def is_enabled(device: str = "mps") -> bool:
+    """Whether the overrides are active on ``device``."""
+    return _C._overrides_is_enabled(device)
+
+
+@contextlib.contextmanager
+def enabled(device: str = "mps"):
+    """Enable the overrides on ``device`` inside a ``with`` block, then restore the previous state."""
+    was = is_enabled(device)
+    enable(device)
+    try:
+        yield
+    finally:
+        if not was:
+            disable(device)
+
+
+def stats() -> dict[str, dict]:
+    """Per aten op: ``{"hits": n, "fallbacks": m, "reasons": {reason: count}}`` since import or ``reset_stats()``."""
+    return _C._override_stats()
+
+
+def reset_stats() -> None:
+    """Zero the counters of ``stats()``."""
+    _C._override_reset_stats()
