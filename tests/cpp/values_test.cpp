@@ -19,13 +19,12 @@ void check(bool ok, const char* what, int line) {
 #define CHECK(...) check(bool(__VA_ARGS__), #__VA_ARGS__, __LINE__)
 
 template <class A, class B> constexpr bool same = std::is_same_v<A, B>;
-template <class T> uint32_t bits_of(T x) { return __builtin_bit_cast(std::conditional_t<sizeof(T) == 4, uint32_t, uint16_t>, x); }
 bool is_nan(float x) { return x != x; }
 bool near(float a, float b, float tol = 2e-6f) { return __builtin_fabsf(a - b) <= tol * (1.0f + __builtin_fabsf(b)); }
 float f32(uint32_t u) { return __builtin_bit_cast(float, u); }
 uint32_t u32(float f) { return __builtin_bit_cast(uint32_t, f); }
 
-// ------------------------------------------------------- unqualified calls (ADL-free)
+// --------------------------------------------------------------- unqualified calls
 
 static_assert(same<decltype(abs(-1)), int>);
 static_assert(same<decltype(abs(-1.0f)), float>);
@@ -311,17 +310,20 @@ void test_vectors() {
   CHECK(all(v.bgra == float4(13, 20, 10, 24)) && all(v.xxyy == float4(10, 10, 20, 20)) && all(v.rgb == float3(10, 20, 13)));
   CHECK(all(float2(3, 4).yx == float2(4, 3)) && all(float2(3, 4).xyxy == float4(3, 4, 3, 4)) && all(int3(1, 2, 3).zzz == int3(3)));
 
-  // Same-type swizzle copies write only their own lanes, whatever the constness.
+  // Swizzle assignments write only the named lanes, also between identical
+  // (contiguous) swizzles, which use the implicit copy assignment.
   const float4 c(5, 6, 7, 8);
   float4 a(1, 2, 3, 4), b(-1, -2, -3, -4);
   a.zw = c.zw;
   CHECK(all(a == float4(1, 2, 7, 8)));
   a.yz = c.yz;
   CHECK(all(a == float4(1, 6, 7, 8)));
-  a.xz = b.xz;
-  CHECK(all(a == float4(-1, 6, -3, 8)));
-  a.wy = b.wy;
-  CHECK(all(a == float4(-1, -2, -3, -4)));
+  a.gb = b.gb;
+  CHECK(all(a == float4(1, -2, -3, 8)));
+  a.xz = b.zx;
+  a.wy = float2(9, 10);
+  CHECK(all(a == float4(-3, 10, -1, 9)));
+  a = float4(-1, -2, -3, -4);
   a.xy = a.yx;
   a.zyx = float3(7, 8, 9);
   CHECK(all(a == float4(9, 8, 7, -4)));

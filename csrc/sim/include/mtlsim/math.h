@@ -32,12 +32,16 @@ template <template <class> class Kind, class... X>
 using result_t = std::enable_if_t<Kind<elem_t<common_t<X...>>>::value, common_t<X...>>;
 template <template <class> class Kind, class... X> using bool_result_t = rebind_t<result_t<Kind, X...>, bool>;
 
-template <class R, class F, class... A> MTLSIM_HD R map_values(F f, const A&... a) {
+// The argument itself, or for a swizzle or packed vector the vec it stands for.
+template <class A> MTLSIM_HD constexpr decltype(auto) as_value(const A& a) {
+  if constexpr (std::is_same_v<A, value_t<A>>) return a;
+  else return value_t<A>(a);
+}
+template <class R, class F, class... A> MTLSIM_HD R map(F f, const A&... a) {
   R r{};
-  for (int i = 0; i < lanes_v<R>; ++i) lane(r, i) = elem_t<R>(f(lane(a, i)...));
+  for (int i = 0; i < lanes_v<R>; ++i) lane(r, i) = elem_t<R>(f(lane(as_value(a), i)...));
   return r;
 }
-template <class R, class F, class... A> MTLSIM_HD R map(F f, const A&... a) { return map_values<R>(f, value_t<A>(a)...); }
 
 // Lane-wise f(x, out-lane) for the functions with an output parameter.
 template <class R, class F, class O> MTLSIM_HD R map_out(F f, const R& x, O& out) {
@@ -49,23 +53,23 @@ template <class R, class F, class O> MTLSIM_HD R map_out(F f, const R& x, O& out
 // ------------------------------------------------------------------ float helpers
 
 // IEEE maxNum/minNum: a NaN operand loses to a number.
-MTLSIM_HD inline float fmax_(float a, float b) { return a < b || __builtin_isnan(a) ? b : a; }
-MTLSIM_HD inline float fmin_(float a, float b) { return b < a || __builtin_isnan(a) ? b : a; }
-MTLSIM_HD inline float sign_(float x) { return x > 0 ? 1.0f : x < 0 ? -1.0f : __builtin_isnan(x) ? 0.0f : x; }
-MTLSIM_HD inline float fract_(float x) {
+MTLSIM_HD MTLSIM_INLINE float fmax_(float a, float b) { return a < b || __builtin_isnan(a) ? b : a; }
+MTLSIM_HD MTLSIM_INLINE float fmin_(float a, float b) { return b < a || __builtin_isnan(a) ? b : a; }
+MTLSIM_HD MTLSIM_INLINE float sign_(float x) { return x > 0 ? 1.0f : x < 0 ? -1.0f : __builtin_isnan(x) ? 0.0f : x; }
+MTLSIM_HD MTLSIM_INLINE float fract_(float x) {
   if (__builtin_isinf(x)) return __builtin_copysignf(0.0f, x);
   return __builtin_isnan(x) ? x : fmin_(x - __builtin_floorf(x), 0x1.fffffep-1f);
 }
-MTLSIM_HD inline float smoothstep_(float e0, float e1, float x) {
+MTLSIM_HD MTLSIM_INLINE float smoothstep_(float e0, float e1, float x) {
   const float t = fmin_(fmax_((x - e0) / (e1 - e0), 0.0f), 1.0f);
   return t * t * (3.0f - 2.0f * t);
 }
 
 // sin and cos of pi*x. x mod 2 and the split into a multiple of 1/2 plus
 // r in [-1/4, 1/4] are exact in float, so large arguments lose nothing; the
-// polynomial part runs in double to round correctly to float nearly always.
+// sin and cos themselves run in double, to round correctly to float nearly always.
 struct sincospi_t { double s, c; };
-MTLSIM_HD inline sincospi_t sincospi_(float x) {
+MTLSIM_HD MTLSIM_INLINE sincospi_t sincospi_(float x) {
   const float y = __builtin_fmodf(x, 2.0f), k = __builtin_rintf(2.0f * y), r = y - 0.5f * k;
   const double a = 3.14159265358979323846 * double(r), s = __builtin_sin(a), c = __builtin_cos(a);
   switch (int(k) & 3) {
@@ -76,12 +80,12 @@ MTLSIM_HD inline sincospi_t sincospi_(float x) {
   }
 }
 // Exact zeros take IEEE's signs: sinPi(n) has the sign of n, cosPi(n + 1/2) is +0.
-MTLSIM_HD inline float sinpi_(float x) {
+MTLSIM_HD MTLSIM_INLINE float sinpi_(float x) {
   const float s = float(sincospi_(x).s);
   return s == 0.0f ? __builtin_copysignf(0.0f, x) : s;
 }
-MTLSIM_HD inline float cospi_(float x) { return float(sincospi_(x).c) + 0.0f; }
-MTLSIM_HD inline float tanpi_(float x) {
+MTLSIM_HD MTLSIM_INLINE float cospi_(float x) { return float(sincospi_(x).c) + 0.0f; }
+MTLSIM_HD MTLSIM_INLINE float tanpi_(float x) {
   const sincospi_t v = sincospi_(x);
   const float t = float(v.s / (v.c + 0.0));
   return t == 0.0f ? __builtin_copysignf(0.0f, x) : t;

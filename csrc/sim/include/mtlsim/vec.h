@@ -37,9 +37,10 @@ template <class X> constexpr bool is_vec_like_v = info<X>::is_vec;
 template <class X, class E> using rebind_t = std::conditional_t<is_vec_like_v<X>, vec<E, lanes_v<X>>, E>;
 
 // Lane i of a vector; a scalar is its own every lane.
-template <class T, int N> MTLSIM_HD constexpr T& lane(vec<T, N>& v, int i) { return v[i]; }
-template <class T, int N> MTLSIM_HD constexpr const T& lane(const vec<T, N>& v, int i) { return v[i]; }
-template <class T> MTLSIM_HD constexpr T& lane(T& x, int) { return x; }
+template <class X> MTLSIM_HD constexpr decltype(auto) lane(X&& x, [[maybe_unused]] int i) {
+  if constexpr (is_vec_like_v<X>) return x[i];
+  else return (x);
+}
 
 // Components a constructor argument contributes (0: not usable).
 template <class X>
@@ -50,9 +51,9 @@ template <int I, class P, class... Ps> MTLSIM_HD constexpr auto piece(const P& p
   else return piece<I - lanes_v<P>>(ps...);
 }
 
-template <int... I> constexpr int lowest() { int m = 4; ((m = I < m ? I : m), ...); return m; }
-template <int... I> constexpr int highest() { int m = 0; ((m = I > m ? I : m), ...); return m; }
-template <int... I> constexpr bool distinct() { return ((0 | ... | (1 << I)) == (... + (1 << I))); }
+template <int... I> MTLSIM_HD constexpr int lowest() { int m = 4; ((m = I < m ? I : m), ...); return m; }
+template <int... I> MTLSIM_HD constexpr int highest() { int m = 0; ((m = I > m ? I : m), ...); return m; }
+template <int... I> MTLSIM_HD constexpr bool distinct() { return ((0 | ... | (1 << I)) == (... + (1 << I))); }
 
 // Integer + - * wrap modulo 2^n as on the GPU; types narrower than int are
 // widened to unsigned so that their products cannot overflow int either.
@@ -91,51 +92,47 @@ MTLSIM_OP_FUNCTOR(lnot, bool, !a)
 #undef MTLSIM_OP_FUNCTOR
 
 struct elems_tag {};
-struct pieces_tag {};
-struct broadcast_tag {};
+struct splat_tag {};
 
 template <class T, int N> struct storage;
-
-// Constructors shared by vec and packed_vec.
-template <class T, int N> struct vec_base : storage<T, N> {
-  vec_base() = default;
-  template <class... U>
-  MTLSIM_HD constexpr vec_base(elems_tag, const U&... u) : storage<T, N>{{{T(u)...}}} {}
-  template <class S, std::enable_if_t<is_num_v<S>, int> = 0>
-  MTLSIM_HD constexpr vec_base(const S& s) : vec_base(std::make_integer_sequence<int, N>{}, broadcast_tag{}, T(s)) {}
-  template <class A, class B, class... C,
-            std::enable_if_t<pieces_v<A> * pieces_v<B> * (1 * ... * pieces_v<C>) != 0 &&
-                                 pieces_v<A> + pieces_v<B> + (0 + ... + pieces_v<C>) == N, int> = 0>
-  MTLSIM_HD constexpr vec_base(const A& a, const B& b, const C&... c)
-      : vec_base(std::make_integer_sequence<int, N>{}, pieces_tag{}, value_t<A>(a), value_t<B>(b), value_t<C>(c)...) {}
-  template <class X, std::enable_if_t<is_vec_like_v<X> && lanes_v<X> == N && !std::is_same_v<elem_t<X>, T>, int> = 0>
-  MTLSIM_HD explicit constexpr vec_base(const X& x)
-      : vec_base(std::make_integer_sequence<int, N>{}, pieces_tag{}, value_t<X>(x)) {}
-
-  MTLSIM_HD constexpr T& operator[](int i) { return this->e[i]; }
-  MTLSIM_HD constexpr const T& operator[](int i) const { return this->e[i]; }
-
- protected:
-  template <int... I, class... P>
-  MTLSIM_HD constexpr vec_base(std::integer_sequence<int, I...>, pieces_tag, const P&... p)
-      : storage<T, N>{{{T(piece<I>(p...))...}}} {}
-  template <int... I>
-  MTLSIM_HD constexpr vec_base(std::integer_sequence<int, I...>, broadcast_tag, const T& s)
-      : storage<T, N>{{{(void(I), s)...}}} {}
-};
-
-template <class V> using base_of = vec_base<elem_t<V>, lanes_v<V>>;
 
 }  // namespace detail
 
 template <class T, int N>
-struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::vec_base<T, N> {
+struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
   static_assert(N >= 2 && N <= 4, "MSL vectors have 2, 3 or 4 components");
-  using detail::vec_base<T, N>::vec_base;
+
   vec() = default;
+  template <class... U>
+  MTLSIM_HD constexpr vec(detail::elems_tag, const U&... u) : detail::storage<T, N>{{{T(u)...}}} {}
+  template <class S, std::enable_if_t<detail::is_num_v<S>, int> = 0>
+  MTLSIM_HD constexpr vec(const S& s) : vec(std::make_integer_sequence<int, N>{}, detail::splat_tag{}, T(s)) {}
+  template <class... S, std::enable_if_t<sizeof...(S) == N && (detail::is_num_v<S> && ...), int> = 0>
+  MTLSIM_HD constexpr vec(const S&... s) : detail::storage<T, N>{{{T(s)...}}} {}
+  // Scalars and vectors whose lanes add up to N, at least one of them a vector.
+  template <class A, class B, class... C,
+            std::enable_if_t<!(detail::is_num_v<A> && detail::is_num_v<B> && (detail::is_num_v<C> && ...)) &&
+                                 detail::pieces_v<A> * detail::pieces_v<B> * (1 * ... * detail::pieces_v<C>) != 0 &&
+                                 detail::pieces_v<A> + detail::pieces_v<B> + (0 + ... + detail::pieces_v<C>) == N,
+                             int> = 0>
+  MTLSIM_HD constexpr vec(const A& a, const B& b, const C&... c)
+      : vec(std::make_integer_sequence<int, N>{}, detail::value_t<A>(a), detail::value_t<B>(b), detail::value_t<C>(c)...) {}
+  template <class X, std::enable_if_t<detail::is_vec_like_v<X> && detail::lanes_v<X> == N &&
+                                          !std::is_same_v<detail::elem_t<X>, T>, int> = 0>
+  MTLSIM_HD explicit constexpr vec(const X& x) : vec(std::make_integer_sequence<int, N>{}, detail::value_t<X>(x)) {}
+
+  MTLSIM_HD constexpr T& operator[](int i) { return this->e[i]; }
+  MTLSIM_HD constexpr const T& operator[](int i) const { return this->e[i]; }
 
  private:
   using bool_vec = vec<bool, N>;
+
+  template <int... I, class... P>
+  MTLSIM_HD constexpr vec(std::integer_sequence<int, I...>, const P&... p)
+      : detail::storage<T, N>{{{T(detail::piece<I>(p...))...}}} {}
+  template <int... I>
+  MTLSIM_HD constexpr vec(std::integer_sequence<int, I...>, detail::splat_tag, const T& s)
+      : detail::storage<T, N>{{{(void(I), s)...}}} {}
 
   template <class R, class F> MTLSIM_HD static constexpr R zip(const vec& a, const vec& b, F f) {
     R r{};
@@ -171,13 +168,22 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::vec_base<T, N> {
 #undef MTLSIM_VEC_STEP
 };
 
-// A packed vector has the lanes of vec<T,N> without its padding or alignment;
+// A packed vector has the lanes of vec<T,N> without its padding or alignment.
+// It is built like the vec (implicitly where that conversion is implicit), and
 // arithmetic converts it to vec.
-template <class V> struct packed : detail::base_of<V> {
-  using base = detail::base_of<V>;
-  using base::base;
+template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::lanes_v<V>> {
   packed() = default;
   MTLSIM_HD constexpr packed(const V& v) : packed(std::make_integer_sequence<int, detail::lanes_v<V>>{}, v) {}
+  template <class X, std::enable_if_t<!std::is_same_v<X, V> && !std::is_same_v<X, packed> &&
+                                          std::is_convertible_v<const X&, V>, int> = 0>
+  MTLSIM_HD constexpr packed(const X& x) : packed(V(x)) {}
+  template <class X, std::enable_if_t<!std::is_convertible_v<const X&, V> && std::is_constructible_v<V, const X&>, int> = 0>
+  MTLSIM_HD explicit constexpr packed(const X& x) : packed(V(x)) {}
+  template <class A, class B, class... C, std::enable_if_t<std::is_constructible_v<V, const A&, const B&, const C&...>, int> = 0>
+  MTLSIM_HD constexpr packed(const A& a, const B& b, const C&... c) : packed(V(a, b, c...)) {}
+
+  MTLSIM_HD constexpr auto& operator[](int i) { return this->e[i]; }
+  MTLSIM_HD constexpr const auto& operator[](int i) const { return this->e[i]; }
   MTLSIM_HD constexpr operator V() const {
     V v{};
     for (int i = 0; i < detail::lanes_v<V>; ++i) v[i] = this->e[i];
@@ -186,24 +192,24 @@ template <class V> struct packed : detail::base_of<V> {
 
  private:
   template <int... I>
-  MTLSIM_HD constexpr packed(std::integer_sequence<int, I...>, const V& v) : base(detail::elems_tag{}, v[I]...) {}
+  MTLSIM_HD constexpr packed(std::integer_sequence<int, I...>, const V& v)
+      : detail::storage<detail::elem_t<V>, detail::lanes_v<V>>{{{v[I]...}}} {}
 };
 
 // A view of some lanes of the enclosing vector. Its array covers exactly lanes
-// lo..hi (the struct wrapping it in the union pads it to lane lo), so the
-// implicit copy assignment -- still chosen for `a.zw = b.zw` with const b, and
-// kept trivial so that vec stays trivially copyable -- writes the right lanes
-// whenever the letters name a contiguous range.
+// lo..hi (the union places it behind lo lanes of padding), so that the implicit
+// copy assignment, which `a.zw = b.zw` picks and which must stay trivial for vec
+// to be trivially copyable, writes just those lanes. Only when the letters skip
+// lanes does it write more: `a.xz = b.xz` also copies b.y. Any other vector
+// value goes through operator= and writes the named lanes only.
 template <class V, int... I> struct swizzle {
   using T = detail::elem_t<V>;
   static constexpr int lo = detail::lowest<I...>(), hi = detail::highest<I...>();
   T e[hi - lo + 1];
 
   MTLSIM_HD constexpr operator V() const { return V(detail::elems_tag{}, e[I - lo]...); }
-  template <class X, std::enable_if_t<detail::distinct<I...>() && !std::is_same_v<X, swizzle> &&
-                                          std::is_convertible_v<X, V>, int> = 0>
-  MTLSIM_HD constexpr swizzle& operator=(X&& x) {
-    const V v = x;
+  MTLSIM_HD constexpr swizzle& operator=(const V& v) {
+    static_assert(detail::distinct<I...>(), "a swizzle that repeats a lane cannot be assigned");
     int k = 0;
     ((e[I - lo] = v[k++]), ...);
     return *this;
@@ -317,12 +323,21 @@ MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
   template <class T> struct storage<T, N> {                 \
     union {                                                 \
       T e[N];                                               \
+      abi_member<sizeof(T) * N> _abi;                       \
       struct { T MTLSIM_UNPAREN xyzw; };                    \
       struct { T MTLSIM_UNPAREN rgba; };                    \
       MTLSIM_SWIZZLES(N, 0) __VA_ARGS__                     \
     };                                                      \
   };
 namespace detail {
+// GCC's x86-64 ABI code classifies a by-value aggregate member by member, so the
+// ~1000 swizzles would make each call passing or returning a vector cost
+// milliseconds of compile time. A misaligned member right after the lanes makes
+// it stop there and pass the vector in memory. (2-byte vectors have no room for
+// one, but also few swizzles.)
+struct __attribute__((packed)) misaligned { char c; uint16_t s; };
+template <size_t Bytes> using abi_member = std::conditional_t<(Bytes > 2), misaligned, char>;
+
 MTLSIM_STORAGE(2, (x, y), (r, g), MTLSIM_SWIZZLES_AT(2, 1))
 MTLSIM_STORAGE(3, (x, y, z), (r, g, b), MTLSIM_SWIZZLES_AT(3, 1) MTLSIM_SWIZZLES_AT(3, 2))
 MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a),
