@@ -2,6 +2,9 @@
 #include <torch/extension.h>
 
 #include "backend.h"
+#if defined(MPS_EXT_METAL)
+#include "metal/metal_backend.h"
+#endif
 #include "overrides/overrides.h"
 #include "trace.h"
 
@@ -20,6 +23,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_sim_bindings(m);
 
   m.def("_has_metal", [] { return mps_ext::metal_backend() != nullptr; });
+  m.def("_metal_device_info", [] {
+#if defined(MPS_EXT_METAL)
+    return mps_ext::metal::device_info();
+#else
+    return std::vector<std::pair<std::string, std::string>>{};
+#endif
+  });
 
   m.def("_overrides_enable", [](const std::string& d) { ov::enable(device_type(d)); });
   m.def("_overrides_disable", [](const std::string& d) { ov::disable(device_type(d)); });

@@ -9,39 +9,39 @@ import sys
 import torch
 
 
-def _mps_status() -> str:
-    if not torch.backends.mps.is_built():
-        return "unavailable: this torch build has no MPS support"
-    if not torch.backends.mps.is_available():
-        return "unavailable: no Metal device (needs Apple silicon and macOS 14+)"
-    return "available"
-
-
 def info() -> int:
-    """Versions, backends and the state of the Metal device."""
-    from . import __version__
+    """Versions, backends, the Metal device (or why there is none) and the overrides."""
+    from . import _C, __version__, overrides
     from .sim import compiler
+    from .testing import mps_usable
 
+    usable, why = mps_usable()
     rows = [
         ("mps_ext", __version__),
         ("torch", torch.__version__),
         ("python", platform.python_version()),
-        ("platform", f"{platform.system()} {platform.machine()}"),
-        ("mps device", _mps_status()),
-        ("simulator", f"built in; compiler {compiler._cxx()}; cache {compiler.cache_dir()}"),
+        ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
+        ("backends", "simulator" + (", metal" if _C._has_metal() else " (metal: not built on this platform)")),
+        ("mps device", "usable" if usable else f"not usable: {why}"),
+        *((f"  {k}", v) for k, v in _C._metal_device_info()),
+        ("overrides", ", ".join(f"{d}: {'on' if overrides.is_enabled(d) else 'off'}" for d in ("mps", "cpu"))),
+        ("simulator", f"compiler {compiler._cxx()}; cache {compiler.cache_dir()}"),
     ]
     for key, value in rows:
-        print(f"{key:<11} {value}")
+        print(f"{key:<12} {value}")
     return 0
 
 
 def selftest() -> int:
-    """Run the simulator's self-check kernels and compare them with torch."""
+    """The simulator's self-check, then every shipped kernel on every usable backend."""
+    from . import _selftest
     from .sim import selfcheck
 
-    print("simulator (checked mode):")
+    print("simulator self-check (checked mode):")
     ok = selfcheck.run()
-    print("all kernels match torch" if ok else "FAILED")
+    print("\nkernels against torch on the CPU:")
+    ok &= _selftest.run()
+    print("\nall kernels match torch" if ok else "\nFAILED")
     return 0 if ok else 1
 
 

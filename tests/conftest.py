@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 import mps_ext.sim
+from mps_ext.testing import mps_usable
 
 KERNELS = Path(__file__).parent / "kernels"
 
@@ -24,3 +25,13 @@ def kernels():
 def shader():
     """Compiles MSL source text for the simulator."""
     return mps_ext.sim.compile_shader
+
+
+@pytest.fixture(params=["cpu", "mps"])
+def device(request):
+    """Runs a test on CPU tensors (the simulator) and on mps tensors (the GPU) when MPS really works here."""
+    if request.param == "mps":
+        usable, why = mps_usable()
+        if not usable:
+            pytest.skip(why)
+    return request.param

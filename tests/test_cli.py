@@ -22,3 +22,7 @@ def test_selftest_runs_every_check_kernel():
         line = next(line for line in p.stdout.splitlines() if line.startswith(kernel))
         assert line.rstrip().endswith("ok"), line
     assert "all kernels match torch" in p.stdout
+    # Every kernel of the build ran on the simulator, e.g. the long-row pair:
+    assert "simulator  softmax split f32 (2, 5000)" in p.stdout
+    assert "softmax_partials_float, softmax_finalize_float_float" in p.stdout
+    assert "kernels no case ran" not in p.stdout

@@ -11,21 +11,23 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 OPS = {"softmax": (mps_ext.softmax, torch.softmax), "log_softmax": (mps_ext.log_softmax, torch.log_softmax)}
 
 
-def check(op: str, x: torch.Tensor, dim: int, dtype=None, kernels=None):
-    """Runs mps_ext's op, checks it against torch's and that the named kernels ran."""
+def check(op: str, x: torch.Tensor, dim: int, dtype=None, kernels=None, device="cpu"):
+    """Runs mps_ext's op on `device`, checks it against torch's on the CPU and that the named kernels ran."""
     ours, theirs = OPS[op]
     with mps_ext.trace() as t:
-        got = ours(x, dim, dtype=dtype)
+        got = ours(x.to(device), dim, dtype=dtype).cpu()
     # The reference is torch's float32 result rounded once to the output
     # dtype: torch's own half log_softmax rounds intermediates and is further
     # from the exact value than the kernels.
     out_dtype = dtype or x.dtype
+    x = x.cpu()
     want = theirs(x.to(dtype) if dtype else x, dim, dtype=torch.float32).to(out_dtype)
     assert got.dtype == want.dtype and got.shape == want.shape
     n = x.shape[dim] if x.dim() else 1
     assert_close(got, want, scale=reduction_scale(got.dtype, n, signed_terms=False))
     if kernels is not None:
         assert t.names == kernels
+    assert all(k.backend == ("simulator" if device == "cpu" else "metal") for k in t.kernels)
     return got
 
 
@@ -33,76 +35,76 @@ def check(op: str, x: torch.Tensor, dim: int, dtype=None, kernels=None):
 @pytest.mark.parametrize("cols", [1, 7, 31, 33, 1000, 4097, 32000, 151936])
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("op", OPS)
-def test_last_dim(op, rows, cols, dtype):
+def test_last_dim(device, op, rows, cols, dtype):
     x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * cols)) * 3).to(dtype)
     t = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
     if cols <= 4096:
         kernels = [f"{op}_block_{t}_{t}"]
     else:
         kernels = [f"softmax_partials_{t}", f"{op}_finalize_{t}_{t}"]
-    check(op, x, -1, kernels=kernels)
+    check(op, x, -1, kernels=kernels, device=device)
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape,dim", [((5, 7, 3), 1), ((5, 7, 3), 0), ((2, 3, 4, 5), 2), ((64, 33), 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_other_dims_use_the_strided_kernel(op, shape, dim, dtype):
+def test_other_dims_use_the_strided_kernel(device, op, shape, dim, dtype):
     x = torch.randn(shape).to(dtype)
     t = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
-    check(op, x, dim, kernels=[f"{op}_strided_{t}_{t}"])
+    check(op, x, dim, kernels=[f"{op}_strided_{t}_{t}"], device=device)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_non_contiguous_inputs(op):
-    base = torch.randn(40, 300)
-    check(op, base.t(), -1)  # transposed
-    check(op, base[:, 1:298:3], -1)  # strided slice
-    check(op, base[3:], -1)  # storage offset not a multiple of 4 elements: scalar loads
-    check(op, base[:, 1:], -1)
-    check(op, torch.randn(8, 6000)[:, 3:], -1)  # long rows, unaligned
+def test_non_contiguous_inputs(device, op):
+    base = torch.randn(40, 300, device=device)
+    check(op, base.t(), -1, device=device)  # transposed
+    check(op, base[:, 1:298:3], -1, device=device)  # strided slice
+    check(op, base[3:], -1, device=device)  # storage offset not a multiple of 4 elements: scalar loads
+    check(op, base[:, 1:], -1, device=device)
+    check(op, torch.randn(8, 6000, device=device)[:, 3:], -1, device=device)  # long rows, unaligned
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_empty_and_scalar(op):
+def test_empty_and_scalar(device, op):
     ours, theirs = OPS[op]
     for shape, dim in [((0, 5), 1), ((5, 0), 1), ((0,), 0), ((3, 0, 2), 0)]:
-        x = torch.randn(shape)
+        x = torch.randn(shape, device=device)
         with mps_ext.trace() as t:
             y = ours(x, dim)
-        assert y.shape == x.shape and t.kernels == []
+        assert y.shape == x.shape and y.device == x.device and t.kernels == []
     x = torch.tensor(1.5)
-    assert_close(ours(x, 0), theirs(x, 0))
-    assert_close(ours(x, -1), theirs(x, -1))
+    assert_close(ours(x.to(device), 0), theirs(x, 0))
+    assert_close(ours(x.to(device), -1), theirs(x, -1))
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("cols", [9, 100, 5000, 40000])
-def test_nan_and_inf(op, cols):
+def test_nan_and_inf(device, op, cols):
     x = torch.randn(6, cols)
     x[0] = float("-inf")  # no mass: NaN everywhere
     x[1, cols // 2] = float("nan")  # NaN poisons its row
     x[2, 3] = float("inf")  # +inf: exp(inf - inf) is NaN, and so is the row's sum
     x[3, : cols // 2] = float("-inf")  # -inf entries have probability 0
     x[4, 1:] = float("-inf")  # one finite entry takes everything
-    got = check(op, x, -1)
+    got = check(op, x, -1, device=device)
     assert got[0].isnan().all() and got[1].isnan().all() and got[2].isnan().all()
     if op == "softmax":
         assert got[3, : cols // 2].eq(0).all() and got[4, 0] == 1 and got[4, 1:].eq(0).all()
-    got = check(op, x.t().contiguous(), 0)  # strided kernel
+    got = check(op, x.t().contiguous(), 0, device=device)  # strided kernel
     assert got[:, 0].isnan().all() and got[:, 2].isnan().all()
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("cols", [100, 9000])
-def test_dtype_argument(op, cols):
+def test_dtype_argument(device, op, cols):
     x = torch.randn(4, cols)
     # half/bfloat16 in, float out: converted inside the kernel.
     for low, t in ((torch.float16, "half"), (torch.bfloat16, "bfloat")):
         with mps_ext.trace() as tr:
-            check(op, x.to(low), -1, dtype=torch.float32)
+            check(op, x.to(low), -1, dtype=torch.float32, device=device)
         assert tr.names[-1].endswith(f"_{t}_float")
     # float in, half out: the input is cast first, as torch does.
-    got = check(op, x, -1, dtype=torch.float16)
+    got = check(op, x, -1, dtype=torch.float16, device=device)
     assert got.dtype == torch.float16
 
 
@@ -121,15 +123,15 @@ def test_unsupported_dtypes_behave_like_torch(op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gradients(op, dtype):
+def test_gradients(device, op, dtype):
     ours, theirs = OPS[op]
-    x = torch.randn(3, 50, dtype=dtype, requires_grad=True)
+    x = torch.randn(3, 50, dtype=dtype)
     w = torch.randn(3, 50)
-    (ours(x, 1, dtype=torch.float32) * w).sum().backward()
-    got = x.grad.clone()
-    x.grad = None
+    xd = x.to(device).requires_grad_()
+    (ours(xd, 1, dtype=torch.float32) * w.to(device)).sum().backward()
+    x.requires_grad_()
     (theirs(x, 1, dtype=torch.float32) * w).sum().backward()
-    assert_close(got, x.grad)
+    assert_close(xd.grad.cpu(), x.grad)
 
 
 class TestOverrides:
@@ -180,6 +182,15 @@ class TestOverrides:
         with mps_ext.trace() as t:
             torch.softmax(torch.randn(2, 3), -1)
         assert t.kernels == []
+
+    def test_mps_override_runs_the_metal_kernels(self, device):
+        if device != "mps":
+            pytest.skip("needs a usable MPS device")
+        x = torch.randn(4, 300)
+        with mps_ext.overrides.enabled("mps"), mps_ext.trace() as t:
+            got = torch.softmax(x.to("mps"), -1)
+        assert t.names == ["softmax_block_float_float"] and t.kernels[0].backend == "metal"
+        assert_close(got.cpu(), torch.softmax(x, -1))
 
     def test_unknown_device(self):
         with pytest.raises(ValueError, match="mps and cpu"):

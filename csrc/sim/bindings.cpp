@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "sim/builtin_modules.h"
 #include "sim/sim_backend.h"
 #include "sim/runtime/runtime.h"
 #include "trace.h"
@@ -74,6 +75,14 @@ void register_sim_bindings(py::module_& m) {
     return out;
   });
   m.def("_sim_dispatch", &dispatch);
+  m.def("_sim_builtin_kernels", [] {
+    std::vector<std::string> names;
+    for (const mtlsim::BuiltinModule& b : mtlsim::builtin_modules()) {
+      const mtlsim::Module& module = mtlsim::builtin_module(b.name, b.init);
+      for (uint32_t i = 0; i < module.info->num_kernels; ++i) names.push_back(module.info->kernels[i].host_name);
+    }
+    return names;
+  });
   m.def("_sim_push_checked", &mtlsim::push_checked);
   m.def("_sim_pop_checked", &mtlsim::pop_checked);
   m.def("_sim_checked", &mtlsim::checked_by_default);

@@ -1,0 +1,173 @@
+// The Metal backend: compiles the embedded .metal sources on first use,
+// caches compute pipelines, and encodes kernels on torch's current MPS stream
+// inside its dispatch queue, with its shared (coalesced) encoder. It never
+// ends that encoder and never commits: torch commits at its sync points.
+//
+// Built without ARC: torch's MPS headers call retain/release themselves.
+// Objects created here with new/alloc are released here, except pipelines
+// and libraries, which live as long as the process.
+#include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSStream.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "backend.h"
+#include "metal/metal_backend.h"
+#include "metal/sources.h"
+
+namespace mps_ext {
+
+namespace {
+
+std::string describe(NSError* error) {
+  return error ? std::string(error.localizedDescription.UTF8String) : std::string("no details");
+}
+
+// IEEE semantics (NaN, inf, -0) as torch's CPU kernels have them: the kernels
+// compare with -INFINITY and propagate NaN, which fast math may drop.
+void use_safe_math(MTLCompileOptions* options) {
+#pragma clang diagnostic push
+#pragma clang diagnostic ignored "-Wdeprecated-declarations"
+#if defined(__MAC_OS_X_VERSION_MAX_ALLOWED) && __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+  if (@available(macOS 15.0, *)) {
+    options.mathMode = MTLMathModeSafe;
+    return;
+  }
+#endif
+  options.fastMathEnabled = NO;
+#pragma clang diagnostic pop
+}
+
+class MetalBackend final : public Backend {
+ public:
+  explicit MetalBackend(id<MTLDevice> device) : device_(device) {
+    const auto& all = metal::sources();
+    libraries_.assign(all.size(), nil);
+    for (size_t i = 0; i < all.size(); ++i)
+      for (const char* kernel : all[i].kernels) source_of_[kernel] = i;
+  }
+
+  const char* name() const override { return "metal"; }
+
+  void dispatch(const Launch& launch) override {
+    const id<MTLComputePipelineState> pipeline = this->pipeline(launch.kernel);
+    const Size3 groups = launch.threadgroups, threads = launch.threads_per_threadgroup;
+    const uint64_t per_group = uint64_t(threads.x) * threads.y * threads.z;
+    TORCH_CHECK(per_group <= pipeline.maxTotalThreadsPerThreadgroup, "mps_ext: kernel '", launch.kernel, "' runs ",
+                per_group, " threads per threadgroup; this GPU allows ", pipeline.maxTotalThreadsPerThreadgroup);
+    const Launch* l = &launch;  // dispatch_sync runs the block before returning
+    at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+    at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+      [encoder setComputePipelineState:pipeline];
+      for (NSUInteger i = 0; i < l->args.size(); ++i) {
+        const Arg& a = l->args[i];
+        if (a.is_tensor()) {
+          // An MPS tensor's storage pointer is its MTLBuffer.
+          [encoder setBuffer:__builtin_bit_cast(id<MTLBuffer>, a.tensor.storage().data())
+                      offset:NSUInteger(a.tensor.storage_offset()) * a.tensor.element_size()
+                     atIndex:i];
+        } else {
+          [encoder setBytes:a.bytes.data() length:a.bytes.size() atIndex:i];
+        }
+      }
+      [encoder dispatchThreadgroups:MTLSizeMake(groups.x, groups.y, groups.z)
+              threadsPerThreadgroup:MTLSizeMake(threads.x, threads.y, threads.z)];
+    });
+  }
+
+  id<MTLDevice> device() const { return device_; }
+
+ private:
+  // Thread-safe: ops run on any thread (autograd's, the user's).
+  id<MTLComputePipelineState> pipeline(const std::string& kernel) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pipelines_.find(kernel);
+    if (it != pipelines_.end()) return it->second;
+    auto source = source_of_.find(kernel);
+    TORCH_CHECK(source != source_of_.end(), "mps_ext: no Metal kernel named '", kernel, "' in this build");
+    id<MTLLibrary> library = this->library(source->second);
+    std::string error;
+    id<MTLComputePipelineState> pipeline = nil;
+    @autoreleasepool {
+      id<MTLFunction> function = [library newFunctionWithName:[NSString stringWithUTF8String:kernel.c_str()]];
+      if (!function) {
+        error = "the compiled library has no function named '" + kernel + "'";
+      } else {
+        NSError* ns_error = nil;
+        pipeline = [device_ newComputePipelineStateWithFunction:function error:&ns_error];
+        if (!pipeline) error = describe(ns_error);
+        [function release];
+      }
+    }
+    TORCH_CHECK(pipeline, "mps_ext: creating the pipeline of '", kernel, "' failed: ", error);
+    pipelines_.emplace(kernel, pipeline);
+    return pipeline;
+  }
+
+  id<MTLLibrary> library(size_t index) {
+    if (libraries_[index]) return libraries_[index];
+    const metal::Source& source = metal::sources()[index];
+    std::string error;
+    id<MTLLibrary> library = nil;
+    @autoreleasepool {
+      MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
+      options.languageVersion = MTLLanguageVersion3_1;  // bfloat; macOS 14
+      use_safe_math(options);
+      NSError* ns_error = nil;
+      library = [device_ newLibraryWithSource:[NSString stringWithUTF8String:source.text]
+                                      options:options
+                                        error:&ns_error];
+      if (!library) error = describe(ns_error);
+      [options release];
+    }
+    TORCH_CHECK(library, "mps_ext: compiling ", source.file, " for this GPU failed: ", error);
+    libraries_[index] = library;
+    return library;
+  }
+
+  id<MTLDevice> device_;
+  std::mutex mu_;
+  std::unordered_map<std::string, size_t> source_of_;
+  std::vector<id<MTLLibrary>> libraries_;
+  std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;
+};
+
+MetalBackend* instance() {
+  static MetalBackend* backend = []() -> MetalBackend* {
+    if (!at::mps::is_available()) return nullptr;
+    id<MTLDevice> device = at::mps::MPSDevice::getInstance()->device();
+    return device ? new MetalBackend(device) : nullptr;
+  }();
+  return backend;
+}
+
+}  // namespace
+
+Backend* metal_backend() { return instance(); }
+
+std::vector<std::pair<std::string, std::string>> metal::device_info() {
+  MetalBackend* backend = instance();
+  if (!backend) return {};
+  id<MTLDevice> device = backend->device();
+  std::string family = "older than Apple7 (M1)";
+  const std::pair<MTLGPUFamily, const char*> families[] = {
+      {MTLGPUFamilyApple9, "Apple9 (M3/M4)"}, {MTLGPUFamilyApple8, "Apple8 (M2)"}, {MTLGPUFamilyApple7, "Apple7 (M1)"}};
+  for (const auto& [f, name] : families) {
+    if ([device supportsFamily:f]) {
+      family = name;
+      break;
+    }
+  }
+  return {
+      {"name", device.name.UTF8String},
+      {"gpu family", family},
+      {"gpu cores", std::to_string(at::mps::MPSDevice::getInstance()->getCoreCount())},
+      {"unified memory", device.hasUnifiedMemory ? "yes" : "no"},
+      {"recommended working set", std::to_string(device.recommendedMaxWorkingSetSize >> 20) + " MiB"},
+  };
+}
+
+}  // namespace mps_ext

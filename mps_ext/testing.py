@@ -1,0 +1,68 @@
+"""Comparing kernel results with torch on the CPU: the per-dtype tolerances
+used by the self-test and the test suite, stated once."""
+
+from __future__ import annotations
+
+import torch
+
+# (rtol, atol): float32 allows reduction-order differences; half and bfloat16
+# allow a few units in the last place of their results.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (2e-3, 1e-4),
+    torch.bfloat16: (1.6e-2, 1e-3),
+}
+
+
+def reduction_scale(dtype: torch.dtype, n: int, signed_terms: bool = True) -> float:
+    """How much to widen the tolerance for results that sum ``n`` terms.
+
+    In float32 the rounding error of a sum grows like n * eps when terms
+    cancel (dot products) and like sqrt(n) * eps relative to the sum when
+    they are all positive (softmax's denominator); the fixed float32
+    tolerance assumes short sums. Half and bfloat16 results, accumulated in
+    float32, are dominated by their final rounding.
+    """
+    if dtype != torch.float32:
+        return 1.0
+    return max(1.0, n / 32 if signed_terms else n ** 0.5 / 64)
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0):
+    """``torch.testing.assert_close`` with the tolerance of ``dtype`` (default:
+    actual's), widened by ``scale``; NaNs compare equal."""
+    rtol, atol = TOLERANCES[dtype or actual.dtype]
+    torch.testing.assert_close(actual.cpu(), expected.cpu().to(actual.dtype), rtol=rtol * scale, atol=atol * scale,
+                               equal_nan=True)
+
+
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Largest absolute difference, NaNs at the same places ignored (inf where only one side is NaN)."""
+    a, e = actual.detach().cpu().double(), expected.detach().cpu().double()
+    if not torch.equal(a.isnan(), e.isnan()):
+        return float("inf")
+    same = (a == e) | a.isnan()
+    return float((a - e).abs().masked_fill(same, 0).max()) if a.numel() else 0.0
+
+
+def mps_usable() -> tuple[bool, str]:
+    """Whether mps tensors really run here, and why not.
+
+    ``torch.backends.mps.is_available()`` is not enough: hosted macOS CI
+    runners report MPS but cannot run it (zero-byte out-of-memory, wrong
+    results). This allocates, runs a small reduction and checks the answer.
+    """
+    from . import _C
+
+    if not torch.backends.mps.is_available():
+        return False, "MPS is not available (needs Apple silicon, macOS 14+ and a torch built with MPS)"
+    if not _C._has_metal():
+        return False, "mps_ext was built without its Metal backend"
+    try:
+        x = torch.arange(4096, dtype=torch.float32, device="mps")
+        got = float((x * 2).sum().cpu())
+    except Exception as e:  # noqa: BLE001 - any failure means unusable
+        return False, f"MPS is reported but does not run: {e}"
+    if got != 4096 * 4095:
+        return False, f"MPS is reported but computes wrong results ({got} != {4096 * 4095})"
+    return True, "usable"
