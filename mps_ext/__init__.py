@@ -7,8 +7,6 @@ functions (``mps_ext.softmax``...) run the kernels on ``mps`` tensors on the GPU
 and on CPU tensors in the simulator.
 """
 
-import os
-
 import torch  # loads libtorch, which _C links against
 
 from . import _C, overrides, sim
@@ -19,5 +17,4 @@ __version__ = "0.1.0"
 
 __all__ = ["KernelRecord", "log_softmax", "overrides", "sim", "softmax", "trace"]
 
-if os.environ.get("MPS_EXT_DISABLE") != "1" and torch.backends.mps.is_available():
-    overrides.enable("mps")
+overrides.enable_on_import()

@@ -13,6 +13,9 @@ Overridden: ``aten::_softmax``, ``aten::_log_softmax`` (``torch.softmax``,
 from __future__ import annotations
 
 import contextlib
+import os
+
+import torch
 
 from . import _C
 
@@ -54,3 +57,12 @@ def stats() -> dict[str, dict]:
 def reset_stats() -> None:
     """Zero the counters of ``stats()``."""
     _C._override_reset_stats()
+
+
+def enable_on_import() -> bool:
+    """What ``import mps_ext`` does: enable for ``mps`` when MPS is available
+    and ``MPS_EXT_DISABLE=1`` is not set. Returns whether it enabled them."""
+    if os.environ.get("MPS_EXT_DISABLE") == "1" or not torch.backends.mps.is_available():
+        return False
+    enable("mps")
+    return True

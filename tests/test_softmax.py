@@ -192,6 +192,18 @@ class TestOverrides:
         assert t.names == ["softmax_block_float_float"] and t.kernels[0].backend == "metal"
         assert_close(got.cpu(), torch.softmax(x, -1))
 
+    def test_enabled_on_import_when_mps_is_available(self, monkeypatch):
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+        try:
+            monkeypatch.setenv("MPS_EXT_DISABLE", "1")
+            assert not mps_ext.overrides.enable_on_import() and not mps_ext.overrides.is_enabled("mps")
+            monkeypatch.delenv("MPS_EXT_DISABLE")
+            assert mps_ext.overrides.enable_on_import() and mps_ext.overrides.is_enabled("mps")
+        finally:
+            mps_ext.overrides.disable("mps")
+        monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+        assert not mps_ext.overrides.enable_on_import()
+
     def test_unknown_device(self):
         with pytest.raises(ValueError, match="mps and cpu"):
             mps_ext.overrides.enable("meta")

@@ -390,6 +390,84 @@ void test_vectors() {
   CHECK(all(m == float4(1, 2, 3, 4)));
 }
 
+// ------------------------------------------------------- gapped swizzle assignment
+
+// Swizzles whose letters skip a lane (xz, ywx, ...), assigned from the same
+// swizzle of another vector, from a permutation of their own letters (which
+// must read every lane before writing one) and compound-assigned. The expected
+// vectors come from the letters, not from the implementation.
+int lane_of(char c) {
+  switch (c) {
+    case 'x': case 'r': return 0;
+    case 'y': case 'g': return 1;
+    case 'z': case 'b': return 2;
+    default: return 3;
+  }
+}
+
+template <class V> constexpr int lanes_of = vec_elements_v<decltype(+V())>;
+
+template <class V> V ramp(int step) {
+  V v{};
+  for (int i = 0; i < lanes_of<V>; ++i) v[i] = step * (i + 1);
+  return v;
+}
+
+// `what` names the copy, the permutation and the compound assignment.
+template <class V, class Copy, class CopyConst, class Permute, class Add>
+void check_gapped(const char* p, const char* q, const char* const (&what)[3], Copy copy, CopyConst copy_const,
+                  Permute permute, Add add, int line) {
+  const V a0 = ramp<V>(1), b0 = ramp<V>(10);
+  V from_b = a0, from_a = a0, sum = a0;
+  for (int k = 0; p[k]; ++k) {
+    const int i = lane_of(p[k]);
+    from_b[i] = b0[i];
+    from_a[i] = a0[lane_of(q[k])];
+    sum[i] = a0[i] + b0[i];
+  }
+  V a = a0, b = b0;
+  copy(a, b);
+  check(all(a == from_b) && all(b == b0), what[0], line);
+  a = a0;
+  copy_const(a, b0);
+  check(all(a == from_b), what[0], line);
+  a = a0;
+  permute(a);
+  check(all(a == from_a), what[1], line);
+  a = a0;
+  add(a, b0);
+  check(all(a == sum), what[2], line);
+}
+#define GAPPED(V, P, Q)                                                                                     \
+  check_gapped<V>(#P, #Q, {"a." #P " = b." #P, "a." #P " = a." #Q, "a." #P " += b." #P},                   \
+                  [](V& a, V& b) { a.P = b.P; }, [](V& a, const V& b) { a.P = b.P; }, [](V& a) { a.P = a.Q; }, \
+                  [](V& a, const V& b) { a.P += b.P; }, __LINE__)
+
+template <class V> void test_gapped4() {
+  GAPPED(V, xz, zx); GAPPED(V, zx, xz); GAPPED(V, xw, wx); GAPPED(V, wx, xw); GAPPED(V, yw, wy); GAPPED(V, wy, yw);
+  GAPPED(V, rb, br); GAPPED(V, br, rb); GAPPED(V, ra, ar); GAPPED(V, ar, ra); GAPPED(V, ga, ag); GAPPED(V, ag, ga);
+  GAPPED(V, xyw, ywx); GAPPED(V, xwy, wyx); GAPPED(V, yxw, xwy); GAPPED(V, ywx, wxy); GAPPED(V, wxy, yxw); GAPPED(V, wyx, xyw);
+  GAPPED(V, xzw, zwx); GAPPED(V, xwz, wzx); GAPPED(V, zxw, xwz); GAPPED(V, zwx, wxz); GAPPED(V, wxz, zxw); GAPPED(V, wzx, xzw);
+  GAPPED(V, rga, gar); GAPPED(V, rag, agr); GAPPED(V, gra, rag); GAPPED(V, gar, arg); GAPPED(V, arg, gra); GAPPED(V, agr, rga);
+  GAPPED(V, rba, bar); GAPPED(V, rab, abr); GAPPED(V, bra, rab); GAPPED(V, bar, arb); GAPPED(V, arb, bra); GAPPED(V, abr, rba);
+  // The letter sets name the same lanes, so a mixed pair is the same swizzle.
+  GAPPED(V, xz, br); GAPPED(V, ywx, arg);
+}
+
+template <class V> void test_gapped3() {
+  GAPPED(V, xz, zx); GAPPED(V, zx, xz); GAPPED(V, rb, br); GAPPED(V, br, rb); GAPPED(V, xz, rb);
+}
+#undef GAPPED
+
+void test_gapped_swizzles() {
+  test_gapped4<float4>();
+  test_gapped4<half4>();
+  test_gapped4<uchar4>();
+  test_gapped4<packed_float4>();
+  test_gapped3<int3>();
+  test_gapped3<packed_half3>();
+}
+
 // ----------------------------------------------------------------- float functions
 
 void test_float_functions() {
@@ -540,6 +618,7 @@ int main() {
   test_bfloat_conversions();
   test_small_float_arithmetic();
   test_vectors();
+  test_gapped_swizzles();
   test_float_functions();
   test_integer_functions();
   test_geometric_relational_as_type();
