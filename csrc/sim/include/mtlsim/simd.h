@@ -322,13 +322,7 @@ MTLSIM_PERMUTE(quad_shuffle_rotate_down, 4, RotateDown)
 
 #define MTLSIM_FILL(name, up, width)                                                        \
   template <class T>                                                                        \
-  T name(T x, T fill, ushort delta, MTLSIM_CALLER) {                                        \
-    using R = ::mtlsim::simd::ShuffleAndFill<up>;                                           \
-    return ::mtlsim::simd::collective<R, T>(::mtlsim::simd::Fill<T>{x, fill, delta, width}, \
-                                            MTLSIM_CALLER_SITE);                            \
-  }                                                                                         \
-  template <class T>                                                                        \
-  T name(T x, T fill, ushort delta, ushort modulo, MTLSIM_CALLER) {                         \
+  T name(T x, T fill, ushort delta, ushort modulo = width, MTLSIM_CALLER) {                 \
     using R = ::mtlsim::simd::ShuffleAndFill<up>;                                           \
     return ::mtlsim::simd::collective<R, T>(::mtlsim::simd::Fill<T>{x, fill, delta, modulo}, \
                                             MTLSIM_CALLER_SITE);                            \
