@@ -243,3 +243,28 @@ def test_results_do_not_depend_on_worker_count(tmp_path):
         outputs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                                       check=True).stdout)
     assert outputs[0] == outputs[1]
+
+
+SIMDGROUP_EXCHANGE = HEADER + """
+// Each lane reads the slot its neighbour in the same SIMD group wrote.
+kernel void exchange(device const float* x [[buffer(0)]], device float* y [[buffer(1)]],
+                     uint i [[thread_position_in_grid]], uint t [[thread_position_in_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup float slots[128];
+  slots[t] = x[i];
+  SYNC;
+  y[i] = slots[t - lane + (lane + 1) % 32];
+}"""
+
+
+def test_simdgroup_barrier_orders_a_simd_group(shader):
+    x = torch.arange(256, dtype=torch.float32)
+    want = x.view(-1, 32).roll(-1, 1).flatten()
+    lib = shader(SIMDGROUP_EXCHANGE.replace("SYNC", "simdgroup_barrier(mem_flags::mem_threadgroup)"), name="sgbar")
+    y = torch.empty_like(x)
+    with mps_ext.sim.checked():
+        lib.exchange(x, y, group_size=128)
+    assert torch.equal(y, want)
+    racy = shader(SIMDGROUP_EXCHANGE.replace("SYNC", "(void)0"), name="sgbar_missing")
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError, match="not deterministic"):
+        racy.exchange(x, y, group_size=128)

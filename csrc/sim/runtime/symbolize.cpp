@@ -25,20 +25,30 @@ std::string quote(const std::string& s) {
 std::string symbolize(const void* pc) {
   Dl_info info{};
   if (!pc || !dladdr(pc, &info) || !info.dli_fname) return "";
-  // A fault's pc is the faulting instruction itself (not a return address),
-  // so no adjustment is needed.
-  const auto offset = reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase);
   std::ostringstream cmd;
+#if defined(__APPLE__)
+  // atos (Xcode command line tools) prints "fn (in lib) (file:line)" per inlined frame.
+  cmd << "atos -i -o " << quote(info.dli_fname) << " -l " << info.dli_fbase << " " << pc << " 2>/dev/null";
+#else
+  // A fault's pc is the faulting instruction itself (not a return address),
+  // so no adjustment is needed; shared objects are linked at address 0.
+  const auto offset = reinterpret_cast<uintptr_t>(pc) - reinterpret_cast<uintptr_t>(info.dli_fbase);
   cmd << "addr2line -i -e " << quote(info.dli_fname) << " 0x" << std::hex << offset << " 2>/dev/null";
+#endif
   FILE* p = popen(cmd.str().c_str(), "r");
   if (!p) return "";
-  // With -i the innermost inlined frame comes first; the first frame in a
-  // kernel source (not a simulator header) is the kernel's line.
+  // The innermost inlined frame comes first; the first frame in a kernel
+  // source (not a simulator header) is the kernel's line.
   std::string found, first;
   char buf[4096];
   while (fgets(buf, sizeof buf, p)) {
     std::string line(buf);
     while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+#if defined(__APPLE__)
+    const auto open = line.rfind('(');
+    if (open == std::string::npos || line.back() != ')') continue;
+    line = line.substr(open + 1, line.size() - open - 2);
+#endif
     const auto disc = line.find(" (discriminator");
     if (disc != std::string::npos) line.erase(disc);
     if (first.empty() && line.rfind("??", 0) != 0) first = line;
