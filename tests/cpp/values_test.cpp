@@ -95,8 +95,14 @@ LAYOUT(packed_float3, 12, 4) LAYOUT(packed_half3, 6, 2) LAYOUT(packed_uchar3, 3,
 
 template <class T> constexpr bool plain_v = std::is_trivially_copyable_v<T> && std::is_trivially_default_constructible_v<T> &&
                                             std::is_standard_layout_v<T>;
-static_assert(plain_v<half> && plain_v<bfloat> && plain_v<float3> && plain_v<half4> && plain_v<bool2>);
-static_assert(plain_v<packed_float3> && plain_v<ulong4> && plain_v<bfloat2>);
+static_assert(plain_v<half> && plain_v<bfloat>);
+// Vectors define their copy assignment, as swizzle assignments must not touch
+// unnamed lanes (see swizzle in vec.h); the rest stays trivial.
+template <class T> constexpr bool plain_vec_v = std::is_trivially_default_constructible_v<T> &&
+                                                std::is_trivially_copy_constructible_v<T> &&
+                                                std::is_trivially_destructible_v<T> && std::is_standard_layout_v<T>;
+static_assert(plain_vec_v<float3> && plain_vec_v<half4> && plain_vec_v<bool2> && plain_vec_v<packed_float3>);
+static_assert(plain_vec_v<ulong4> && plain_vec_v<bfloat2> && plain_vec_v<packed_uchar2>);
 static_assert(same<metal::float4, ::float4> && same<metal::vec<float, 4>, float4> && same<metal::packed_vec<half, 2>, packed_half2>);
 
 // ----------------------------------------------------------- constants and traits
@@ -311,7 +317,7 @@ void test_vectors() {
   CHECK(all(float2(3, 4).yx == float2(4, 3)) && all(float2(3, 4).xyxy == float4(3, 4, 3, 4)) && all(int3(1, 2, 3).zzz == int3(3)));
 
   // Swizzle assignments write only the named lanes, also between identical
-  // (contiguous) swizzles, which use the implicit copy assignment.
+  // swizzles (and see test_gapped_swizzles).
   const float4 c(5, 6, 7, 8);
   float4 a(1, 2, 3, 4), b(-1, -2, -3, -4);
   a.zw = c.zw;
@@ -386,7 +392,7 @@ void test_vectors() {
   CHECK(un.u.x == 0x3F800000u && un.u.w == 0x3F800000u);
   float buf[4] = {1, 2, 3, 4};
   float4 m;
-  __builtin_memcpy(&m, buf, sizeof m);
+  __builtin_memcpy(static_cast<void*>(&m), buf, sizeof m);
   CHECK(all(m == float4(1, 2, 3, 4)));
 }
 
@@ -438,8 +444,8 @@ void check_gapped(const char* p, const char* q, const char* const (&what)[3], Co
   add(a, b0);
   check(all(a == sum), what[2], line);
 }
-#define GAPPED(V, P, Q)                                                                                     \
-  check_gapped<V>(#P, #Q, {"a." #P " = b." #P, "a." #P " = a." #Q, "a." #P " += b." #P},                   \
+#define GAPPED(V, P, Q)                                                                                        \
+  check_gapped<V>(#P, #Q, {"a." #P " = b." #P, "a." #P " = a." #Q, "a." #P " += b." #P},                       \
                   [](V& a, V& b) { a.P = b.P; }, [](V& a, const V& b) { a.P = b.P; }, [](V& a) { a.P = a.Q; }, \
                   [](V& a, const V& b) { a.P += b.P; }, __LINE__)
 
@@ -450,7 +456,7 @@ template <class V> void test_gapped4() {
   GAPPED(V, xzw, zwx); GAPPED(V, xwz, wzx); GAPPED(V, zxw, xwz); GAPPED(V, zwx, wxz); GAPPED(V, wxz, zxw); GAPPED(V, wzx, xzw);
   GAPPED(V, rga, gar); GAPPED(V, rag, agr); GAPPED(V, gra, rag); GAPPED(V, gar, arg); GAPPED(V, arg, gra); GAPPED(V, agr, rga);
   GAPPED(V, rba, bar); GAPPED(V, rab, abr); GAPPED(V, bra, rab); GAPPED(V, bar, arb); GAPPED(V, arb, bra); GAPPED(V, abr, rba);
-  // The letter sets name the same lanes, so a mixed pair is the same swizzle.
+  // A permutation spelled in the other letter set.
   GAPPED(V, xz, br); GAPPED(V, ywx, arg);
 }
 
@@ -466,6 +472,17 @@ void test_gapped_swizzles() {
   test_gapped4<packed_float4>();
   test_gapped3<int3>();
   test_gapped3<packed_half3>();
+
+  // A swizzle's type depends on neither its letter set nor the vector's length
+  // or packing, so these are copy assignments too.
+  const float4 b(5, 6, 7, 8);
+  float4 a(1, 2, 3, 4);
+  float3 c(-1, -2, -3);
+  packed_float4 p(-1, -2, -3, -4);
+  a.xz = b.rb;
+  c.xz = a.xz;
+  p.ywx = a.gar;
+  CHECK(all(a == float4(5, 2, 7, 4)) && all(c == float3(5, -2, 7)) && all(float4(p) == float4(5, 2, -3, 4)));
 }
 
 // ----------------------------------------------------------------- float functions

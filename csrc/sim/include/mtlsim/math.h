@@ -432,10 +432,15 @@ MTLSIM_HD MTLSIM_INLINE V refract(const X& i, const Y& n, detail::elem_t<V> eta)
 
 // ----------------------------------------------------------------------- as_type
 
+// Vectors are not trivially copyable (see swizzle in vec.h), as
+// __builtin_bit_cast requires, but their bytes are still just their lanes.
 template <class To, class From> MTLSIM_HD MTLSIM_INLINE To as_type(const From& x) {
   using F = detail::value_t<From>;
   static_assert(sizeof(To) == sizeof(F), "as_type converts between types of the same size");
-  return __builtin_bit_cast(To, F(x));
+  const F from(x);
+  To to;
+  __builtin_memcpy(static_cast<void*>(&to), &from, sizeof to);
+  return to;
 }
 
 // ----------------------------------------------------------- fast:: and precise::

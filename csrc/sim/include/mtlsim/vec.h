@@ -51,7 +51,6 @@ template <int I, class P, class... Ps> MTLSIM_HD constexpr auto piece(const P& p
   else return piece<I - lanes_v<P>>(ps...);
 }
 
-template <int... I> MTLSIM_HD constexpr int lowest() { int m = 4; ((m = I < m ? I : m), ...); return m; }
 template <int... I> MTLSIM_HD constexpr int highest() { int m = 0; ((m = I > m ? I : m), ...); return m; }
 template <int... I> MTLSIM_HD constexpr bool distinct() { return ((0 | ... | (1 << I)) == (... + (1 << I))); }
 
@@ -94,6 +93,14 @@ MTLSIM_OP_FUNCTOR(lnot, bool, !a)
 struct elems_tag {};
 struct splat_tag {};
 
+// The lanes of a vector as one object, so that vec and packed copy them whole:
+// the union around them has no copy assignment (see swizzle).
+template <class T, int N> struct lane_array {
+  T e[N];
+  MTLSIM_HD constexpr T& operator[](int i) { return e[i]; }
+  MTLSIM_HD constexpr const T& operator[](int i) const { return e[i]; }
+};
+
 template <class T, int N> struct storage;
 
 }  // namespace detail
@@ -103,6 +110,11 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
   static_assert(N >= 2 && N <= 4, "MSL vectors have 2, 3 or 4 components");
 
   vec() = default;
+  vec(const vec&) = default;
+  MTLSIM_HD constexpr vec& operator=(const vec& v) {
+    this->e = v.e;
+    return *this;
+  }
   template <class... U>
   MTLSIM_HD constexpr vec(detail::elems_tag, const U&... u) : detail::storage<T, N>{{{T(u)...}}} {}
   template <class S, std::enable_if_t<detail::is_num_v<S>, int> = 0>
@@ -173,6 +185,11 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
 // arithmetic converts it to vec.
 template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::lanes_v<V>> {
   packed() = default;
+  packed(const packed&) = default;
+  MTLSIM_HD constexpr packed& operator=(const packed& p) {
+    this->e = p.e;
+    return *this;
+  }
   MTLSIM_HD constexpr packed(const V& v) : packed(std::make_integer_sequence<int, detail::lanes_v<V>>{}, v) {}
   template <class X, std::enable_if_t<!std::is_same_v<X, V> && !std::is_same_v<X, packed> &&
                                           std::is_convertible_v<const X&, V>, int> = 0>
@@ -196,22 +213,32 @@ template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::la
       : detail::storage<detail::elem_t<V>, detail::lanes_v<V>>{{{v[I]...}}} {}
 };
 
-// A view of some lanes of the enclosing vector. Its array covers exactly lanes
-// lo..hi (the union places it behind lo lanes of padding), so that the implicit
-// copy assignment, which `a.zw = b.zw` picks and which must stay trivial for vec
-// to be trivially copyable, writes just those lanes. Only when the letters skip
-// lanes does it write more: `a.xz = b.xz` also copies b.y. Any other vector
-// value goes through operator= and writes the named lanes only.
+// A view of some lanes of the enclosing vector: a union member whose array
+// overlays lanes 0..highest. Each assignment reads the named lanes of its
+// source, then writes those lanes and no others (`a.xz = a.zx` swaps). The copy
+// assignment, which `a.xz = b.xz` picks, goes the same way (so `a.xx = b.xx` is
+// rejected, as in MSL); an implicit one would copy b.y too.
+//
+// That leaves the union of swizzles without a copy assignment, so vec and
+// packed define theirs (copying lane_array) and are not trivially copyable. Nor
+// could they be: a trivial copy of a vector needs trivial copies of its
+// members, and a trivial copy of xz carries y. They stay trivially
+// default-constructible, copy-constructible and destructible, and
+// standard-layout, their bytes being their lanes: memcpy of a vector works in
+// practice (GCC's -Wclass-memaccess wants the destination cast to void*), and
+// as_type uses it, as __builtin_bit_cast needs trivially copyable types.
 template <class V, int... I> struct swizzle {
   using T = detail::elem_t<V>;
-  static constexpr int lo = detail::lowest<I...>(), hi = detail::highest<I...>();
-  T e[hi - lo + 1];
+  T e[detail::highest<I...>() + 1];
 
-  MTLSIM_HD constexpr operator V() const { return V(detail::elems_tag{}, e[I - lo]...); }
+  swizzle() = default;
+  swizzle(const swizzle&) = default;
+  MTLSIM_HD constexpr swizzle& operator=(const swizzle& s) { return *this = V(s); }
+  MTLSIM_HD constexpr operator V() const { return V(detail::elems_tag{}, e[I]...); }
   MTLSIM_HD constexpr swizzle& operator=(const V& v) {
     static_assert(detail::distinct<I...>(), "a swizzle that repeats a lane cannot be assigned");
     int k = 0;
-    ((e[I - lo] = v[k++]), ...);
+    ((e[I] = v[k++]), ...);
     return *this;
   }
 };
@@ -232,16 +259,12 @@ MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
 
 // ------------------------------------------------------------- swizzle members
 //
-// Every 2-4 letter swizzle of both letter sets, as union members. Those whose
-// lowest lane is g > 0 sit in a nested union padded by g lanes (see swizzle).
-// A macro cannot re-enter its own expansion, so each nesting level of the
-// index loop has its own copy.
+// Every 2-4 letter swizzle of both letter sets, as union members. A macro cannot
+// re-enter its own expansion, so each nesting level of the index loop has its
+// own copy.
 #define MTLSIM_CAT(a, b) MTLSIM_CAT_(a, b)
 #define MTLSIM_CAT_(a, b) a##b
 #define MTLSIM_UNPAREN(...) __VA_ARGS__
-#define MTLSIM_DROP(...)
-#define MTLSIM_ARG2(a, b, ...) b
-#define MTLSIM_ARG2_(...) MTLSIM_ARG2(__VA_ARGS__)
 
 #define MTLSIM_XYZW0 x
 #define MTLSIM_XYZW1 y
@@ -252,30 +275,6 @@ MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
 #define MTLSIM_RGBA2 b
 #define MTLSIM_RGBA3 a
 #define MTLSIM_LETTER(S, i) MTLSIM_##S##i
-
-#define MTLSIM_MIN_00 0
-#define MTLSIM_MIN_01 0
-#define MTLSIM_MIN_02 0
-#define MTLSIM_MIN_03 0
-#define MTLSIM_MIN_10 0
-#define MTLSIM_MIN_11 1
-#define MTLSIM_MIN_12 1
-#define MTLSIM_MIN_13 1
-#define MTLSIM_MIN_20 0
-#define MTLSIM_MIN_21 1
-#define MTLSIM_MIN_22 2
-#define MTLSIM_MIN_23 2
-#define MTLSIM_MIN_30 0
-#define MTLSIM_MIN_31 1
-#define MTLSIM_MIN_32 2
-#define MTLSIM_MIN_33 3
-#define MTLSIM_MIN(a, b) MTLSIM_CAT(MTLSIM_MIN_, MTLSIM_CAT(a, b))
-// MTLSIM_IF_SAME(a, b)(tokens) keeps the tokens only when a == b.
-#define MTLSIM_SAME_00 ~, MTLSIM_UNPAREN
-#define MTLSIM_SAME_11 ~, MTLSIM_UNPAREN
-#define MTLSIM_SAME_22 ~, MTLSIM_UNPAREN
-#define MTLSIM_SAME_33 ~, MTLSIM_UNPAREN
-#define MTLSIM_IF_SAME(a, b) MTLSIM_ARG2_(MTLSIM_CAT(MTLSIM_SAME_, MTLSIM_CAT(a, b)), MTLSIM_DROP, ~)
 
 #define MTLSIM_LOOP_A2(F, ...) F(__VA_ARGS__, 0) F(__VA_ARGS__, 1)
 #define MTLSIM_LOOP_A3(F, ...) MTLSIM_LOOP_A2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
@@ -290,44 +289,36 @@ MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
 #define MTLSIM_LOOP_D3(F, ...) MTLSIM_LOOP_D2(F, __VA_ARGS__) F(__VA_ARGS__, 2)
 #define MTLSIM_LOOP_D4(F, ...) MTLSIM_LOOP_D3(F, __VA_ARGS__) F(__VA_ARGS__, 3)
 
-#define MTLSIM_SWIZZLE_MEMBER(G, lowest, name, K, ...) \
-  MTLSIM_IF_SAME(G, lowest)(swizzle<vec<T, K>, __VA_ARGS__> name;)
-#define MTLSIM_SWIZZLE2(G, S, i, j) \
-  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(i, j), MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), 2, i, j)
-#define MTLSIM_SWIZZLE3(G, S, i, j, k)                                                                        \
-  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(MTLSIM_MIN(i, j), k),                                                   \
-                        MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), MTLSIM_LETTER(S, k)), \
-                        3, i, j, k)
-#define MTLSIM_SWIZZLE4(G, S, i, j, k, l)                                                        \
-  MTLSIM_SWIZZLE_MEMBER(G, MTLSIM_MIN(MTLSIM_MIN(i, j), MTLSIM_MIN(k, l)),                       \
-                        MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)),         \
-                                   MTLSIM_CAT(MTLSIM_LETTER(S, k), MTLSIM_LETTER(S, l))),        \
-                        4, i, j, k, l)
-#define MTLSIM_SWIZZLES_2A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLE2, G, S, i)
-#define MTLSIM_SWIZZLES_3A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_3B, N, G, S, i)
-#define MTLSIM_SWIZZLES_3B(N, G, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLE3, G, S, i, j)
-#define MTLSIM_SWIZZLES_4A(N, G, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_4B, N, G, S, i)
-#define MTLSIM_SWIZZLES_4B(N, G, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLES_4C, N, G, S, i, j)
-#define MTLSIM_SWIZZLES_4C(N, G, S, i, j, k) MTLSIM_LOOP_D##N(MTLSIM_SWIZZLE4, G, S, i, j, k)
-// The swizzles of an N-vector whose lowest lane is G.
-#define MTLSIM_SWIZZLES(N, G)                                                  \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, G, XYZW)                             \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, G, XYZW)                             \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, G, XYZW)                             \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, G, RGBA)                             \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, G, RGBA)                             \
-  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, G, RGBA)
-#define MTLSIM_SWIZZLES_AT(N, G) struct { T _pad##G[G]; union { MTLSIM_SWIZZLES(N, G) }; };
+#define MTLSIM_SWIZZLE2(S, i, j) \
+  swizzle<vec<T, 2>, i, j> MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j));
+#define MTLSIM_SWIZZLE3(S, i, j, k) \
+  swizzle<vec<T, 3>, i, j, k> MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), MTLSIM_LETTER(S, k));
+#define MTLSIM_SWIZZLE4(S, i, j, k, l)                                                            \
+  swizzle<vec<T, 4>, i, j, k, l> MTLSIM_CAT(MTLSIM_CAT(MTLSIM_LETTER(S, i), MTLSIM_LETTER(S, j)), \
+                                            MTLSIM_CAT(MTLSIM_LETTER(S, k), MTLSIM_LETTER(S, l)));
+#define MTLSIM_SWIZZLES_2A(N, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLE2, S, i)
+#define MTLSIM_SWIZZLES_3A(N, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_3B, N, S, i)
+#define MTLSIM_SWIZZLES_3B(N, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLE3, S, i, j)
+#define MTLSIM_SWIZZLES_4A(N, S, i) MTLSIM_LOOP_B##N(MTLSIM_SWIZZLES_4B, N, S, i)
+#define MTLSIM_SWIZZLES_4B(N, S, i, j) MTLSIM_LOOP_C##N(MTLSIM_SWIZZLES_4C, N, S, i, j)
+#define MTLSIM_SWIZZLES_4C(N, S, i, j, k) MTLSIM_LOOP_D##N(MTLSIM_SWIZZLE4, S, i, j, k)
+#define MTLSIM_SWIZZLES(N)                    \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, XYZW) \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, XYZW) \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, XYZW) \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_2A, N, RGBA) \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_3A, N, RGBA) \
+  MTLSIM_LOOP_A##N(MTLSIM_SWIZZLES_4A, N, RGBA)
 
-#define MTLSIM_STORAGE(N, xyzw, rgba, ...)                  \
-  template <class T> struct storage<T, N> {                 \
-    union {                                                 \
-      T e[N];                                               \
-      abi_member<sizeof(T) * N> _abi;                       \
-      struct { T MTLSIM_UNPAREN xyzw; };                    \
-      struct { T MTLSIM_UNPAREN rgba; };                    \
-      MTLSIM_SWIZZLES(N, 0) __VA_ARGS__                     \
-    };                                                      \
+#define MTLSIM_STORAGE(N, xyzw, rgba)       \
+  template <class T> struct storage<T, N> { \
+    union {                                 \
+      lane_array<T, N> e;                   \
+      abi_member<sizeof(T) * N> _abi;       \
+      struct { T MTLSIM_UNPAREN xyzw; };    \
+      struct { T MTLSIM_UNPAREN rgba; };    \
+      MTLSIM_SWIZZLES(N)                    \
+    };                                      \
   };
 namespace detail {
 // GCC's x86-64 ABI code classifies a by-value aggregate member by member, so the
@@ -338,10 +329,9 @@ namespace detail {
 struct __attribute__((packed)) misaligned { char c; uint16_t s; };
 template <size_t Bytes> using abi_member = std::conditional_t<(Bytes > 2), misaligned, char>;
 
-MTLSIM_STORAGE(2, (x, y), (r, g), MTLSIM_SWIZZLES_AT(2, 1))
-MTLSIM_STORAGE(3, (x, y, z), (r, g, b), MTLSIM_SWIZZLES_AT(3, 1) MTLSIM_SWIZZLES_AT(3, 2))
-MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a),
-               MTLSIM_SWIZZLES_AT(4, 1) MTLSIM_SWIZZLES_AT(4, 2) MTLSIM_SWIZZLES_AT(4, 3))
+MTLSIM_STORAGE(2, (x, y), (r, g))
+MTLSIM_STORAGE(3, (x, y, z), (r, g, b))
+MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a))
 }  // namespace detail
 
 // ------------------------------------------------------------------- traits/names
