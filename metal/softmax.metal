@@ -30,8 +30,8 @@ inline float term(float x, float m) { return x == -INFINITY ? 0.0f : exp(x - m);
 
 // Loads up to four elements [first, first + 4) of a row; missing ones are -inf.
 template <typename In>
-inline float4 load4(device const In* row, uint first, uint cols, bool vector) {
-  if (vector && first + 4 <= cols) return float4(*reinterpret_cast<device const vec<In, 4>*>(row + first));
+inline float4 load4(device const In* row, uint first, uint cols, bool vectorized) {
+  if (vectorized && first + 4 <= cols) return float4(*reinterpret_cast<device const vec<In, 4>*>(row + first));
   float4 v = float4(-INFINITY);
   for (uint k = 0; k < 4; ++k)
     if (first + k < cols) v[k] = float(row[first + k]);
@@ -39,8 +39,8 @@ inline float4 load4(device const In* row, uint first, uint cols, bool vector) {
 }
 
 template <typename Out>
-inline void store4(device Out* row, uint first, uint cols, bool vector, float4 v) {
-  if (vector && first + 4 <= cols) {
+inline void store4(device Out* row, uint first, uint cols, bool vectorized, float4 v) {
+  if (vectorized && first + 4 <= cols) {
     *reinterpret_cast<device vec<Out, 4>*>(row + first) = vec<Out, 4>(v);
     return;
   }
@@ -65,8 +65,8 @@ kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buff
   threadgroup float scratch[32];
   const ulong base = ulong(row) * p.cols;
   const uint first = tid * kPerThread;
-  const bool vector = p.vector != 0;
-  const float4 v = load4(x + base, first, p.cols, vector);
+  const bool vectorized = p.vectorized != 0;
+  const float4 v = load4(x + base, first, p.cols, vectorized);
 
   const float local_max = max(max(v.x, v.y), max(v.z, v.w));
   const float m = mps_ext::threadgroup_reduce<mps_ext::MaxOp>(local_max, scratch, sg, lane, simdgroups);
@@ -75,7 +75,7 @@ kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buff
 
   const float inv = 1.0f / sum;
   const float4 out = Log ? v - m - log(sum) : e * inv;
-  store4(y + base, first, p.cols, vector, out);
+  store4(y + base, first, p.cols, vectorized, out);
 }
 
 // Pass 1 of long rows: the (max, sum of exp) of chunk `c` of each row.
@@ -89,13 +89,13 @@ kernel void softmax_partials(device const In* x [[buffer(0)]], device float2* pa
   const uint c = group.x, row = group.y;
   device const In* in = x + ulong(row) * p.cols;
   const uint start = c * p.chunk, end = min(start + p.chunk, p.cols);
-  const bool vector = p.vector != 0;
+  const bool vectorized = p.vectorized != 0;
   // Two 4-wide loads per thread, each sweep covering the chunk contiguously.
   float4 v[kChunkPerThread / 4];
   float local_max = -INFINITY;
   for (uint j = 0; j < kChunkPerThread / 4; ++j) {
     const uint first = start + (j * threads + tid) * 4;
-    v[j] = first < end ? load4(in, first, end, vector) : float4(-INFINITY);
+    v[j] = first < end ? load4(in, first, end, vectorized) : float4(-INFINITY);
     local_max = max(local_max, max(max(v[j].x, v[j].y), max(v[j].z, v[j].w)));
   }
   float local_sum = 0.0f;
@@ -127,13 +127,13 @@ kernel void softmax_finalize(device const In* x [[buffer(0)]], device const floa
   device const In* in = x + ulong(row) * p.cols;
   device Out* out = y + ulong(row) * p.cols;
   const uint start = c * p.chunk, end = min(start + p.chunk, p.cols);
-  const bool vector = p.vector != 0;
+  const bool vectorized = p.vectorized != 0;
   for (uint j = 0; j < kChunkPerThread / 4; ++j) {
     const uint first = start + (j * threads + tid) * 4;
     if (first >= end) break;
-    const float4 v = load4(in, first, end, vector);
+    const float4 v = load4(in, first, end, vectorized);
     const float4 r = Log ? v - m - log_sum : float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m)) * inv;
-    store4(out, first, end, vector, r);
+    store4(out, first, end, vectorized, r);
   }
 }
 

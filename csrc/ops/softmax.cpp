@@ -63,7 +63,7 @@ at::Tensor softmax_kernels(const at::Tensor& self, int64_t dim, at::ScalarType o
   }
   p.rows = uint32_t(outer);
   // 4-wide loads need rows that start 4-element aligned.
-  p.vector = cols % 4 == 0 && input.storage_offset() % 4 == 0;
+  p.vectorized = cols % 4 == 0 && input.storage_offset() % 4 == 0;
   if (cols <= kBlockCols) {
     const uint32_t threads = std::clamp<uint32_t>(ceil_div(ceil_div(cols, 4), 32) * 32, 32, 1024);
     Launch l{host_name(op, "block", {in_dtype, out_dtype}), {}, {p.rows}, {threads}};

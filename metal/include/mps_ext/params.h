@@ -18,7 +18,7 @@ struct SoftmaxParams {
   mps_ext_u32 inner;    // strided kernel: distance between a row's elements (rows = outer * inner)
   mps_ext_u32 chunks;   // split kernels: threadgroups per row
   mps_ext_u32 chunk;    // split kernels: elements per threadgroup
-  mps_ext_u32 vector;   // 1 when rows can be read with 4-wide loads (aligned, cols % 4 == 0)
+  mps_ext_u32 vectorized;  // 1 when rows can be read with 4-wide loads (aligned, cols % 4 == 0)
 };
 static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 
