@@ -7,6 +7,7 @@ uses that torch instead of downloading another:
 """
 
 import importlib.util
+import platform
 import re
 import shutil
 import sys
@@ -112,6 +113,8 @@ def extension():
     link = []
     if sys.platform == "linux":
         cxx.append("-fstack-clash-protection")  # see mps_ext/sim/compiler.py
+        if platform.machine() == "x86_64" and " f16c" in Path("/proc/cpuinfo").read_text():
+            cxx.append("-mf16c")  # hardware half conversions in the simulated kernels
     if with_metal():
         sources += [str(p) for p in sorted((ROOT / "csrc" / "metal").glob("*.mm"))] + [metal_sources]
         # No ARC: torch's MPS headers call retain/release explicitly.
