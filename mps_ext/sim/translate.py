@@ -201,23 +201,6 @@ class _Translator:
                     return j
         self.err(i, f"unbalanced {open_!r}")
 
-    def skip_angles(self, i: int) -> int:
-        """Index after the '>' closing the template argument list opened at i."""
-        depth, paren = 0, 0
-        for j in range(i, len(self.t)):
-            s = self.t[j].text
-            if s in "([{":
-                paren += 1
-            elif s in ")]}":
-                paren -= 1
-            elif paren == 0 and s == "<":
-                depth += 1
-            elif paren == 0 and s in (">", ">>"):
-                depth -= len(s)
-                if depth <= 0:
-                    return j + 1
-        self.err(i, "unbalanced '<'")
-
     def replace(self, i: int, toks: list[_Tok]):
         self.out[i] = toks
 
@@ -288,7 +271,7 @@ class _Translator:
         return self.is_attr_start(i) and any(n == "kernel" for n, _ in self.attributes(i))
 
     def kernel_definition(self, start: int, k: int, scopes) -> int:
-        """A kernel function (template or not) from its statement start; returns the index after it."""
+        """A kernel function (template or not) from its statement start; returns where the main pass goes on."""
         templated = self.text(start) == "template" and self.text(start + 1) == "<"
         attrs = {}
         j = start
@@ -320,21 +303,10 @@ class _Translator:
         if self.text(body) == ";":
             return body + 1  # a declaration; the definition comes later
         self.defs[(*_namespaces(scopes), name)] = definition
-        end = self.match(body, "{", "}") + 1
-        self.run_body(body + 1, end - 1)
         if not templated:
             host = _host_name(attrs.get("host_name")) or name
-            self.add_entry(host, name, definition, at=name_at, insert_after=end - 1, scopes=scopes)
-        return end
-
-    def run_body(self, start: int, end: int) -> None:
-        """Threadgroup declarations inside a kernel body."""
-        i = start
-        while i < end:
-            if self.t[i].text == "threadgroup" and self.text(i - 1) in ("{", ";", "}", ":"):
-                i = self.threadgroup_declaration(i)
-            else:
-                i += 1
+            self.add_entry(host, name, definition, at=name_at, insert_after=self.match(body, "{", "}"), scopes=scopes)
+        return body  # the main pass walks the body like any other block
 
     def parameters(self, paren: int, close: int) -> list[str]:
         """C++ binder types for the kernel parameters between the parentheses."""
