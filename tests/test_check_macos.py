@@ -1,0 +1,62 @@
+"""tools/check_macos.py catches mistakes in the Metal backend that only a Mac
+would otherwise show: each test plants one in a copy of csrc/metal/metal_backend.mm
+and runs the check on the copy."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOL = ROOT / "tools" / "check_macos.py"
+BACKEND = ROOT / "csrc" / "metal" / "metal_backend.mm"
+
+
+def _missing() -> list[str]:
+    spec = importlib.util.spec_from_file_location("check_macos", TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.missing()
+
+
+# .ci/run fetches all this before the tests; elsewhere, without it, say what is missing.
+if not os.environ.get("CI") and (_absent := _missing()):
+    pytest.skip(f"needs {', '.join(_absent)}: run `python tools/check_macos.py --fetch-only` first",
+                allow_module_level=True)
+
+
+def check_planted(tmp_path: Path, old: str, new: str, torch: str, sdk: str = "15") -> subprocess.CompletedProcess:
+    source = BACKEND.read_text()
+    assert source.count(old) == 1, f"the backend no longer contains {old!r}: plant the mistake elsewhere"
+    planted = tmp_path / BACKEND.name
+    planted.write_text(source.replace(old, new))
+    return subprocess.run([sys.executable, str(TOOL), "--torch", torch, "--sdk", sdk, str(planted)],
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("torch", ["2.13.0", "2.14.1", "2.15.0"])
+def test_torch_function_missing_in_one_version(tmp_path, torch):
+    # getStreamFromPool() exists since torch 2.14.
+    result = check_planted(tmp_path, "at::mps::getCurrentMPSStream()", "at::mps::getStreamFromPool()", torch)
+    if torch == "2.13.0":
+        assert result.returncode == 1
+        assert "no member named 'getStreamFromPool' in namespace 'at::mps'" in result.stdout
+    else:
+        assert result.returncode == 0, result.stdout
+
+
+def test_misspelt_selector(tmp_path):
+    # Only a warning for clang (the message could exist at run time): the check makes it an error.
+    result = check_planted(tmp_path, "setBytes:a.bytes.data() length:", "setBytes:a.bytes.data() size:", "2.15.0")
+    assert result.returncode == 1
+    assert "instance method '-setBytes:size:atIndex:' not found" in result.stdout
+
+
+def test_macos15_api_without_available(tmp_path):
+    # mps_ext supports macOS 14: the macOS 15 SDK's mathMode needs a run-time check.
+    result = check_planted(tmp_path, "if (@available(macOS 15.0, *)) {", "{", "2.15.0")
+    assert result.returncode == 1
+    assert "'setMathMode:' is only available on macOS 15.0 or newer" in result.stdout

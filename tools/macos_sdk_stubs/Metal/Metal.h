@@ -1,0 +1,110 @@
+// Stand-in for Apple's Metal framework header, for tools/check_macos.py only:
+// the declarations that csrc/metal and torch's MPS headers use, as the macOS
+// SDK declares them (selectors, property and argument types, enum values,
+// availability), so a syntax check on Linux catches our mistakes. Protocols
+// keep their parents of the macOS 14 SDK.
+// __MAC_OS_X_VERSION_MAX_ALLOWED plays the SDK's version: what a macOS 14 SDK
+// lacks is left out below 150000, as it is from that SDK.
+#pragma once
+
+#import <Foundation/Foundation.h>
+
+NS_ASSUME_NONNULL_BEGIN
+
+// MTLTypes.h
+typedef struct {
+  NSUInteger width, height, depth;
+} MTLSize;
+
+static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUInteger depth) {
+  MTLSize size = {width, height, depth};
+  return size;
+}
+
+// MTLResource.h, MTLBuffer.h
+@protocol MTLResource <NSObject>
+@end
+@protocol MTLBuffer <MTLResource>
+@end
+
+// MTLLibrary.h
+typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
+  MTLLanguageVersion3_1 API_AVAILABLE(macos(14.0), ios(17.0)) = (3 << 16) + 1,
+} API_AVAILABLE(macos(10.11), ios(9.0));
+
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+typedef NS_ENUM(NSInteger, MTLMathMode) {
+  MTLMathModeSafe = 0,
+};
+#endif
+
+@protocol MTLFunction <NSObject>
+@end
+
+@protocol MTLLibrary <NSObject>
+- (nullable id<MTLFunction>)newFunctionWithName:(NSString*)functionName;
+@end
+
+API_AVAILABLE(macos(10.11), ios(8.0))
+@interface MTLCompileOptions : NSObject
+#if __MAC_OS_X_VERSION_MAX_ALLOWED >= 150000
+@property(readwrite, nonatomic) BOOL fastMathEnabled API_DEPRECATED("Use mathMode instead", macos(10.11, 15.0),
+                                                                    ios(8.0, 18.0));
+@property(readwrite, nonatomic) MTLMathMode mathMode API_AVAILABLE(macos(15.0), ios(18.0));
+#else
+@property(readwrite, nonatomic) BOOL fastMathEnabled;
+#endif
+@property(readwrite, nonatomic) MTLLanguageVersion languageVersion API_AVAILABLE(macos(10.11), ios(9.0));
+@end
+
+// MTLComputePipeline.h
+@protocol MTLComputePipelineState <NSObject>
+@property(readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+@end
+
+// MTLCommandEncoder.h, MTLComputeCommandEncoder.h
+@protocol MTLCommandEncoder <NSObject>
+@end
+
+@protocol MTLComputeCommandEncoder <MTLCommandEncoder>
+- (void)setComputePipelineState:(id<MTLComputePipelineState>)state;
+- (void)setBytes:(const void*)bytes
+          length:(NSUInteger)length
+         atIndex:(NSUInteger)index API_AVAILABLE(macos(10.11), ios(8.3));
+- (void)setBuffer:(nullable id<MTLBuffer>)buffer offset:(NSUInteger)offset atIndex:(NSUInteger)index;
+- (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
+@end
+
+// MTLCommandBuffer.h, MTLCommandQueue.h, MTLEvent.h
+@protocol MTLCommandBuffer <NSObject>
+@end
+typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
+
+@protocol MTLCommandQueue <NSObject>
+@end
+
+@protocol MTLEvent <NSObject>
+@end
+@protocol MTLSharedEvent <MTLEvent>
+@end
+
+// MTLDevice.h
+typedef NS_ENUM(NSInteger, MTLGPUFamily) {
+  MTLGPUFamilyApple7 = 1007,
+  MTLGPUFamilyApple8 = 1008,
+  MTLGPUFamilyApple9 = 1009,
+} API_AVAILABLE(macos(10.15), ios(13.0));
+
+@protocol MTLDevice <NSObject>
+@property(nonnull, readonly) NSString* name;
+@property(readonly) BOOL hasUnifiedMemory API_AVAILABLE(macos(10.15), ios(13.0));
+@property(readonly) uint64_t recommendedMaxWorkingSetSize API_AVAILABLE(macos(10.12), macCatalyst(13.0), ios(16.0));
+- (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily API_AVAILABLE(macos(10.15), ios(13.0));
+- (nullable id<MTLLibrary>)newLibraryWithSource:(NSString*)source
+                                        options:(nullable MTLCompileOptions*)options
+                                          error:(__autoreleasing NSError**)error;
+- (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
+                                                                      error:(__autoreleasing NSError**)error;
+@end
+
+NS_ASSUME_NONNULL_END
