@@ -60,3 +60,10 @@ def test_macos15_api_without_available(tmp_path):
     result = check_planted(tmp_path, "if (@available(macOS 15.0, *)) {", "{", "2.15.0")
     assert result.returncode == 1
     assert "'setMathMode:' is only available on macOS 15.0 or newer" in result.stdout
+
+
+def test_leak_under_manual_reference_counting(tmp_path):
+    # The static analyzer sees that the compile options are never released.
+    result = check_planted(tmp_path, "      [options release];\n", "", "2.15.0")
+    assert result.returncode == 1
+    assert "Potential leak of an object stored into 'options'" in result.stdout

@@ -16,9 +16,11 @@ the headers of that version's macOS arm64 wheel:
 - for Foundation, Metal and MetalPerformanceShaders(Graph), whose headers are
   not to be had here, the declarations in tools/macos_sdk_stubs/.
 
-Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK. Our
-files get -Wall -Wextra -Werror; torch's and Apple's headers are system
-headers. Nothing is linked or run: this catches what a compiler catches.
+Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and
+goes once through clang's static analyzer, which checks the retain/release
+balance of manual reference counting. Our files get -Wall -Wextra -Werror;
+torch's and Apple's headers are system headers. Nothing is linked or run:
+this catches what a compiler catches.
 
     python tools/check_macos.py                check everything (the Python must
                                                have torch: setup.py generates sources)
@@ -161,14 +163,19 @@ def clang_include() -> Path:
     return Path(resource.strip()) / "include"
 
 
-def compile_command(source: Path, torch_include: Path, sdk: str) -> list[str]:
+def compile_command(source: Path, torch_include: Path, sdk: str, analyze: bool = False) -> list[str]:
     system = [
         LIBCXX, clang_include(), sdk_headers(), STUBS,
         torch_include, torch_include / "torch" / "csrc" / "api" / "include", sysconfig.get_paths()["include"],
     ]
     ours = [ROOT / "csrc", ROOT / "csrc" / "sim" / "include", ROOT / "metal" / "include"]
     major, minor = DEPLOYMENT
-    output = ["-c", "-o", os.devnull] if ASSEMBLY.search(source.read_text()) else ["-fsyntax-only"]
+    if analyze:  # clang's static analyzer: retain/release balance under manual reference counting
+        output = ["--analyze", "-Xclang", "-analyzer-werror", "-o", os.devnull]
+    elif ASSEMBLY.search(source.read_text()):
+        output = ["-c", "-o", os.devnull]
+    else:
+        output = ["-fsyntax-only"]
     return [
         CLANG, "-target", f"arm64-apple-macos{major}.{minor}", "-std=c++20", "-nostdinc", "-nostdinc++",
         *[a for d in system for a in ("-isystem", str(d))], *[a for d in ours for a in ("-I", str(d))],
@@ -184,21 +191,26 @@ def compile_command(source: Path, torch_include: Path, sdk: str) -> list[str]:
 
 def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     """Every source with every torch version; Objective-C++ with every SDK
-    (only it has SDK-dependent code), the rest with the newest."""
-    jobs = [(s, v, sdk) for v in versions for s in sources for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
+    (only it has SDK-dependent code), the rest with the newest; and
+    Objective-C++ through the static analyzer once."""
+    jobs = [(s, v, sdk, False) for v in versions for s in sources
+            for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
+    jobs += [(s, versions[-1], sdks[-1], True) for s in sources if s.suffix == ".mm"]
 
     def run(job):
-        source, version, sdk = job
-        cmd = compile_command(source, torch_headers(version), sdk)
+        source, version, sdk, analyze = job
+        cmd = compile_command(source, torch_headers(version), sdk, analyze)
         return job, subprocess.run(cmd, capture_output=True, text=True)
 
     failed = 0
     with ThreadPoolExecutor(os.cpu_count()) as pool:
-        for (source, version, sdk), result in pool.map(run, jobs):
+        for (source, version, sdk, analyze), result in pool.map(run, jobs):
             if result.returncode:
                 failed += 1
                 name = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
-                print(f"FAILED {name} (torch {version}, macOS {sdk} SDK):\n{result.stdout}{result.stderr}", flush=True)
+                what = "static analysis" if analyze else "compile"
+                print(f"FAILED {what} of {name} (torch {version}, macOS {sdk} SDK):\n{result.stdout}{result.stderr}",
+                      flush=True)
     return len(jobs) - failed, failed
 
 
