@@ -52,7 +52,7 @@ class MetalBackend final : public Backend {
   const char* name() const override { return "metal"; }
 
   void dispatch(const Launch& launch) override {
-    const id<MTLComputePipelineState> pipeline = this->pipeline(launch.kernel);
+    const id<MTLComputePipelineState> pipeline = pipeline_for(launch.kernel);
     const Size3 groups = launch.threadgroups, threads = launch.threads_per_threadgroup;
     const uint64_t per_group = uint64_t(threads.x) * threads.y * threads.z;
     TORCH_CHECK(per_group <= pipeline.maxTotalThreadsPerThreadgroup, "mps_ext: kernel '", launch.kernel, "' runs ",
@@ -82,13 +82,13 @@ class MetalBackend final : public Backend {
 
  private:
   // Thread-safe: ops run on any thread (autograd's, the user's).
-  id<MTLComputePipelineState> pipeline(const std::string& kernel) {
+  id<MTLComputePipelineState> pipeline_for(const std::string& kernel) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = pipelines_.find(kernel);
     if (it != pipelines_.end()) return it->second;
     auto source = source_of_.find(kernel);
     TORCH_CHECK(source != source_of_.end(), "mps_ext: no Metal kernel named '", kernel, "' in this build");
-    id<MTLLibrary> library = this->library(source->second);
+    id<MTLLibrary> library = library_for(source->second);
     std::string error;
     id<MTLComputePipelineState> pipeline = nil;
     @autoreleasepool {
@@ -107,7 +107,7 @@ class MetalBackend final : public Backend {
     return pipeline;
   }
 
-  id<MTLLibrary> library(size_t index) {
+  id<MTLLibrary> library_for(size_t index) {
     if (libraries_[index]) return libraries_[index];
     const metal::Source& source = metal::sources()[index];
     std::string error;
