@@ -15,21 +15,31 @@ c10::Device Launch::device() const {
 Backend* metal_backend() { return nullptr; }
 #endif
 
-void dispatch(const Launch& launch) {
-  const c10::Device device = launch.device();
+Backend* backend_for(const c10::Device& device, std::string* why) {
+  std::string reason;
   Backend* backend = nullptr;
   if (device.is_cpu()) {
     backend = &sim_backend();
   } else if (device.is_mps()) {
     backend = metal_backend();
-    TORCH_CHECK(backend, "mps_ext was built without its Metal backend (build on macOS with an MPS-enabled torch)");
+    if (!backend) reason = "no Metal backend (this build has none, or no Metal device was found)";
+  } else {
+    reason = "mps_ext kernels run on cpu (simulator) or mps tensors, not " + device.str();
   }
-  TORCH_CHECK(backend, "mps_ext kernels run on cpu (simulator) or mps tensors, got ", device);
+  if (why) *why = reason;
+  return backend;
+}
+
+void dispatch(const Launch& launch) {
+  const c10::Device device = launch.device();
+  std::string why;
+  Backend* backend = backend_for(device, &why);
+  TORCH_CHECK(backend, "mps_ext: ", why);
   for (const Arg& a : launch.args)
     TORCH_CHECK(!a.is_tensor() || a.tensor.device() == device, "kernel '", launch.kernel,
                 "': all tensors must be on ", device, ", got one on ", a.tensor.device());
-  trace::record({launch.kernel, launch.threadgroups, launch.threads_per_threadgroup, backend->name()});
   backend->dispatch(launch);
+  trace::record({launch.kernel, launch.threadgroups, launch.threads_per_threadgroup, backend->name()});
 }
 
 }  // namespace mps_ext

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -52,11 +53,18 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // Why `kernel` cannot run with this many threads per threadgroup (it failed
+  // to compile, its pipeline allows fewer threads...), or nullopt. Failures
+  // are remembered: asking again is cheap.
+  virtual std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads_per_threadgroup) = 0;
   virtual void dispatch(const Launch& launch) = 0;
 };
 
-// Runs `launch` on the backend for its tensors' device (the simulator for
-// CPU, Metal for MPS) and records it for mps_ext.trace().
+// The backend for tensors on `device` (the simulator for CPU, Metal for
+// MPS), or nullptr with `why` set.
+Backend* backend_for(const c10::Device& device, std::string* why = nullptr);
+
+// Runs `launch` on its tensors' device and records it for mps_ext.trace().
 void dispatch(const Launch& launch);
 
 // The Metal backend, when this build has one (macOS with an MPS-enabled torch).

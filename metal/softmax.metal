@@ -82,11 +82,12 @@ kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buff
 template <typename In>
 kernel void softmax_partials(device const In* x [[buffer(0)]], device float2* partials [[buffer(1)]],
                              constant SoftmaxParams& p [[buffer(2)]], uint2 group [[threadgroup_position_in_grid]],
-                             uint tid [[thread_position_in_threadgroup]], uint threads [[threads_per_threadgroup]],
+                             uint2 local [[thread_position_in_threadgroup]], uint2 size [[threads_per_threadgroup]],
                              uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
                              uint simdgroups [[simdgroups_per_threadgroup]]) {
   threadgroup float scratch[32];
-  const uint c = group.x, row = group.y;
+  // Position attributes must all have the same number of components (MSL).
+  const uint c = group.x, row = group.y, tid = local.x, threads = size.x;
   device const In* in = x + ulong(row) * p.cols;
   const uint start = c * p.chunk, end = min(start + p.chunk, p.cols);
   const bool vectorized = p.vectorized != 0;
@@ -110,11 +111,11 @@ template <typename In, typename Out, bool Log>
 kernel void softmax_finalize(device const In* x [[buffer(0)]], device const float2* partials [[buffer(1)]],
                              device Out* y [[buffer(2)]], constant SoftmaxParams& p [[buffer(3)]],
                              uint2 group [[threadgroup_position_in_grid]],
-                             uint tid [[thread_position_in_threadgroup]], uint threads [[threads_per_threadgroup]],
+                             uint2 local [[thread_position_in_threadgroup]], uint2 size [[threads_per_threadgroup]],
                              uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
                              uint simdgroups [[simdgroups_per_threadgroup]]) {
   threadgroup float scratch[32];
-  const uint c = group.x, row = group.y;
+  const uint c = group.x, row = group.y, tid = local.x, threads = size.x;
   device const float2* part = partials + ulong(row) * p.chunks;
   float local_max = -INFINITY;
   for (uint i = tid; i < p.chunks; i += threads) local_max = max(local_max, part[i].x);

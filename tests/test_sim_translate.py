@@ -132,3 +132,18 @@ def test_compiled_modules_are_cached_by_content(tmp_path, monkeypatch):
     assert first.stat().st_mtime_ns == built, "an unchanged source is not compiled again"
     other = compiler.compile_source(source.replace("1.0f", "2.0f"), "cached")
     assert other != first and str(other).startswith(str(tmp_path))
+
+
+def test_position_attributes_must_agree_in_components(shader):
+    # Metal rejects a kernel whose grid/threadgroup position attributes mix
+    # component counts; the simulator must not accept what the GPU compiler refuses.
+    with pytest.raises(CompileError, match=r"same number of components.*threadgroup_position_in_grid\]\] with 2.*"
+                                           r"thread_position_in_threadgroup\]\] with 1"):
+        shader(HEADER + "kernel void k(device float* x [[buffer(0)]], uint2 g [[threadgroup_position_in_grid]],\n"
+                        "              uint t [[thread_position_in_threadgroup]]) { x[g.x] = float(t); }",
+               name="mixed_positions")
+    # Other attributes (indices, SIMD lanes) are free to differ.
+    shader(HEADER + "kernel void k(device float* x [[buffer(0)]], uint2 g [[threadgroup_position_in_grid]],\n"
+                    "              ushort2 t [[thread_position_in_threadgroup]], uint i [[thread_index_in_threadgroup]],\n"
+                    "              ushort lane [[thread_index_in_simdgroup]]) { x[g.x] = float(t.x + i + lane); }",
+           name="agreeing_positions")

@@ -47,12 +47,26 @@ def test_last_dim(device, op, rows, cols, dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("shape,dim", [((5, 7, 3), 1), ((5, 7, 3), 0), ((2, 3, 4, 5), 2), ((64, 33), 0)])
+@pytest.mark.parametrize("shape,dim", [((4, 37, 300), 1), ((2, 3, 4, 512), 1), ((3, 1100), 0)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_other_dims_use_the_strided_kernel(device, op, shape, dim, dtype):
+    # Enough columns (outer x inner >= 1024) to fill a GPU with one thread each.
     x = torch.randn(shape).to(dtype)
     t = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
     check(op, x, dim, kernels=[f"{op}_strided_{t}_{t}"], device=device)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("shape,dim,kernel", [((5, 7, 3), 1, "block"), ((64, 33), 0, "block"),
+                                              ((6000, 2), 0, "finalize")])
+def test_other_dims_with_few_columns_move_the_dim_last(device, op, shape, dim, kernel):
+    # A thread per column would leave the GPU idle: the last-dim kernels run on a transposed copy.
+    x = torch.randn(shape)
+    got = check(op, x, dim, device=device)
+    assert got.is_contiguous()
+    with mps_ext.trace() as t:
+        OPS[op][0](x.to(device), dim)
+    assert t.names[-1] == f"{op}_{kernel}_float_float"
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -91,8 +105,11 @@ def test_nan_and_inf(device, op, cols):
     assert got[0].isnan().all() and got[1].isnan().all() and got[2].isnan().all()
     if op == "softmax":
         assert got[3, : cols // 2].eq(0).all() and got[4, 0] == 1 and got[4, 1:].eq(0).all()
-    got = check(op, x.t().contiguous(), 0, device=device)  # strided kernel
+    got = check(op, x.t().contiguous(), 0, device=device)  # dim moved last
     assert got[:, 0].isnan().all() and got[:, 2].isnan().all()
+    if cols <= 5000:  # the strided kernel: the same rows as 6 x 200 columns
+        got = check(op, x.t().unsqueeze(-1).repeat(1, 1, 200), 0, device=device)
+        assert got[:, 0].isnan().all() and got[:, 2].isnan().all() and not got[:, 5].isnan().any()
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -144,7 +161,7 @@ class TestOverrides:
             with mps_ext.trace() as t:
                 got_s = torch.softmax(x, -1)
                 got_l = torch.nn.functional.log_softmax(x, dim=0)
-        assert t.names == ["softmax_block_float_float", "log_softmax_strided_float_float"]
+        assert t.names == ["softmax_block_float_float", "log_softmax_block_float_float"]
         assert_close(got_s, want_s)
         assert_close(got_l, want_l)
         stats = mps_ext.overrides.stats()
@@ -218,6 +235,7 @@ def test_checked_mode_on_every_variant(dtype):
             check(op, x[:, :37], -1)  # block, scalar loads
             check(op, x[:, :400].contiguous(), -1)  # block, 4-wide loads
             check(op, x, -1)  # partials + finalize
-            check(op, x[:, :40].reshape(3, 5, 8), 1)  # strided
+            check(op, x[:, :40].reshape(3, 5, 8), 1)  # dim moved last
+            check(op, torch.randn(2, 9, 600).to(dtype), 1)  # strided
             if dtype != torch.float32:
                 check(op, x[:, :40], -1, dtype=torch.float32)

@@ -45,14 +45,32 @@ class MetalBackend final : public Backend {
   explicit MetalBackend(id<MTLDevice> device) : device_(device) {
     const auto& all = metal::sources();
     libraries_.assign(all.size(), nil);
+    library_errors_.resize(all.size());
     for (size_t i = 0; i < all.size(); ++i)
       for (const char* kernel : all[i].kernels) source_of_[kernel] = i;
   }
 
   const char* name() const override { return "metal"; }
 
+  std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string error;
+    const id<MTLComputePipelineState> pipeline = pipeline_for(kernel, &error);
+    if (!pipeline) return error;
+    if (threads > pipeline.maxTotalThreadsPerThreadgroup)
+      return "kernel '" + kernel + "' allows " + std::to_string(pipeline.maxTotalThreadsPerThreadgroup) +
+             " threads per threadgroup on this GPU";
+    return std::nullopt;
+  }
+
   void dispatch(const Launch& launch) override {
-    const id<MTLComputePipelineState> pipeline = pipeline_for(launch.kernel);
+    std::string error;
+    id<MTLComputePipelineState> pipeline = nil;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pipeline = pipeline_for(launch.kernel, &error);
+    }
+    TORCH_CHECK(pipeline, "mps_ext: ", error);
     const Size3 groups = launch.threadgroups, threads = launch.threads_per_threadgroup;
     const uint64_t per_group = uint64_t(threads.x) * threads.y * threads.z;
     TORCH_CHECK(per_group <= pipeline.maxTotalThreadsPerThreadgroup, "mps_ext: kernel '", launch.kernel, "' runs ",
@@ -60,57 +78,74 @@ class MetalBackend final : public Backend {
     const Launch* l = &launch;  // dispatch_sync runs the block before returning
     at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
     at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
-      id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
-      [encoder setComputePipelineState:pipeline];
-      for (NSUInteger i = 0; i < l->args.size(); ++i) {
-        const Arg& a = l->args[i];
-        if (a.is_tensor()) {
-          // An MPS tensor's storage pointer is its MTLBuffer.
-          [encoder setBuffer:__builtin_bit_cast(id<MTLBuffer>, a.tensor.storage().data())
-                      offset:NSUInteger(a.tensor.storage_offset()) * a.tensor.element_size()
-                     atIndex:i];
-        } else {
-          [encoder setBytes:a.bytes.data() length:a.bytes.size() atIndex:i];
+      // Drains what Metal autoreleases here on threads that have no pool of their own.
+      @autoreleasepool {
+        id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
+        [encoder setComputePipelineState:pipeline];
+        for (NSUInteger i = 0; i < l->args.size(); ++i) {
+          const Arg& a = l->args[i];
+          if (a.is_tensor()) {
+            // An MPS tensor's storage pointer is its MTLBuffer.
+            [encoder setBuffer:__builtin_bit_cast(id<MTLBuffer>, a.tensor.storage().data())
+                        offset:NSUInteger(a.tensor.storage_offset()) * a.tensor.element_size()
+                       atIndex:i];
+          } else {
+            [encoder setBytes:a.bytes.data() length:a.bytes.size() atIndex:i];
+          }
         }
+        [encoder dispatchThreadgroups:MTLSizeMake(groups.x, groups.y, groups.z)
+                threadsPerThreadgroup:MTLSizeMake(threads.x, threads.y, threads.z)];
       }
-      [encoder dispatchThreadgroups:MTLSizeMake(groups.x, groups.y, groups.z)
-              threadsPerThreadgroup:MTLSizeMake(threads.x, threads.y, threads.z)];
     });
   }
 
   id<MTLDevice> device() const { return device_; }
 
  private:
-  // Thread-safe: ops run on any thread (autograd's, the user's).
-  id<MTLComputePipelineState> pipeline_for(const std::string& kernel) {
-    std::lock_guard<std::mutex> lock(mu_);
+  // The kernel's pipeline, or nil with *error set. Ops run on any thread
+  // (autograd's, the user's): callers hold mu_. Failures are remembered, so a
+  // broken kernel is compiled once and then reported from the cache.
+  id<MTLComputePipelineState> pipeline_for(const std::string& kernel, std::string* error) {
     auto it = pipelines_.find(kernel);
     if (it != pipelines_.end()) return it->second;
+    auto failed = pipeline_errors_.find(kernel);
+    if (failed != pipeline_errors_.end()) {
+      *error = failed->second;
+      return nil;
+    }
     auto source = source_of_.find(kernel);
-    TORCH_CHECK(source != source_of_.end(), "mps_ext: no Metal kernel named '", kernel, "' in this build");
-    id<MTLLibrary> library = library_for(source->second);
-    std::string error;
+    id<MTLLibrary> library = source == source_of_.end() ? nil : library_for(source->second, error);
     id<MTLComputePipelineState> pipeline = nil;
-    @autoreleasepool {
-      id<MTLFunction> function = [library newFunctionWithName:[NSString stringWithUTF8String:kernel.c_str()]];
-      if (!function) {
-        error = "the compiled library has no function named '" + kernel + "'";
-      } else {
-        NSError* ns_error = nil;
-        pipeline = [device_ newComputePipelineStateWithFunction:function error:&ns_error];
-        if (!pipeline) error = describe(ns_error);
-        [function release];
+    if (source == source_of_.end()) {
+      *error = "no Metal kernel named '" + kernel + "' in this build";
+    } else if (library) {
+      @autoreleasepool {
+        id<MTLFunction> function = [library newFunctionWithName:[NSString stringWithUTF8String:kernel.c_str()]];
+        if (!function) {
+          *error = "the compiled library has no function named '" + kernel + "'";
+        } else {
+          NSError* ns_error = nil;
+          pipeline = [device_ newComputePipelineStateWithFunction:function error:&ns_error];
+          if (!pipeline) *error = "creating the pipeline of '" + kernel + "' failed: " + describe(ns_error);
+          [function release];
+        }
       }
     }
-    TORCH_CHECK(pipeline, "mps_ext: creating the pipeline of '", kernel, "' failed: ", error);
-    pipelines_.emplace(kernel, pipeline);
+    if (pipeline) {
+      pipelines_.emplace(kernel, pipeline);
+    } else {
+      pipeline_errors_.emplace(kernel, *error);
+    }
     return pipeline;
   }
 
-  id<MTLLibrary> library_for(size_t index) {
+  id<MTLLibrary> library_for(size_t index, std::string* error) {
     if (libraries_[index]) return libraries_[index];
+    if (!library_errors_[index].empty()) {
+      *error = library_errors_[index];
+      return nil;
+    }
     const metal::Source& source = metal::sources()[index];
-    std::string error;
     id<MTLLibrary> library = nil;
     @autoreleasepool {
       MTLCompileOptions* options = [[MTLCompileOptions alloc] init];
@@ -120,11 +155,11 @@ class MetalBackend final : public Backend {
       library = [device_ newLibraryWithSource:[NSString stringWithUTF8String:source.text]
                                       options:options
                                         error:&ns_error];
-      if (!library) error = describe(ns_error);
+      if (!library) library_errors_[index] = std::string("compiling ") + source.file + " failed: " + describe(ns_error);
       [options release];
     }
-    TORCH_CHECK(library, "mps_ext: compiling ", source.file, " for this GPU failed: ", error);
     libraries_[index] = library;
+    *error = library_errors_[index];
     return library;
   }
 
@@ -132,7 +167,9 @@ class MetalBackend final : public Backend {
   std::mutex mu_;
   std::unordered_map<std::string, size_t> source_of_;
   std::vector<id<MTLLibrary>> libraries_;
+  std::vector<std::string> library_errors_;
   std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;
+  std::unordered_map<std::string, std::string> pipeline_errors_;
 };
 
 MetalBackend* instance() {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <vector>
 
 #include "backend.h"
 #include "mps_ext/params.h"
@@ -21,62 +22,103 @@ constexpr int64_t kBlockCols = 4096;
 // Longer rows: chunks of 256 threads x 8 elements, one threadgroup each.
 constexpr uint32_t kSplitThreads = 256, kChunk = kSplitThreads * 8;
 constexpr uint32_t kStridedThreads = 256;
+// The strided kernel runs one thread per column; with fewer columns than
+// this it cannot fill a GPU, so the reduced dimension is moved last instead.
+constexpr int64_t kMinStridedColumns = 1024;
 
 uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
 
 bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
+struct Step {
+  std::string kernel;
+  Size3 grid, threads;
+};
+
+// How a softmax of this shape runs: which kernels, with which geometry.
+struct Plan {
+  int64_t dim;        // wrapped
+  bool move_dim_last;  // run on input.movedim(dim, -1) and move it back
+  SoftmaxParams params{};
+  std::vector<Step> steps;
+};
+
+Plan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype, bool log) {
+  Plan p;
+  p.dim = c10::maybe_wrap_dim(dim, input.dim());
+  const int64_t cols = input.dim() ? input.size(p.dim) : 1;
+  int64_t inner = 1;
+  for (int64_t k = p.dim + 1; k < input.dim(); ++k) inner *= input.size(k);
+  const int64_t outer = cols * inner ? input.numel() / (cols * inner) : 0;
+  p.move_dim_last = inner != 1 && outer * inner < kMinStridedColumns;
+  if (p.move_dim_last) inner = 1;
+  if (input.numel() == 0) return p;
+
+  const char* op = log ? "log_softmax" : "softmax";
+  const at::ScalarType in_dtype = input.scalar_type();
+  SoftmaxParams& q = p.params;
+  q.cols = uint32_t(cols);
+  q.inner = uint32_t(inner);
+  if (inner != 1) {
+    q.rows = uint32_t(outer * inner);
+    p.steps.push_back({host_name(op, "strided", {in_dtype, out_dtype}), {ceil_div(q.rows, kStridedThreads)},
+                       {kStridedThreads}});
+    return p;
+  }
+  q.rows = uint32_t(input.numel() / cols);
+  if (cols <= kBlockCols) {
+    const uint32_t threads = std::clamp<uint32_t>(ceil_div(ceil_div(cols, 4), 32) * 32, 32, 1024);
+    p.steps.push_back({host_name(op, "block", {in_dtype, out_dtype}), {q.rows}, {threads}});
+    return p;
+  }
+  q.chunk = kChunk;
+  q.chunks = ceil_div(cols, kChunk);
+  p.steps.push_back({host_name("softmax", "partials", {in_dtype}), {q.chunks, q.rows}, {kSplitThreads}});
+  p.steps.push_back({host_name(op, "finalize", {in_dtype, out_dtype}), {q.chunks, q.rows}, {kSplitThreads}});
+  return p;
+}
+
 }  // namespace
 
-std::optional<std::string> softmax_unsupported(const at::Tensor& input, at::ScalarType out_dtype) {
-  if (!input.device().is_cpu() && !input.device().is_mps()) return "device " + input.device().str();
-  if (input.device().is_mps() && !metal_backend()) return "built without the Metal backend";
+std::optional<std::string> softmax_unsupported(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype,
+                                               bool log) {
+  std::string why;
+  Backend* backend = backend_for(input.device(), &why);
+  if (!backend) return why;
   if (!supported_dtype(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
   if (out_dtype != input.scalar_type() && !(out_dtype == at::kFloat && input.scalar_type() != at::kFloat))
     return std::string("output dtype ") + c10::toString(out_dtype) + " from " + c10::toString(input.scalar_type());
   if (input.numel() > std::numeric_limits<int32_t>::max()) return "more than 2^31 elements";
+  for (const Step& s : plan(input, dim, out_dtype, log).steps)
+    if (auto reason = backend->unavailable(s.kernel, s.threads.x * s.threads.y * s.threads.z)) return reason;
   return std::nullopt;
 }
 
 at::Tensor softmax_kernels(const at::Tensor& self, int64_t dim, at::ScalarType out_dtype, bool log) {
-  const int64_t d = c10::maybe_wrap_dim(dim, self.dim());
+  Plan p = plan(self, dim, out_dtype, log);
+  if (p.move_dim_last) {
+    const at::Tensor moved = self.movedim(p.dim, -1);
+    return softmax_kernels(moved, -1, out_dtype, log).movedim(-1, p.dim).contiguous();
+  }
   const at::Tensor input = self.contiguous();
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(out_dtype));
-  if (input.numel() == 0) return out;
-
-  const int64_t cols = input.dim() ? input.size(d) : 1;
-  int64_t inner = 1;
-  for (int64_t k = d + 1; k < input.dim(); ++k) inner *= input.size(k);
-  const int64_t outer = input.numel() / (cols * inner);
-  const char* op = log ? "log_softmax" : "softmax";
-  const at::ScalarType in_dtype = input.scalar_type();
-
-  SoftmaxParams p{};
-  p.cols = uint32_t(cols);
-  p.inner = uint32_t(inner);
-  if (inner != 1) {
-    p.rows = uint32_t(outer * inner);
-    Launch l{host_name(op, "strided", {in_dtype, out_dtype}), {}, {ceil_div(p.rows, kStridedThreads)},
-             {kStridedThreads}};
-    dispatch(l.tensor(input).tensor(out).bytes(p));
+  if (p.steps.empty()) return out;
+  // 4-wide loads need rows that start 4-element aligned (the output is new: aligned).
+  p.params.vectorized = p.params.inner == 1 && p.params.cols % 4 == 0 && input.storage_offset() % 4 == 0;
+  if (p.steps.size() == 1) {
+    const Step& s = p.steps[0];
+    dispatch(Launch{s.kernel, {}, s.grid, s.threads}.tensor(input).tensor(out).bytes(p.params));
     return out;
   }
-  p.rows = uint32_t(outer);
-  // 4-wide loads need rows that start 4-element aligned.
-  p.vectorized = cols % 4 == 0 && input.storage_offset() % 4 == 0;
-  if (cols <= kBlockCols) {
-    const uint32_t threads = std::clamp<uint32_t>(ceil_div(ceil_div(cols, 4), 32) * 32, 32, 1024);
-    Launch l{host_name(op, "block", {in_dtype, out_dtype}), {}, {p.rows}, {threads}};
-    dispatch(l.tensor(input).tensor(out).bytes(p));
-    return out;
-  }
-  p.chunk = kChunk;
-  p.chunks = ceil_div(cols, kChunk);
-  at::Tensor partials = at::empty({outer, int64_t(p.chunks), 2}, input.options().dtype(at::kFloat));
-  Launch pass1{host_name("softmax", "partials", {in_dtype}), {}, {p.chunks, p.rows}, {kSplitThreads}};
-  dispatch(pass1.tensor(input).tensor(partials).bytes(p));
-  Launch pass2{host_name(op, "finalize", {in_dtype, out_dtype}), {}, {p.chunks, p.rows}, {kSplitThreads}};
-  dispatch(pass2.tensor(input).tensor(partials).tensor(out).bytes(p));
+  const at::Tensor partials =
+      at::empty({int64_t(p.params.rows), int64_t(p.params.chunks), 2}, input.options().dtype(at::kFloat));
+  dispatch(Launch{p.steps[0].kernel, {}, p.steps[0].grid, p.steps[0].threads}.tensor(input).tensor(partials).bytes(
+      p.params));
+  dispatch(Launch{p.steps[1].kernel, {}, p.steps[1].grid, p.steps[1].threads}
+               .tensor(input)
+               .tensor(partials)
+               .tensor(out)
+               .bytes(p.params));
   return out;
 }
 
@@ -88,7 +130,8 @@ at::Tensor softmax_common(const at::Tensor& self, int64_t dim, std::optional<at:
   at::ScalarType out = dtype.value_or(self.scalar_type());
   if (dtype && !(out == at::kFloat && (self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16)))
     input = self.to(out);
-  if (softmax_unsupported(input, out)) return log ? at::log_softmax(self, dim, dtype) : at::softmax(self, dim, dtype);
+  if (softmax_unsupported(input, dim, out, log))
+    return log ? at::log_softmax(self, dim, dtype) : at::softmax(self, dim, dtype);
   return softmax_kernels(input, dim, out, log);
 }
 

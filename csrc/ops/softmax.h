@@ -7,9 +7,11 @@
 
 namespace mps_ext::ops {
 
-// Why the kernels cannot compute (log_)softmax of `input` into `out_dtype`,
-// or nullopt when they can.
-std::optional<std::string> softmax_unsupported(const at::Tensor& input, at::ScalarType out_dtype);
+// Why the kernels cannot compute (log_)softmax of `input` over `dim` into
+// `out_dtype` on its device (dtype, device, or a kernel the backend cannot
+// run), or nullopt when they can. Raises for an invalid dim, as torch does.
+std::optional<std::string> softmax_unsupported(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype,
+                                               bool log);
 
 // Runs the kernels (requires !softmax_unsupported): aten::_softmax semantics,
 // with the output dtype either the input's or float from half/bfloat16.

@@ -27,13 +27,17 @@ at::Tensor original(const at::Tensor& self, int64_t dim, bool half_to_float, boo
 
 at::Tensor run(const at::Tensor& self, int64_t dim, bool half_to_float, bool log) {
   const char* op = log ? "aten::_log_softmax" : "aten::_softmax";
-  const at::ScalarType out = half_to_float ? at::kFloat : self.scalar_type();
-  if (auto why = ops::softmax_unsupported(self, out)) {
+  // torch's CPU and MPS kernels reject half_to_float (only CUDA's composite
+  // asks for it): let torch give its answer.
+  std::optional<std::string> why = half_to_float ? std::optional<std::string>("half_to_float")
+                                                 : ops::softmax_unsupported(self, dim, self.scalar_type(), log);
+  if (why) {
     fallback(op, *why);
     return original(self, dim, half_to_float, log);
   }
+  at::Tensor out = ops::softmax_kernels(self, dim, self.scalar_type(), log);
   hit(op);
-  return ops::softmax_kernels(self, dim, out, log);
+  return out;
 }
 
 at::Tensor softmax(const at::Tensor& self, int64_t dim, bool half_to_float) {

@@ -23,9 +23,20 @@ class SimBackend final : public Backend {
  public:
   const char* name() const override { return "simulator"; }
 
+  std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
+    const mtlsim::Module* module = nullptr;
+    const mtlsim::KernelInfo* info = find(kernel, &module);
+    if (!info) return "no kernel named '" + kernel + "' in this build";
+    const uint32_t limit = info->max_total_threads_per_threadgroup ? info->max_total_threads_per_threadgroup
+                                                                    : mtlsim::kMaxThreadsPerThreadgroup;
+    if (threads > limit) return "kernel '" + kernel + "' allows " + std::to_string(limit) + " threads per threadgroup";
+    return std::nullopt;
+  }
+
   void dispatch(const Launch& launch) override {
     mtlsim::Launch l;
     l.kernel = find(launch.kernel, &l.module);
+    TORCH_CHECK(l.kernel, "mps_ext: no kernel named '", launch.kernel, "' in this build");
     TORCH_CHECK(launch.args.size() <= mtlsim::kMaxBufferSlots, "too many kernel arguments");
     for (size_t i = 0; i < launch.args.size(); ++i) {
       const Arg& a = launch.args[i];
@@ -62,7 +73,7 @@ class SimBackend final : public Backend {
       }
     }
     auto it = index_.find(name);
-    TORCH_CHECK(it != index_.end(), "mps_ext: no kernel named '", name, "' in this build");
+    if (it == index_.end()) return nullptr;
     *module = it->second.first;
     return it->second.second;
   }

@@ -43,6 +43,10 @@ _METAL_HEADERS = (
 _ADDRESS_SPACES = {"device", "thread", "threadgroup", "threadgroup_imageblock", "ray_data", "object_data"}
 # Attributes that mean the same in C++ and stay.
 _STANDARD_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard", "noreturn", "deprecated"}
+# MSL: these must all be scalars, or vectors of one size, within a kernel.
+_POSITION_ATTRIBUTES = {"thread_position_in_grid", "threads_per_grid", "thread_position_in_threadgroup",
+                        "threads_per_threadgroup", "threadgroup_position_in_grid", "dispatch_threads_per_threadgroup",
+                        "threadgroups_per_grid"}
 _UNSUPPORTED_ATTRIBUTES = {"function_constant", "stage_in", "texture", "sampler", "visible_function_table"}
 
 
@@ -327,7 +331,7 @@ class _Translator:
         if len(params) == 1 and [self.t[j].text for j in params[0]] == ["void"]:
             params = []
 
-        explicit, parsed = {"buffer": set(), "threadgroup": set()}, []
+        explicit, parsed, positions = {"buffer": set(), "threadgroup": set()}, [], {}
         for p in params:
             binding = None
             for j in p:
@@ -344,7 +348,14 @@ class _Translator:
             if binding is None:
                 kind = "threadgroup" if any(self.t[j].text == "threadgroup" for j in p) else "buffer"
                 binding = (kind, None)
+            elif binding[1] in _POSITION_ATTRIBUTES:
+                positions[binding[1]] = (_components(self.t[j].text for j in p), p[0])
             parsed.append(binding)
+        if len({n for n, _ in positions.values()}) > 1:
+            declared = ", ".join(f"[[{a}]] with {n}" for a, (n, _) in positions.items())
+            self.err(next(iter(positions.values()))[1],
+                     f"Metal requires the grid and threadgroup position attributes of a kernel to have the same "
+                     f"number of components; this kernel declares {declared}")
 
         binders = []
         for kind, value in parsed:
@@ -555,6 +566,13 @@ class _Translator:
             lines.append("  (void)rt;")
         lines.append("  return &mtlsim_module;\n}\n")
         return "\n".join(lines)
+
+
+def _components(tokens) -> int:
+    """Components of a kernel parameter's type (uint3 -> 3, vec<uint, 2> -> 2, uint -> 1)."""
+    text = " ".join(t for t in tokens if not t.startswith("["))
+    m = re.search(r"\bvec\s*<[^,>]+,\s*(\d)\s*>", text) or re.search(r"\b(?:u?int|u?short|u?long)([234])\b", text)
+    return int(m.group(1)) if m else 1
 
 
 def _namespaces(scopes) -> list[str]:
