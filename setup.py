@@ -7,7 +7,6 @@ uses that torch instead of downloading another:
 """
 
 import importlib.util
-import platform
 import re
 import shutil
 import sys
@@ -109,12 +108,11 @@ def extension():
     sources = [str(p) for p in sorted((ROOT / "csrc").rglob("*.cpp")) if "metal" not in p.relative_to(ROOT).parts]
     sim_sources, metal_sources = generated_sources()
     sources += sim_sources
-    cxx = ["-O2", "-g1", "-fno-strict-aliasing", "-Wno-unknown-pragmas"]
+    # Frame pointers and no cross-jumping: the simulator's needs, see mps_ext/sim/compiler.py.
+    cxx = ["-O2", "-g1", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-fno-omit-frame-pointer"]
     link = []
     if sys.platform == "linux":
-        cxx.append("-fstack-clash-protection")  # see mps_ext/sim/compiler.py
-        if platform.machine() == "x86_64" and " f16c" in Path("/proc/cpuinfo").read_text():
-            cxx.append("-mf16c")  # hardware half conversions in the simulated kernels
+        cxx += ["-fstack-clash-protection", "-fno-crossjumping"]
     if with_metal():
         sources += [str(p) for p in sorted((ROOT / "csrc" / "metal").glob("*.mm"))] + [metal_sources]
         # No ARC: torch's MPS headers call retain/release explicitly.

@@ -130,8 +130,71 @@ def test_integer_division_by_zero(bugs):
 
 
 def test_process_survives_faults(bugs):
-    # After the faults above, kernels still run normally.
+    # A fault in a kernel aborts that dispatch only: kernels run normally after it.
+    y = torch.zeros(4)
+    with pytest.raises(SimulatorError, match="stack overflow"):
+        bugs.huge_local_array(y)
     x = torch.arange(512, dtype=torch.float32)
     y = torch.empty_like(x)
     bugs.reverse_with_barrier(x, y, group_size=256)
     assert torch.equal(y, x.view(2, 256).flip(1).flatten())
+
+
+HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
+
+
+def test_aliased_buffers_stay_aliased(shader):
+    # The same tensor bound twice, and overlapping views, share memory in
+    # checked mode too: a kernel updating in place sees its own writes.
+    lib = shader(HEADER + """
+kernel void inc(device const float* in [[buffer(0)]], device float* out [[buffer(1)]],
+                uint i [[thread_position_in_grid]]) { out[i] = in[i] + 1.0f; }""", name="alias")
+    x = torch.zeros(64)
+    with mps_ext.sim.checked():
+        lib.inc(x, x)
+    assert (x == 1).all()
+    y = torch.arange(16.0)
+    with mps_ext.sim.checked():
+        lib.inc(y[8:], y[:8], threads=8)  # reads the upper half, writes the lower
+    assert y.tolist() == [float(v) for v in range(9, 17)] + [float(v) for v in range(8, 16)]
+
+
+def test_divergence_through_a_shared_helper_is_reported(shader):
+    # One source line, reached from both sides of a branch: on the GPU each
+    # side reduces over its own lanes.
+    lib = shader(HEADER + """
+inline float total(float v) { return simd_sum(v); }
+kernel void halves(device float* y [[buffer(0)]], uint l [[thread_index_in_simdgroup]]) {
+  if (l < 16) y[l] = total(1.0f);
+  else y[l] = total(2.0f);
+}
+kernel void ternary(device float* y [[buffer(0)]], uint l [[thread_index_in_simdgroup]]) {
+  y[l] = l < 8 ? simd_sum(1.0f) : simd_sum(2.0f);
+}""", name="helper_divergence")
+    y = torch.zeros(32)
+    with pytest.warns(DivergenceWarning):
+        lib.halves(y)
+    assert y.tolist() == [16.0] * 16 + [32.0] * 16
+    with pytest.warns(DivergenceWarning):
+        lib.ternary(y)
+    assert y.tolist() == [8.0] * 8 + [48.0] * 24
+
+
+def test_order_dependent_kernels_can_skip_the_schedule_comparison(shader):
+    # Stream compaction: which slot a value lands in depends on thread order.
+    lib = shader(HEADER + """
+kernel void compact(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                    device atomic_uint* n [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  if (x[i] > 0.0f) out[atomic_fetch_add_explicit(n, 1u, memory_order_relaxed)] = x[i];
+}""", name="compact")
+    x = torch.randn(256)
+    out, n = torch.zeros(256), torch.zeros(1, dtype=torch.int32)
+    with mps_ext.sim.checked(), pytest.raises(SimulatorError, match="not deterministic"):
+        lib.compact(x, out, n, group_size=64)
+    out.zero_(), n.zero_()
+    with mps_ext.sim.checked(compare_schedules=False):
+        lib.compact(x, out, n, group_size=64)
+    kept = int(n.item())
+    assert kept == int((x > 0).sum()) and torch.equal(out[:kept].sort().values, x[x > 0].sort().values)
+    with mps_ext.sim.checked(compare_schedules=False), pytest.raises(SimulatorError, match="out-of-bounds"):
+        lib.compact(x, out[:10], n, group_size=64)  # other checks stay on

@@ -51,8 +51,7 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
                            groups(grid[2], threadgroup[2])},
                           {threadgroup[0], threadgroup[1], threadgroup[2]},
                           "simulator"});
-  mtlsim::Options options;
-  options.checked = mtlsim::checked_by_default();
+  const mtlsim::Options options = mtlsim::default_options();
   mtlsim::Report report;
   {
     py::gil_scoped_release release;
@@ -83,7 +82,6 @@ void register_sim_bindings(py::module_& m) {
     }
     return names;
   });
-  m.def("_sim_push_checked", &mtlsim::push_checked);
+  m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"));
   m.def("_sim_pop_checked", &mtlsim::pop_checked);
-  m.def("_sim_checked", &mtlsim::checked_by_default);
 }

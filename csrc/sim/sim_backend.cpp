@@ -50,8 +50,7 @@ class SimBackend final : public Backend {
     l.grid = mtlsim::Dim3{launch.threadgroups.x, launch.threadgroups.y, launch.threadgroups.z};
     const Size3 t = launch.threads_per_threadgroup;
     l.threadgroup = mtlsim::Dim3{t.x, t.y, t.z};
-    mtlsim::Options options;
-    options.checked = mtlsim::checked_by_default();
+    const mtlsim::Options options = mtlsim::default_options();
     mtlsim::Report report;
     try {
       report = mtlsim::dispatch(l, options);

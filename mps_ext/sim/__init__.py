@@ -43,7 +43,7 @@ class DivergenceWarning(RuntimeWarning):
 
 
 @contextlib.contextmanager
-def checked():
+def checked(compare_schedules: bool = True):
     """Run every kernel dispatched inside the block in checked mode.
 
     Checked mode runs each dispatch three times, with the GPU threads of a
@@ -54,10 +54,15 @@ def checked():
     differ between schedules), reads of threadgroup memory nobody wrote,
     out-of-bounds buffer accesses (buffer, byte offset, thread and ``.metal``
     line), threadgroup memory over 32 KiB and threadgroups over 1024 threads.
-    Divergent SIMD-group functions and barriers are reported as
-    ``DivergenceWarning`` in every mode. Applies to all threads of the process.
+
+    ``compare_schedules=False`` runs one schedule and keeps the other checks,
+    for kernels whose results legitimately depend on thread order (slots
+    handed out by an atomic counter, float atomics). Divergent SIMD-group
+    functions and barriers are reported as ``DivergenceWarning`` in every
+    mode. Applies to all threads of the process; the innermost block decides
+    ``compare_schedules``.
     """
-    _C._sim_push_checked()
+    _C._sim_push_checked(compare_schedules)
     try:
         yield
     finally:

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <new>
@@ -25,66 +26,88 @@ size_t natural_alignment(const void* p) {
 }  // namespace
 
 GuardedBuffers::GuardedBuffers(const Launch& launch) {
-  const size_t page = page_size();
+  region_of_.fill(-1);
+  std::vector<uint32_t> bound;
   for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
-    const Buffer& b = launch.buffers[i];
-    if (!b.data) continue;
-    Slot& s = slots_[i];
-    const size_t data_pages = (b.size + page - 1) / page;
+    if (!launch.buffers[i].data) continue;
+    host_[i] = static_cast<const char*>(launch.buffers[i].data);
+    size_[i] = launch.buffers[i].size;
+    bound.push_back(i);
+  }
+  // Slots whose ranges overlap (or start together) share a region.
+  std::sort(bound.begin(), bound.end(), [&](uint32_t a, uint32_t b) { return host_[a] < host_[b]; });
+  for (uint32_t i : bound) {
+    if (!regions_.empty()) {
+      Region& r = regions_.back();
+      if (host_[i] < r.host + r.size || host_[i] == r.host) {
+        r.size = std::max(r.size, size_t(host_[i] + size_[i] - r.host));
+        r.slots.push_back(i);
+        region_of_[i] = int(regions_.size() - 1);
+        continue;
+      }
+    }
+    regions_.push_back(Region{host_[i], size_[i], nullptr, 0, nullptr, nullptr, nullptr, {i}});
+    region_of_[i] = int(regions_.size() - 1);
+  }
+
+  const size_t page = page_size();
+  for (Region& r : regions_) {
+    const size_t data_pages = (r.size + page - 1) / page;
     // [guard][data pages][guard]
-    s.mapping_bytes = (data_pages + 2) * page;
-    void* m = mmap(nullptr, s.mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANON, -1, 0);
+    r.mapping_bytes = (data_pages + 2) * page;
+    void* m = mmap(nullptr, r.mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANON, -1, 0);
     if (m == MAP_FAILED) throw std::bad_alloc();
-    s.mapping = static_cast<char*>(m);
-    s.page_start = s.mapping + page;
-    s.page_end = s.page_start + data_pages * page;
-    if (data_pages) mprotect(s.page_start, data_pages * page, PROT_READ | PROT_WRITE);
-    const size_t align = natural_alignment(b.data);
-    s.size = b.size;
-    s.data = s.page_end - b.size;
-    s.data -= reinterpret_cast<uintptr_t>(s.data) % align;
-    if (s.data < s.page_start) s.data = s.page_start;  // only for size 0 in an empty mapping
+    r.mapping = static_cast<char*>(m);
+    r.page_start = r.mapping + page;
+    r.page_end = r.page_start + data_pages * page;
+    if (data_pages) mprotect(r.page_start, data_pages * page, PROT_READ | PROT_WRITE);
+    r.data = r.page_end - r.size;
+    r.data -= reinterpret_cast<uintptr_t>(r.data) % natural_alignment(r.host);
   }
 }
 
 GuardedBuffers::~GuardedBuffers() {
-  for (Slot& s : slots_)
-    if (s.mapping) munmap(s.mapping, s.mapping_bytes);
+  for (Region& r : regions_) munmap(r.mapping, r.mapping_bytes);
 }
 
-void GuardedBuffers::load(const Launch& launch) {
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
-    Slot& s = slots_[i];
-    if (!s.mapping) continue;
-    std::memset(s.page_start, kCanary, size_t(s.data - s.page_start));
-    if (s.size) std::memcpy(s.data, launch.buffers[i].data, s.size);
-    std::memset(s.data + s.size, kCanary, size_t(s.page_end - (s.data + s.size)));
+void* GuardedBuffers::data(uint32_t slot) const {
+  const Region& r = regions_[size_t(region_of_[slot])];
+  return r.data + (host_[slot] - r.host);
+}
+
+void GuardedBuffers::load() {
+  for (Region& r : regions_) {
+    std::memset(r.page_start, kCanary, size_t(r.data - r.page_start));
+    if (r.size) std::memcpy(r.data, r.host, r.size);
+    std::memset(r.data + r.size, kCanary, size_t(r.page_end - (r.data + r.size)));
   }
-}
-
-void GuardedBuffers::store(const Launch& launch) const {
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i)
-    if (slots_[i].mapping && slots_[i].size) std::memcpy(launch.buffers[i].data, slots_[i].data, slots_[i].size);
 }
 
 std::vector<std::vector<unsigned char>> GuardedBuffers::contents() const {
   std::vector<std::vector<unsigned char>> out(kMaxBufferSlots);
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i)
-    if (slots_[i].mapping) out[i].assign(slots_[i].data, slots_[i].data + slots_[i].size);
+  for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
+    if (region_of_[i] < 0) continue;
+    const char* d = static_cast<const char*>(data(i));
+    out[i].assign(d, d + size_[i]);
+  }
   return out;
 }
 
+std::string GuardedBuffers::slots_of(const Region& r) const {
+  std::string s;
+  for (uint32_t i : r.slots) s += (s.empty() ? "buffer(" : "/buffer(") + std::to_string(i) + ")";
+  return s;
+}
+
 std::string GuardedBuffers::check_canaries() const {
-  std::ostringstream report;
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
-    const Slot& s = slots_[i];
-    if (!s.mapping) continue;
-    for (const char* p = s.page_start; p < s.page_end; ++p) {
-      if (p == s.data) p += s.size;
-      if (p >= s.page_end) break;
+  for (const Region& r : regions_) {
+    for (const char* p = r.page_start; p < r.page_end; ++p) {
+      if (p == r.data) p += r.size;
+      if (p >= r.page_end) break;
       if (static_cast<unsigned char>(*p) != kCanary) {
-        report << "out-of-bounds write to buffer(" << i << ") at byte offset " << (p - s.data) << " (the buffer holds "
-               << s.size << " bytes); found after the run, so the writing thread is unknown";
+        std::ostringstream report;
+        report << "out-of-bounds write to " << slots_of(r) << " at byte offset " << (p - r.data)
+               << " (the buffer holds " << r.size << " bytes); found after the run, so the writing thread is unknown";
         return report.str();
       }
     }
@@ -94,14 +117,12 @@ std::string GuardedBuffers::check_canaries() const {
 
 std::string GuardedBuffers::describe(const void* addr, const char* access) const {
   const char* a = static_cast<const char*>(addr);
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
-    const Slot& s = slots_[i];
-    if (!s.mapping || a < s.mapping || a >= s.mapping + s.mapping_bytes) continue;
-    const bool after = a >= s.page_end, before = a < s.page_start;
-    if (!after && !before) return "";
+  for (const Region& r : regions_) {
+    if (a < r.mapping || a >= r.mapping + r.mapping_bytes) continue;
+    if (a >= r.page_start && a < r.page_end) return "";
     std::ostringstream m;
-    m << "out-of-bounds " << access << " of buffer(" << i << ") at byte offset " << (a - s.data)
-      << " (the buffer holds " << s.size << " bytes)";
+    m << "out-of-bounds " << access << " of " << slots_of(r) << " at byte offset " << (a - r.data)
+      << " (the buffer holds " << r.size << " bytes)";
     return m.str();
   }
   return "";

@@ -6,7 +6,9 @@
 // buffer, offset, thread and line. The few bytes of slack that alignment
 // leaves after the end, and the bytes before the start in the same page, hold
 // a canary checked after the run, so writes there are caught too (reads
-// there are not).
+// there are not). Buffers that overlap in the caller's memory (the same
+// tensor bound twice, views of one tensor) share one copy, so writes through
+// one are seen through the others, as on the GPU.
 #pragma once
 
 #include <array>
@@ -24,11 +26,9 @@ class GuardedBuffers {
   GuardedBuffers(const GuardedBuffers&) = delete;
   GuardedBuffers& operator=(const GuardedBuffers&) = delete;
 
-  void* data(uint32_t slot) const { return slots_[slot].data; }
+  void* data(uint32_t slot) const;
   // Copies the caller's buffers in and re-arms the canaries.
-  void load(const Launch& launch);
-  // Copies results back to the caller's buffers.
-  void store(const Launch& launch) const;
+  void load();
   // The bytes of every bound slot, for comparing schedules.
   std::vector<std::vector<unsigned char>> contents() const;
   // A description of damaged canaries, or "".
@@ -37,15 +37,23 @@ class GuardedBuffers {
   std::string describe(const void* addr, const char* access) const;
 
  private:
-  struct Slot {
+  // One guarded copy of a range of the caller's memory covering one or more slots.
+  struct Region {
+    const char* host = nullptr;
+    size_t size = 0;
     char* mapping = nullptr;
     size_t mapping_bytes = 0;
     char* data = nullptr;
-    size_t size = 0;
     char* page_start = nullptr;  // first accessible byte
     char* page_end = nullptr;    // first guard byte after the data
+    std::vector<uint32_t> slots;
   };
-  std::array<Slot, kMaxBufferSlots> slots_{};
+  std::string slots_of(const Region& r) const;
+
+  std::array<const char*, kMaxBufferSlots> host_{};
+  std::array<size_t, kMaxBufferSlots> size_{};
+  std::array<int, kMaxBufferSlots> region_of_{};
+  std::vector<Region> regions_;
 };
 
 }  // namespace mtlsim

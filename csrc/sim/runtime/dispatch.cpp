@@ -97,7 +97,8 @@ class Pool {
   uint64_t generation_ = 0;
 };
 
-std::atomic<int> checked_depth{0};
+std::mutex checked_mu;
+std::vector<bool> checked_stack;  // compare_schedules of each open `with checked()`
 
 void validate(const Launch& l) {
   if (!l.module || !l.kernel) throw SimError("dispatch without a kernel");
@@ -230,8 +231,11 @@ Report dispatch(const Launch& l, const Options& options) {
   // produce the same bytes.
   GuardedBuffers guards(l);
   std::vector<std::vector<unsigned char>> reference;
-  for (Schedule s : {Schedule::Forward, Schedule::Reverse, Schedule::Random}) {
-    guards.load(l);
+  const std::vector<Schedule> schedules =
+      options.compare_schedules ? std::vector<Schedule>{Schedule::Forward, Schedule::Reverse, Schedule::Random}
+                                : std::vector<Schedule>{Schedule::Forward};
+  for (Schedule s : schedules) {
+    guards.load();
     Job job(l, s, options.seed);
     prepare(job, &guards);
     try {
@@ -254,15 +258,26 @@ Report dispatch(const Launch& l, const Options& options) {
   return report;
 }
 
-void push_checked() { ++checked_depth; }
-void pop_checked() { --checked_depth; }
+void push_checked(bool compare_schedules) {
+  std::lock_guard<std::mutex> lock(checked_mu);
+  checked_stack.push_back(compare_schedules);
+}
 
-bool checked_by_default() {
+void pop_checked() {
+  std::lock_guard<std::mutex> lock(checked_mu);
+  if (!checked_stack.empty()) checked_stack.pop_back();
+}
+
+Options default_options() {
   static const bool env = [] {
     const char* v = std::getenv("MPS_EXT_SIM_CHECK");
     return v && *v && std::strcmp(v, "0") != 0;
   }();
-  return env || checked_depth.load() > 0;
+  std::lock_guard<std::mutex> lock(checked_mu);
+  Options o;
+  o.checked = env || !checked_stack.empty();
+  o.compare_schedules = checked_stack.empty() || checked_stack.back();
+  return o;
 }
 
 }  // namespace mtlsim

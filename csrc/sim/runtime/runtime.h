@@ -50,6 +50,10 @@ struct Options {
   // Poisoned threadgroup memory under several schedules, guard pages around
   // every buffer: see checked.cpp.
   bool checked = false;
+  // Checked mode requires identical results under every schedule; kernels
+  // whose results legitimately depend on thread order (atomic counters
+  // handing out slots, float atomics) run under one schedule instead.
+  bool compare_schedules = true;
   unsigned workers = 0;  // 0: MPS_EXT_SIM_THREADS or the CPU count
   uint64_t seed = 0x5eed;
 };
@@ -61,11 +65,11 @@ struct Report {
 // Runs the kernel to completion; throws SimError.
 Report dispatch(const Launch& launch, const Options& options);
 
-// Nesting depth of `with mps_ext.sim.checked()`; with MPS_EXT_SIM_CHECK=1 in
-// the environment every dispatch is checked. Process-wide, because autograd
-// runs kernels on its own threads.
-void push_checked();
+// `with mps_ext.sim.checked()` blocks (the innermost decides
+// compare_schedules); MPS_EXT_SIM_CHECK=1 in the environment checks every
+// dispatch. Process-wide, because autograd runs kernels on its own threads.
+void push_checked(bool compare_schedules);
 void pop_checked();
-bool checked_by_default();
+Options default_options();
 
 }  // namespace mtlsim
