@@ -108,11 +108,10 @@ def extension():
     sources = [str(p) for p in sorted((ROOT / "csrc").rglob("*.cpp")) if "metal" not in p.relative_to(ROOT).parts]
     sim_sources, metal_sources = generated_sources()
     sources += sim_sources
-    # Frame pointers and no cross-jumping: the simulator's needs, see mps_ext/sim/compiler.py.
-    cxx = ["-O2", "-g1", "-fno-strict-aliasing", "-Wno-unknown-pragmas", "-fno-omit-frame-pointer"]
+    cxx = ["-O2", "-g1", "-fno-strict-aliasing", "-Wno-unknown-pragmas"]
     link = []
     if sys.platform == "linux":
-        cxx += ["-fstack-clash-protection", "-fno-crossjumping"]
+        cxx.append("-fstack-clash-protection")  # see mps_ext/sim/compiler.py
     if with_metal():
         sources += [str(p) for p in sorted((ROOT / "csrc" / "metal").glob("*.mm"))] + [metal_sources]
         # No ARC: torch's MPS headers call retain/release explicitly.

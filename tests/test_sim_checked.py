@@ -159,27 +159,6 @@ kernel void inc(device const float* in [[buffer(0)]], device float* out [[buffer
     assert y.tolist() == [float(v) for v in range(9, 17)] + [float(v) for v in range(8, 16)]
 
 
-def test_divergence_through_a_shared_helper_is_reported(shader):
-    # One source line, reached from both sides of a branch: on the GPU each
-    # side reduces over its own lanes.
-    lib = shader(HEADER + """
-inline float total(float v) { return simd_sum(v); }
-kernel void halves(device float* y [[buffer(0)]], uint l [[thread_index_in_simdgroup]]) {
-  if (l < 16) y[l] = total(1.0f);
-  else y[l] = total(2.0f);
-}
-kernel void ternary(device float* y [[buffer(0)]], uint l [[thread_index_in_simdgroup]]) {
-  y[l] = l < 8 ? simd_sum(1.0f) : simd_sum(2.0f);
-}""", name="helper_divergence")
-    y = torch.zeros(32)
-    with pytest.warns(DivergenceWarning):
-        lib.halves(y)
-    assert y.tolist() == [16.0] * 16 + [32.0] * 16
-    with pytest.warns(DivergenceWarning):
-        lib.ternary(y)
-    assert y.tolist() == [8.0] * 8 + [48.0] * 24
-
-
 def test_order_dependent_kernels_can_skip_the_schedule_comparison(shader):
     # Stream compaction: which slot a value lands in depends on thread order.
     lib = shader(HEADER + """

@@ -30,9 +30,6 @@ def _cpu_flags() -> str:
 
 _FLAGS = ("-std=c++17", "-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
           "-Wno-unknown-pragmas", "-Wno-unused-variable", "-Wno-unused-but-set-variable",
-          # The runtime tells SIMD-group call sites apart by the return addresses
-          # on the stack (csrc/sim/runtime/api.cpp).
-          "-fno-omit-frame-pointer",
           # Large stack frames probe every page, so an overflow hits the guard page
           # below the GPU thread's stack instead of the next thread's stack.
           *(("-fstack-clash-protection",) if sys.platform == "linux" else ()),
@@ -68,17 +65,9 @@ def _cxx() -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _compiler_flags(cxx: str) -> tuple[str, ...]:
-    """GCC may merge identical calls on both sides of a branch into one call;
-    a GPU compiler never merges SIMD-group functions, whose lanes differ."""
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    return () if "clang" in version else ("-fno-crossjumping",)
-
-
-@functools.lru_cache(maxsize=None)
 def _toolchain_digest(cxx: str) -> str:
     h = hashlib.sha256()
-    h.update(" ".join(_FLAGS + _compiler_flags(cxx)).encode())
+    h.update(" ".join(_FLAGS).encode())
     h.update(subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout.encode())
     for header in sorted((shim_include_dir() / "mtlsim").glob("*.h")):
         h.update(header.name.encode())
@@ -119,7 +108,7 @@ def compile_file(metal, include_dirs=()) -> Path:
     _write_atomically(cpp, tr.cpp)
     fd, tmp = tempfile.mkstemp(dir=cache, prefix=lib.name + ".", suffix=".tmp")
     os.close(fd)
-    cmd = [cxx, *_FLAGS, *_compiler_flags(cxx), "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
+    cmd = [cxx, *_FLAGS, "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         os.unlink(tmp)

@@ -48,6 +48,13 @@ std::string str(const Site& site) {
 }
 
 
+// Call sites are source lines: the compiler may duplicate or merge the code of
+// one call (which a GPU compiler never does with SIMD-group functions), so
+// code addresses cannot tell them apart reliably.
+bool same_site(const Site& a, const Site& b) {
+  return a.line == b.line && (a.file == b.file || (a.file && b.file && std::strcmp(a.file, b.file) == 0));
+}
+
 uint32_t lane_mask(uint32_t threads, uint32_t sg) {
   const uint32_t n = threads - sg * kSimdWidth;
   return n >= kSimdWidth ? ~0u : (1u << n) - 1u;
@@ -247,7 +254,7 @@ void Worker::check_simdgroup(uint32_t sg) {
   const Fiber& first = fibers_[sg * kSimdWidth + __builtin_ctz(live)];
   for (uint32_t m = live; m; m &= m - 1) {
     const Fiber& f = fibers_[sg * kSimdWidth + __builtin_ctz(m)];
-    if (f.fn != first.fn || f.path != first.path) return;  // divergent: resolved when stuck
+    if (f.fn != first.fn || !same_site(f.site, first.site)) return;  // divergent: resolved when stuck
   }
   complete_collective(sg, live);
 }
@@ -282,7 +289,7 @@ void Worker::check_barrier() {
     if (f.state != State::Barrier) continue;
     if (first == threads_) {
       first = i;
-    } else if (f.path != fibers_[first].path) {
+    } else if (!same_site(f.site, fibers_[first].site)) {
       job_->warn("divergent threadgroup_barrier in kernel '" + std::string(job_->launch.kernel->host_name) +
                  "': " + where(first, &fibers_[first].site) + " and " + where(i, &f.site) +
                  " wait at different barriers (undefined behaviour on the GPU)");
@@ -317,7 +324,7 @@ void Worker::resolve_deadlock() {
   uint32_t mask = 0;
   for (uint32_t m = simd_waiting_[sg]; m; m &= m - 1) {
     const Fiber& f = fibers_[sg * kSimdWidth + __builtin_ctz(m)];
-    if (f.fn == p.fn && f.path == p.path) mask |= 1u << __builtin_ctz(m);
+    if (f.fn == p.fn && same_site(f.site, p.site)) mask |= 1u << __builtin_ctz(m);
   }
   std::string others;
   for (uint32_t m = simd_live_[sg] & ~mask; m; m &= m - 1) {
@@ -357,26 +364,19 @@ std::string Worker::where(uint32_t fiber, const Site* site) const {
   return s;
 }
 
-void Worker::collective(CollectiveFn fn, const void* in, void* out, const Site& site, uint64_t path) {
+void Worker::collective(CollectiveFn fn, const void* in, void* out, const Site& site) {
   Fiber& f = fibers_[running_];
   f.fn = fn;
   f.in = in;
   f.out = out;
   f.site = site;
-  f.path = path;
   f.arrival = arrivals_++;
   suspend(State::Collective);
 }
 
-void Worker::barrier(const Site& site, uint64_t path) {
+void Worker::barrier(const Site& site) {
   fibers_[running_].site = site;
-  fibers_[running_].path = path;
   suspend(State::Barrier);
-}
-
-bool Worker::on_stack(const void* p) const {
-  const char* lo = stacks_->stack(running_);
-  return p >= lo && p < lo + stacks_->stack_bytes();
 }
 
 void* Worker::threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site& site) {

@@ -75,16 +75,12 @@ class Worker {
   void attach();
 
   // RuntimeAPI, for the fiber currently running on this worker.
-  // `path` tells call sites apart (see api.cpp); `site` is for reports.
-  void collective(CollectiveFn fn, const void* in, void* out, const Site& site, uint64_t path);
-  void barrier(const Site& site, uint64_t path);
+  void collective(CollectiveFn fn, const void* in, void* out, const Site& site);
+  void barrier(const Site& site);
   void* threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site& site);
   void yield();
   [[noreturn]] void fail(const char* message, const Site& site);
   const ThreadCtx* thread() const;
-
-  // Whether `p` lies on the running GPU thread's stack.
-  bool on_stack(const void* p) const;
 
   // Signal handler support: is a GPU thread running, and where to escape to.
   bool in_kernel() const { return in_kernel_; }
@@ -100,7 +96,6 @@ class Worker {
     const void* in;
     void* out;
     Site site;
-    uint64_t path;
     uint64_t arrival;
   };
 
