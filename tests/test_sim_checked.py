@@ -143,6 +143,16 @@ def test_process_survives_faults(bugs):
 HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
 
 
+def test_misaligned_vector_loads_are_errors(bugs):
+    x, y = torch.arange(40, dtype=torch.float32), torch.zeros(8, 4)
+    line = line_of("reinterpret_cast<device const float4*>(x + 1)")
+    with pytest.raises(SimulatorError, match=rf"misaligned reinterpret_cast: the type needs 16-byte alignment, "
+                                             rf"the address is 4 bytes past it.*planted_bugs.metal:{line}"):
+        bugs.misaligned_vector_load(x, y, threads=8)
+    bugs.aligned_vector_load(x, y, threads=8)
+    assert torch.equal(y.flatten(), x[4:36])
+
+
 def test_aliased_buffers_stay_aliased(shader):
     # The same tensor bound twice, and overlapping views, share memory in
     # checked mode too: a kernel updating in place sees its own writes.

@@ -147,3 +147,16 @@ def test_position_attributes_must_agree_in_components(shader):
                     "              ushort2 t [[thread_position_in_threadgroup]], uint i [[thread_index_in_threadgroup]],\n"
                     "              ushort lane [[thread_index_in_simdgroup]]) { x[g.x] = float(t.x + i + lane); }",
            name="agreeing_positions")
+
+
+def test_threadgroup_declaration_after_an_attribute_is_shared(shader):
+    lib = shader(HEADER + """
+kernel void k(device float* y [[buffer(0)]], uint t [[thread_position_in_threadgroup]]) {
+  [[maybe_unused]] threadgroup float s[64];
+  s[t] = float(t);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[t] = s[63 - t];
+}""", name="attributed_threadgroup")
+    y = torch.zeros(64)
+    lib.k(y, group_size=64)
+    assert y.tolist() == [float(63 - t) for t in range(64)]

@@ -262,12 +262,16 @@ class _Translator:
                 i = self.kernel_definition(stmt_start, i, scopes)
                 stmt_start = i
                 continue
-            elif s == "threadgroup" and not at_namespace_scope and self.text(i - 1) in ("{", ";", "}", ":"):
+            elif s == "threadgroup" and not at_namespace_scope and self.starts_statement(i):
                 i = self.threadgroup_declaration(i)
                 stmt_start = i
                 continue
             i += 1
         self.rewrite_tokens()
+
+    def starts_statement(self, i: int) -> bool:
+        """Whether token i begins a statement (possibly after an attribute)."""
+        return self.text(i - 1) in ("{", ";", "}", ":") or (self.text(i - 1) == "]" and self.text(i - 2) == "]")
 
     def is_kernel_keyword(self, i: int) -> bool:
         if self.t[i].text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
@@ -515,7 +519,10 @@ class _Translator:
                 i = end
                 continue
             if tok.kind == "id":
-                if tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
+                if tok.text == "reinterpret_cast" and self.text(i - 1) != "::":
+                    # Checks alignment, see mtlsim/glue.h.
+                    self.replace(i, self.code("::mtlsim::aligned_cast", i))
+                elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
                     self.replace(i, [])
                 elif tok.text in _ADDRESS_SPACES:
                     self.replace(i, [])

@@ -94,3 +94,14 @@ kernel void divide_by_zero(device int* y [[buffer(0)]], constant int& d [[buffer
                            uint i [[thread_position_in_grid]]) {
   y[i] = int(i) / d;
 }
+
+// BUG: float4 loads from a float buffer at an odd element offset: misaligned.
+kernel void misaligned_vector_load(device const float* x [[buffer(0)]], device float4* y [[buffer(1)]],
+                                   uint i [[thread_position_in_grid]]) {
+  y[i] = reinterpret_cast<device const float4*>(x + 1)[i];
+}
+
+kernel void aligned_vector_load(device const float* x [[buffer(0)]], device float4* y [[buffer(1)]],
+                                uint i [[thread_position_in_grid]]) {
+  y[i] = reinterpret_cast<device const float4*>(x + 4)[i];
+}

@@ -41,6 +41,29 @@ inline T& threadgroup_var(uint32_t id, const Site& site) {
   return *static_cast<T*>(mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site));
 }
 
+// reinterpret_cast in kernels (the translator routes them here): a pointer
+// cast to a type the address is not aligned for is undefined on the GPU
+// (float4 loads from a float buffer at an odd offset), and would go unnoticed
+// on a CPU, which tolerates it.
+template <class To, class From>
+To aligned_cast(From&& from, MTLSIM_CALLER) {
+  using F = std::remove_reference_t<From>;
+  if constexpr (std::is_pointer_v<To> && std::is_pointer_v<F>) {
+    using T = std::remove_cv_t<std::remove_pointer_t<To>>;
+    if constexpr (!std::is_void_v<T>) {
+      const auto address = reinterpret_cast<uintptr_t>(from);
+      if (address % alignof(T)) {
+        char message[160];
+        snprintf(message, sizeof message,
+                 "misaligned reinterpret_cast: the type needs %zu-byte alignment, the address is %zu bytes past it",
+                 alignof(T), size_t(address % alignof(T)));
+        fail(message, MTLSIM_CALLER_SITE);
+      }
+    }
+  }
+  return reinterpret_cast<To>(from);
+}
+
 namespace detail {
 
 template <class P>
