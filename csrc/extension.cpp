@@ -50,9 +50,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_override_reset_stats", &ov::reset_stats);
 
   m.def("_trace_begin", &mps_ext::trace::begin);
-  m.def("_trace_end", [] {
+  m.def("_trace_end", [](uint64_t id) {
     py::list out;
-    for (const auto& r : mps_ext::trace::end())
+    for (const auto& r : mps_ext::trace::end(id))
       out.append(py::make_tuple(r.name, py::make_tuple(r.grid.x, r.grid.y, r.grid.z),
                                 py::make_tuple(r.threadgroup.x, r.threadgroup.y, r.threadgroup.z), r.backend));
     return out;

@@ -1,30 +1,34 @@
 #include "trace.h"
 
+#include <map>
 #include <mutex>
 
 namespace mps_ext::trace {
 
 namespace {
 std::mutex mu;
-std::vector<std::vector<Record>> open_traces;  // kernels may be dispatched from any thread
+uint64_t next_id = 0;
+std::map<uint64_t, std::vector<Record>> open_traces;
 }  // namespace
 
-void begin() {
+uint64_t begin() {
   std::lock_guard<std::mutex> lock(mu);
-  open_traces.emplace_back();
+  open_traces[++next_id];
+  return next_id;
 }
 
-std::vector<Record> end() {
+std::vector<Record> end(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu);
-  TORCH_CHECK(!open_traces.empty(), "mps_ext.trace: no trace is open");
-  std::vector<Record> records = std::move(open_traces.back());
-  open_traces.pop_back();
+  auto it = open_traces.find(id);
+  TORCH_CHECK(it != open_traces.end(), "mps_ext.trace: trace ", id, " is not open");
+  std::vector<Record> records = std::move(it->second);
+  open_traces.erase(it);
   return records;
 }
 
 void record(Record r) {
   std::lock_guard<std::mutex> lock(mu);
-  for (auto& t : open_traces) t.push_back(r);
+  for (auto& [id, records] : open_traces) records.push_back(r);
 }
 
 }  // namespace mps_ext::trace

@@ -15,8 +15,11 @@ struct Record {
   std::string backend;
 };
 
-void begin();                  // opens a (possibly nested) trace
-std::vector<Record> end();     // closes the innermost trace, returns its records
-void record(Record r);         // appended to every open trace
+// Opens a trace; traces nest and may be open on several threads at once.
+uint64_t begin();
+// Closes the trace `id` returned, returns its records.
+std::vector<Record> end(uint64_t id);
+// Appended to every open trace: kernels dispatched from any thread (autograd's) count.
+void record(Record r);
 
 }  // namespace mps_ext::trace

@@ -24,18 +24,20 @@ class trace:
         print([k.name for k in t.kernels])
 
     ``t.kernels`` (a list of :class:`KernelRecord`) is filled when the block
-    exits. Traces nest, and see kernels dispatched from any thread.
+    exits. Traces nest, may be open on several threads at once, and see
+    kernels dispatched from any thread (autograd's backward, for instance).
     """
 
     def __init__(self):
         self.kernels: list[KernelRecord] = []
+        self._id = None
 
     def __enter__(self) -> trace:
-        _C._trace_begin()
+        self._id = _C._trace_begin()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.kernels = [KernelRecord(*r) for r in _C._trace_end()]
+        self.kernels = [KernelRecord(*r) for r in _C._trace_end(self._id)]
 
     @property
     def names(self) -> list[str]:
