@@ -1,6 +1,9 @@
 // softmax and log_softmax over the last dimension (and a strided kernel for
 // any other dimension).
 //
+// - simd: rows of up to 128 elements (MoE routers over their experts,
+//   short attention rows): one SIMD group per row, eight rows per
+//   threadgroup, SIMD-group reductions only; values stay in registers.
 // - block: one threadgroup per row of up to 4096 elements; each thread keeps
 //   its (at most) four elements in registers, so the input is read once and
 //   the output written once.
@@ -75,6 +78,24 @@ kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buff
 
   const float inv = 1.0f / sum;
   const float4 out = Log ? v - m - log(sum) : e * inv;
+  store4(y + base, first, p.cols, vectorized, out);
+}
+
+template <typename In, typename Out, bool Log>
+kernel void softmax_simd(device const In* x [[buffer(0)]], device Out* y [[buffer(1)]],
+                         constant SoftmaxParams& p [[buffer(2)]], uint group [[threadgroup_position_in_grid]],
+                         uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
+                         uint simdgroups [[simdgroups_per_threadgroup]]) {
+  const uint row = group * simdgroups + sg;
+  if (row >= p.rows) return;  // a whole SIMD group leaves: no SIMD-group function is split
+  const ulong base = ulong(row) * p.cols;
+  const uint first = lane * kPerThread;
+  const bool vectorized = p.vectorized != 0;
+  const float4 v = load4(x + base, first, p.cols, vectorized);
+  const float m = simd_max(max(max(v.x, v.y), max(v.z, v.w)));
+  const float4 e = float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m));
+  const float sum = simd_sum(e.x + e.y + e.z + e.w);
+  const float4 out = Log ? v - m - log(sum) : e * (1.0f / sum);
   store4(y + base, first, p.cols, vectorized, out);
 }
 
@@ -169,6 +190,8 @@ kernel void softmax_strided(device const In* x [[buffer(0)]], device Out* y [[bu
 // Host names: <op>_<kernel>_<input type>[_<output type>], built by the host
 // from the same parts (csrc/ops/softmax.cpp).
 #define MPS_EXT_SOFTMAX_OUT(op, log, In, Out)                                                                  \
+  template [[host_name(#op "_simd_" #In "_" #Out)]] [[kernel]] decltype(softmax_simd<In, Out, log>)           \
+      softmax_simd<In, Out, log>;                                                                              \
   template [[host_name(#op "_block_" #In "_" #Out)]] [[kernel]] decltype(softmax_block<In, Out, log>)         \
       softmax_block<In, Out, log>;                                                                             \
   template [[host_name(#op "_finalize_" #In "_" #Out)]] [[kernel]] decltype(softmax_finalize<In, Out, log>)   \

@@ -25,7 +25,7 @@ def softmax_cases() -> Iterator[Case]:
     ops = {"softmax": (softmax, torch.softmax), "log_softmax": (log_softmax, torch.log_softmax)}
     pairs = [(torch.float32, None), (torch.float16, None), (torch.bfloat16, None), (torch.float16, torch.float32),
              (torch.bfloat16, torch.float32)]
-    shapes = [("block", (3, 37), -1), ("block", (2, 400), -1), ("split", (2, 5000), -1), ("strided", (2, 7, 600), 1),
+    shapes = [("simd", (11, 37), -1), ("simd", (9, 128), -1), ("block", (3, 129), -1), ("block", (2, 400), -1), ("split", (2, 5000), -1), ("strided", (2, 7, 600), 1),
               ("dim moved last", (2, 6, 5), 1)]
     for op, (ours, theirs) in ops.items():
         for dtype, out in pairs:

@@ -34,12 +34,14 @@ def check(op: str, x: torch.Tensor, dim: int, dtype=None, kernels=None, device="
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("cols", [1, 7, 31, 33, 1000, 4097, 32000, 151936])
-@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("rows", [1, 3, 8, 17])
 @pytest.mark.parametrize("op", OPS)
 def test_last_dim(device, op, rows, cols, dtype):
     x = (torch.randn(rows, cols, generator=torch.Generator().manual_seed(rows * cols)) * 3).to(dtype)
     t = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
-    if cols <= 4096:
+    if cols <= 128:
+        kernels = [f"{op}_simd_{t}_{t}"]
+    elif cols <= 4096:
         kernels = [f"{op}_block_{t}_{t}"]
     else:
         kernels = [f"softmax_partials_{t}", f"{op}_finalize_{t}_{t}"]
@@ -57,7 +59,7 @@ def test_other_dims_use_the_strided_kernel(device, op, shape, dim, dtype):
 
 
 @pytest.mark.parametrize("op", OPS)
-@pytest.mark.parametrize("shape,dim,kernel", [((5, 7, 3), 1, "block"), ((64, 33), 0, "block"),
+@pytest.mark.parametrize("shape,dim,kernel", [((5, 7, 3), 1, "simd"), ((300, 33), 0, "block"),
                                               ((6000, 2), 0, "finalize")])
 def test_other_dims_with_few_columns_move_the_dim_last(device, op, shape, dim, kernel):
     # A thread per column would leave the GPU idle: the last-dim kernels run on a transposed copy.
@@ -165,7 +167,7 @@ class TestOverrides:
             with mps_ext.trace() as t:
                 got_s = torch.softmax(x, -1)
                 got_l = torch.nn.functional.log_softmax(x, dim=0)
-        assert t.names == ["softmax_block_float_float", "log_softmax_block_float_float"]
+        assert t.names == ["softmax_block_float_float", "log_softmax_simd_float_float"]
         assert_close(got_s, want_s)
         assert_close(got_l, want_l)
         stats = mps_ext.overrides.stats()
@@ -236,7 +238,9 @@ def test_checked_mode_on_every_variant(dtype):
     x = torch.randn(3, 4100).to(dtype)
     with mps_ext.sim.checked():
         for op in OPS:
-            check(op, x[:, :37], -1)  # block, scalar loads
+            check(op, x[:, :37], -1)  # simd, scalar loads
+            check(op, torch.randn(37, 128).to(dtype), -1)  # simd, 4-wide loads, a partial threadgroup
+            check(op, x[:, :401], -1)  # block, scalar loads
             check(op, x[:, :400].contiguous(), -1)  # block, 4-wide loads
             check(op, x, -1)  # partials + finalize
             check(op, x[:, :40].reshape(3, 5, 8), 1)  # dim moved last

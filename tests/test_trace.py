@@ -17,7 +17,7 @@ kernel void fill(device float* x [[buffer(0)]], uint i [[thread_position_in_grid
         mps_ext.softmax(torch.randn(3, 50), -1)
         lib.fill(x, group_size=32)
     assert t.kernels == [
-        mps_ext.KernelRecord("softmax_block_float_float", (3, 1, 1), (32, 1, 1), "simulator"),
+        mps_ext.KernelRecord("softmax_simd_float_float", (1, 1, 1), (256, 1, 1), "simulator"),
         mps_ext.KernelRecord("fill", (4, 1, 1), (32, 1, 1), "simulator"),
     ]
 
@@ -28,15 +28,15 @@ def test_nested_and_interleaved_traces():
         mps_ext.softmax(torch.randn(2, 8), -1)
         with mps_ext.trace() as inner:
             mps_ext.log_softmax(torch.randn(2, 8), -1)
-    assert inner.names == ["log_softmax_block_float_float"]
-    assert outer.names == ["softmax_block_float_float", "log_softmax_block_float_float"]
+    assert inner.names == ["log_softmax_simd_float_float"]
+    assert outer.names == ["softmax_simd_float_float", "log_softmax_simd_float_float"]
     a, b = mps_ext.trace(), mps_ext.trace()
     a.__enter__()
     b.__enter__()
     a.__exit__(None, None, None)  # closed before the trace opened after it
     mps_ext.softmax(torch.randn(2, 8), -1)
     b.__exit__(None, None, None)
-    assert a.kernels == [] and b.names == ["softmax_block_float_float"]
+    assert a.kernels == [] and b.names == ["softmax_simd_float_float"]
 
 
 def test_traces_on_two_threads():
@@ -58,4 +58,4 @@ def test_traces_on_two_threads():
     # Each trace holds both threads' kernels (traces see every thread), and
     # each got its own record list back.
     for names in results.values():
-        assert "softmax_block_float_float" in names and "softmax_finalize_float_float" in names
+        assert "softmax_simd_float_float" in names and "softmax_finalize_float_float" in names

@@ -17,8 +17,10 @@ namespace mps_ext::ops {
 
 namespace {
 
-// Rows up to this length stay in registers: 1024 threads x 4 elements.
-constexpr int64_t kBlockCols = 4096;
+// Rows up to this length are one SIMD group's (32 lanes x 4 elements), eight
+// rows per threadgroup; up to kBlockCols, a threadgroup's (1024 x 4).
+constexpr int64_t kSimdCols = 128, kBlockCols = 4096;
+constexpr uint32_t kRowsPerSimdGroup = 8;
 // Longer rows: chunks of 256 threads x 8 elements, one threadgroup each.
 constexpr uint32_t kSplitThreads = 256, kChunk = kSplitThreads * 8;
 constexpr uint32_t kStridedThreads = 256;
@@ -66,6 +68,11 @@ Plan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype, bool l
     return p;
   }
   q.rows = uint32_t(input.numel() / cols);
+  if (cols <= kSimdCols) {
+    p.steps.push_back({host_name(op, "simd", {in_dtype, out_dtype}), {ceil_div(q.rows, kRowsPerSimdGroup)},
+                       {32 * kRowsPerSimdGroup}});
+    return p;
+  }
   if (cols <= kBlockCols) {
     const uint32_t threads = std::clamp<uint32_t>(ceil_div(ceil_div(cols, 4), 32) * 32, 32, 1024);
     p.steps.push_back({host_name(op, "block", {in_dtype, out_dtype}), {q.rows}, {threads}});
