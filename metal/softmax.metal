@@ -59,6 +59,31 @@ inline float2 threadgroup_max_sum(float local_max, float local_sum, threadgroup 
   return float2(m, mps_ext::threadgroup_reduce<mps_ext::SumOp>(rescaled, scratch, sg, lane, simdgroups));
 }
 
+// Reductions over the threads that share a row: one SIMD group...
+struct SimdGroupReduce {
+  float maximum(float v) const { return simd_max(v); }
+  float total(float v) const { return simd_sum(v); }
+};
+
+// ... or a whole threadgroup.
+struct ThreadgroupReduce {
+  threadgroup float* scratch;
+  uint sg, lane, simdgroups;
+  float maximum(float v) const { return mps_ext::threadgroup_reduce<mps_ext::MaxOp>(v, scratch, sg, lane, simdgroups); }
+  float total(float v) const { return mps_ext::threadgroup_reduce<mps_ext::SumOp>(v, scratch, sg, lane, simdgroups); }
+};
+
+// A row held in registers, four elements per thread starting at `first`.
+template <typename Out, bool Log, typename In, typename Reduce>
+inline void softmax_in_registers(device const In* in, device Out* out, uint cols, uint first, bool vectorized,
+                                 Reduce reduce) {
+  const float4 v = load4(in, first, cols, vectorized);
+  const float m = reduce.maximum(max(max(v.x, v.y), max(v.z, v.w)));
+  const float4 e = float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m));
+  const float sum = reduce.total(e.x + e.y + e.z + e.w);
+  store4(out, first, cols, vectorized, Log ? v - m - log(sum) : e * (1.0f / sum));
+}
+
 template <typename In, typename Out, bool Log>
 kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buffer(1)]],
                           constant SoftmaxParams& p [[buffer(2)]], uint row [[threadgroup_position_in_grid]],
@@ -67,18 +92,8 @@ kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buff
                           uint simdgroups [[simdgroups_per_threadgroup]]) {
   threadgroup float scratch[32];
   const ulong base = ulong(row) * p.cols;
-  const uint first = tid * kPerThread;
-  const bool vectorized = p.vectorized != 0;
-  const float4 v = load4(x + base, first, p.cols, vectorized);
-
-  const float local_max = max(max(v.x, v.y), max(v.z, v.w));
-  const float m = mps_ext::threadgroup_reduce<mps_ext::MaxOp>(local_max, scratch, sg, lane, simdgroups);
-  const float4 e = float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m));
-  const float sum = mps_ext::threadgroup_reduce<mps_ext::SumOp>(e.x + e.y + e.z + e.w, scratch, sg, lane, simdgroups);
-
-  const float inv = 1.0f / sum;
-  const float4 out = Log ? v - m - log(sum) : e * inv;
-  store4(y + base, first, p.cols, vectorized, out);
+  softmax_in_registers<Out, Log>(x + base, y + base, p.cols, tid * kPerThread, p.vectorized != 0,
+                                 ThreadgroupReduce{scratch, sg, lane, simdgroups});
 }
 
 template <typename In, typename Out, bool Log>
@@ -89,14 +104,8 @@ kernel void softmax_simd(device const In* x [[buffer(0)]], device Out* y [[buffe
   const uint row = group * simdgroups + sg;
   if (row >= p.rows) return;  // a whole SIMD group leaves: no SIMD-group function is split
   const ulong base = ulong(row) * p.cols;
-  const uint first = lane * kPerThread;
-  const bool vectorized = p.vectorized != 0;
-  const float4 v = load4(x + base, first, p.cols, vectorized);
-  const float m = simd_max(max(max(v.x, v.y), max(v.z, v.w)));
-  const float4 e = float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m));
-  const float sum = simd_sum(e.x + e.y + e.z + e.w);
-  const float4 out = Log ? v - m - log(sum) : e * (1.0f / sum);
-  store4(y + base, first, p.cols, vectorized, out);
+  softmax_in_registers<Out, Log>(x + base, y + base, p.cols, lane * kPerThread, p.vectorized != 0,
+                                 SimdGroupReduce{});
 }
 
 // Pass 1 of long rows: the (max, sum of exp) of chunk `c` of each row.
