@@ -28,13 +28,20 @@ if not os.environ.get("CI") and (_absent := _missing()):
                 allow_module_level=True)
 
 
-def check_planted(tmp_path: Path, old: str, new: str, torch: str, sdk: str = "15") -> subprocess.CompletedProcess:
+def run_check(source: Path, torch: str, sdk: str = "15") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), "--torch", torch, "--sdk", sdk, str(source)],
+                          capture_output=True, text=True)
+
+
+def check_planted(tmp_path: Path, old: str, new: str, torch: str, sdk: str = "15",
+                  header: str | None = None) -> subprocess.CompletedProcess:
+    """Runs the check on a copy of the backend with old replaced by new (and
+    header, which new needs, included)."""
     source = BACKEND.read_text()
     assert source.count(old) == 1, f"the backend no longer contains {old!r}: plant the mistake elsewhere"
     planted = tmp_path / BACKEND.name
-    planted.write_text(source.replace(old, new))
-    return subprocess.run([sys.executable, str(TOOL), "--torch", torch, "--sdk", sdk, str(planted)],
-                          capture_output=True, text=True)
+    planted.write_text((f"#include <{header}>\n" if header else "") + source.replace(old, new))
+    return run_check(planted, torch, sdk)
 
 
 @pytest.mark.parametrize("torch", ["2.13.0", "2.14.1", "2.15.0"])
@@ -67,3 +74,17 @@ def test_leak_under_manual_reference_counting(tmp_path):
     result = check_planted(tmp_path, "      [options release];\n", "", "2.15.0")
     assert result.returncode == 1
     assert "Potential leak of an object stored into 'options'" in result.stdout
+
+
+def test_torch_function_not_exported(tmp_path):
+    # ATen/native/DispatchStub.h declares at::native::get_cpu_capability() without TORCH_API:
+    # it compiles and links, but no torch version's dylibs export it, so `import mps_ext`
+    # would fail on every Mac. (at::get_cpu_capability() of ATen/Version.h is exported.)
+    cores = '{"gpu cores", std::to_string(at::mps::MPSDevice::getInstance()->getCoreCount())},'
+    capability = '{"cpu capability", std::to_string(int(at::native::get_cpu_capability()))},'
+    result = check_planted(tmp_path, cores, cores + capability, "2.15.0", header="ATen/native/DispatchStub.h")
+    assert result.returncode == 1
+    assert f"FAILED link of {tmp_path / BACKEND.name} (torch 2.15.0, macOS 15 SDK)" in result.stdout
+    assert "at::native::get_cpu_capability()  [__ZN2at6native18get_cpu_capabilityEv]" in result.stdout
+    result = run_check(BACKEND, "2.15.0")
+    assert result.returncode == 0, result.stdout

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Compile mps_ext's macOS build on Linux, against the real macOS torch headers.
+"""Compile mps_ext's macOS build on Linux, against the real macOS torch wheels,
+and check that torch's dylibs export every torch symbol it uses.
 
 The Metal backend (csrc/metal/*.mm) and the portable sources it is linked
 with (csrc/**/*.cpp and what setup.py generates) are compiled as setup.py
@@ -19,17 +20,34 @@ the headers of that version's macOS arm64 wheel:
 Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and
 goes once through clang's static analyzer, which checks the retain/release
 balance of manual reference counting. Our files get -Wall -Wextra -Werror;
-torch's and Apple's headers are system headers. Nothing is linked or run:
-this catches what a compiler catches.
+torch's and Apple's headers are system headers.
+
+Each compile makes an arm64 Mach-O object (at -O0, so every torch function
+the code calls stays a call, whatever an optimizer would inline). The torch
+symbols an object leaves undefined, less those our other objects define,
+must be exported by that torch version's libc10, libtorch, libtorch_cpu or
+libtorch_python.dylib, the dylibs torch.utils.cpp_extension links an
+extension with. A function torch's headers declare but its dylibs do not
+export (one declared without TORCH_API, say) compiles, links (a Python
+extension is linked with -undefined dynamic_lookup on macOS) and then makes
+`import mps_ext` fail on every Mac with "symbol not found". Torch's symbols
+are the mangled names in its namespaces (c10, at, torch, caffe2) and the
+THP* globals of its Python bindings; its other global names are not checked,
+nor are the symbols of libc++, libSystem, the Objective-C runtime,
+Metal/Foundation and Python's C API, whose exports are not to be had here.
+Nothing is linked or run: what only ld64 or a Mac at run time would report
+is not caught.
 
     python tools/check_macos.py                check everything (the Python must
                                                have torch: setup.py generates sources)
-    python tools/check_macos.py --fetch-only   install clang, fetch the headers
+    python tools/check_macos.py --fetch-only   install clang and llvm, fetch the wheels
     python tools/check_macos.py --torch 2.13.0 --sdk 15 FILE...   these files only
 
-The wheels come from PyPI (sha256 checked) and only their headers are kept,
-in $MPS_EXT_CACHE_DIR/macos-headers (default ~/.cache/mps_ext). clang-19 and
-libc++-19-dev are installed with apt-get when missing.
+The wheels come from PyPI (sha256 checked). Kept of them are the headers and,
+for each of those dylibs, the sorted list of the symbols it exports, in
+$MPS_EXT_CACHE_DIR/macos-v2 (default ~/.cache/mps_ext). clang-19,
+libc++-19-dev and llvm-19 (llvm-nm, llvm-cxxfilt) are installed with apt-get
+when missing.
 """
 
 import argparse
@@ -46,7 +64,7 @@ import time
 import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -55,45 +73,62 @@ STUBS = ROOT / "tools" / "macos_sdk_stubs"
 GENERATED = ROOT / "build" / "mtlsim"
 
 TORCH_VERSIONS = ("2.13.0", "2.14.1", "2.15.0")
+TORCH_WHEEL = "-cp311-cp311-macosx_14_0_arm64.whl"
+# What torch.utils.cpp_extension links an extension with: what may resolve its torch symbols.
+TORCH_DYLIBS = ("libc10", "libtorch", "libtorch_cpu", "libtorch_python")
 DEPLOYMENT = (14, 0)  # the oldest macOS mps_ext supports
 SDKS = {"14": 140000, "15": 150000}  # __MAC_OS_X_VERSION_MAX_ALLOWED of each SDK
 # ziglang 0.14.1 carries the usr/include of the macOS 15.1 SDK; it is built on
 # LLVM 19, like the clang used here.
-SDK_WHEEL = ("ziglang", "0.14.1", "manylinux_2_12_x86_64", "ziglang/lib/libc/include/any-macos-any/")
+SDK_WHEEL = ("ziglang", "0.14.1", "manylinux_2_12_x86_64")
+SDK_INCLUDE = "ziglang/lib/libc/include/any-macos-any/"
 
 CLANG = "clang++-19"
 LIBCXX = Path("/usr/lib/llvm-19/include/c++/v1")
-APT_PACKAGES = ("clang-19", "libc++-19-dev")
+# From llvm-19, whose libLLVM clang-19 brings already; llvm-nm reads Mach-O.
+NM, CXXFILT = "llvm-nm-19", "llvm-cxxfilt-19"
+APT_PACKAGES = ("clang-19", "libc++-19-dev", "llvm-19")
 
-# -fsyntax-only does not assemble: sources with inline assembly are compiled.
-ASSEMBLY = re.compile(r"\b(asm|__asm__)\s*(volatile\s*)?\(")
+# A cache of another layout than this one's is fetched anew (v2 added the export lists).
+CACHE_LAYOUT = "macos-v2"
+
+# Torch's symbols, as Mach-O spells them (with a leading _): the mangled names
+# whose outermost scope is one of its namespaces (functions, data, vtables,
+# typeinfo), and the THP* globals of its Python bindings (THPVariableClass,
+# THPVariable_Wrap).
+TORCH_SYMBOL = re.compile(r"__Z(T[VIST])?N[rVKRO]*(3c10|2at|5torch|6caffe2)|__Z\d+THP|_THP")
 
 
 def cache_dir() -> Path:
     base = os.environ.get("MPS_EXT_CACHE_DIR") or Path.home() / ".cache" / "mps_ext"
-    return Path(base) / "macos-headers"
+    return Path(base) / CACHE_LAYOUT
 
 
-def torch_headers(version: str) -> Path:
-    return cache_dir() / version
+def torch_cache(version: str) -> Path:
+    """The headers (include/) and export lists (exports/) of a torch version's macOS wheel."""
+    return cache_dir() / f"torch-{version}"
 
 
 def sdk_headers() -> Path:
     return cache_dir() / "sdk-15.1"
 
 
+def tools_missing() -> bool:
+    return not (shutil.which(CLANG) and LIBCXX.is_dir() and shutil.which(NM) and shutil.which(CXXFILT))
+
+
 def missing(versions=TORCH_VERSIONS) -> list[str]:
     """What the check needs and this machine does not have yet."""
-    out = [f"{CLANG} and {LIBCXX}"] if not (shutil.which(CLANG) and LIBCXX.is_dir()) else []
-    out += [f"the headers of torch {v} for macOS" for v in versions if not torch_headers(v).is_dir()]
+    out = [f"{CLANG}, libc++ and {NM}"] if tools_missing() else []
+    out += [f"the headers and exports of torch {v} for macOS" for v in versions if not torch_cache(v).is_dir()]
     return out + (["the macOS SDK's C headers"] if not sdk_headers().is_dir() else [])
 
 
-def install_clang() -> None:
-    if shutil.which(CLANG) and LIBCXX.is_dir():
+def install_tools() -> None:
+    if not tools_missing():
         return
     if os.geteuid() != 0:
-        sys.exit(f"check_macos: needs {CLANG} and libc++: apt-get install {' '.join(APT_PACKAGES)}")
+        sys.exit(f"check_macos: needs {CLANG}, libc++ and {NM}: apt-get install {' '.join(APT_PACKAGES)}")
     print(f"check_macos: installing {' '.join(APT_PACKAGES)}", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", *APT_PACKAGES]):
@@ -102,8 +137,37 @@ def install_clang() -> None:
             sys.exit(f"check_macos: {' '.join(cmd)} failed:\n{result.stdout}{result.stderr}")
 
 
-def fetch(package: str, version: str, wheel_tag: str, prefix: str, dest: Path) -> None:
-    """Extracts the files under `prefix` of a wheel from PyPI into dest."""
+def nm(path: Path, *options: str) -> list[str]:
+    return subprocess.run([NM, *options, str(path)], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
+def extract(wheel: zipfile.ZipFile, out: Path, prefix: str) -> None:
+    """The files under prefix, into out."""
+    for member in wheel.infolist():
+        if member.filename.startswith(prefix) and not member.is_dir():
+            target = out / member.filename[len(prefix):]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with wheel.open(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+
+
+def unpack_torch(wheel: zipfile.ZipFile, out: Path) -> None:
+    """Torch's headers, and what each of TORCH_DYLIBS exports (its symbol
+    table's external definitions), sorted, one a line: the dylibs themselves
+    are not kept (libtorch_cpu alone is 400 MB)."""
+    extract(wheel, out / "include", "torch/include/")
+    (out / "exports").mkdir()
+    for name in TORCH_DYLIBS:
+        dylib = out / f"{name}.dylib"
+        with wheel.open(f"torch/lib/{name}.dylib") as src, open(dylib, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        exports = sorted(nm(dylib, "--extern-only", "--defined-only", "--format=just-symbols"))
+        (out / "exports" / f"{name}.txt").write_text("".join(f"{symbol}\n" for symbol in exports))
+        dylib.unlink()
+
+
+def fetch(package: str, version: str, wheel_tag: str, dest: Path, unpack) -> None:
+    """Downloads a wheel from PyPI and makes dest of what unpack(wheel, out) keeps of it."""
     if dest.is_dir():
         return
     index = f"https://pypi.org/pypi/{package}/json"
@@ -122,14 +186,9 @@ def fetch(package: str, version: str, wheel_tag: str, prefix: str, dest: Path) -
                 f.write(chunk)
         if digest.hexdigest() != wheel["digests"]["sha256"]:
             sys.exit(f"check_macos: {wheel['filename']}: sha256 differs from PyPI's")
-        out = Path(tmp) / "headers"
+        out = Path(tmp) / "kept"
         with zipfile.ZipFile(path) as z:
-            for member in z.infolist():
-                if member.filename.startswith(prefix) and not member.is_dir():
-                    target = out / member.filename[len(prefix):]
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    with z.open(member) as src, open(target, "wb") as dst:
-                        shutil.copyfileobj(src, dst)
+            unpack(z, out)
         try:
             out.rename(dest)  # whole or not at all: an interrupted fetch leaves no cache
         except OSError:
@@ -138,9 +197,9 @@ def fetch(package: str, version: str, wheel_tag: str, prefix: str, dest: Path) -
 
 
 def fetch_all(versions) -> None:
-    install_clang()
-    jobs = [("torch", v, "-cp311-cp311-macosx_14_0_arm64.whl", "torch/include/", torch_headers(v)) for v in versions]
-    jobs.append((*SDK_WHEEL, sdk_headers()))
+    install_tools()
+    jobs = [("torch", v, TORCH_WHEEL, torch_cache(v), unpack_torch) for v in versions]
+    jobs.append((*SDK_WHEEL, sdk_headers(), partial(extract, prefix=SDK_INCLUDE)))
     with ThreadPoolExecutor(len(jobs)) as pool:
         for job in [pool.submit(fetch, *j) for j in jobs]:
             job.result()
@@ -163,19 +222,19 @@ def clang_include() -> Path:
     return Path(resource.strip()) / "include"
 
 
-def compile_command(source: Path, torch_include: Path, sdk: str, analyze: bool = False) -> list[str]:
+def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | None) -> list[str]:
+    """Compiles source into the object obj, or, without obj, through clang's
+    static analyzer (retain/release balance under manual reference counting)."""
     system = [
         LIBCXX, clang_include(), sdk_headers(), STUBS,
         torch_include, torch_include / "torch" / "csrc" / "api" / "include", sysconfig.get_paths()["include"],
     ]
     ours = [ROOT / "csrc", ROOT / "csrc" / "sim" / "include", ROOT / "metal" / "include"]
     major, minor = DEPLOYMENT
-    if analyze:  # clang's static analyzer: retain/release balance under manual reference counting
+    if obj is None:
         output = ["--analyze", "-Xclang", "-analyzer-werror", "-o", os.devnull]
-    elif ASSEMBLY.search(source.read_text()):
-        output = ["-c", "-o", os.devnull]
-    else:
-        output = ["-fsyntax-only"]
+    else:  # -O0: every torch function the code calls stays a call, to be looked up in torch's exports
+        output = ["-c", "-O0", "-o", str(obj)]
     return [
         CLANG, "-target", f"arm64-apple-macos{major}.{minor}", "-std=c++20", "-nostdinc", "-nostdinc++",
         *[a for d in system for a in ("-isystem", str(d))], *[a for d in ours for a in ("-I", str(d))],
@@ -189,34 +248,77 @@ def compile_command(source: Path, torch_include: Path, sdk: str, analyze: bool =
     ]
 
 
+def symbols(obj: Path) -> tuple[set[str], set[str]]:
+    """The external symbols an object defines, and those it leaves undefined."""
+    defined, undefined = set(), set()
+    for line in nm(obj, "--extern-only", "--format=posix"):  # name, type, value, size
+        name, kind = line.split()[:2]
+        (undefined if kind == "U" else defined).add(name)
+    return defined, undefined
+
+
+def torch_exports(version: str) -> set[str]:
+    return {s for name in TORCH_DYLIBS for s in (torch_cache(version) / "exports" / f"{name}.txt").read_text().split()}
+
+
+def demangle(names: list[str]) -> list[str]:
+    """C++ names as the code spells them (Mach-O puts a _ before the mangled name)."""
+    result = subprocess.run([CXXFILT, "--strip-underscore"], input="\n".join(names), capture_output=True, text=True,
+                            check=True)
+    return result.stdout.splitlines()
+
+
+def unexported(undefined: set[str], ours: set[str], exports: set[str]) -> list[str]:
+    """The torch symbols an object uses that neither the extension defines nor torch exports."""
+    return sorted(s for s in undefined if TORCH_SYMBOL.match(s) and s not in ours and s not in exports)
+
+
 def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     """Every source with every torch version; Objective-C++ with every SDK
     (only it has SDK-dependent code), the rest with the newest; and
-    Objective-C++ through the static analyzer once."""
+    Objective-C++ through the static analyzer once. A compile fails too when
+    its object uses a torch symbol that neither our objects (of that torch
+    version) define nor torch's dylibs export."""
     jobs = [(s, v, sdk, False) for v in versions for s in sources
             for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
     jobs += [(s, versions[-1], sdks[-1], True) for s in sources if s.suffix == ".mm"]
 
-    def run(job):
-        source, version, sdk, analyze = job
-        cmd = compile_command(source, torch_headers(version), sdk, analyze)
-        return job, subprocess.run(cmd, capture_output=True, text=True)
+    with tempfile.TemporaryDirectory() as objects:
+        def run(numbered):
+            i, (source, version, sdk, analyze) = numbered
+            obj = None if analyze else Path(objects) / f"{i}.o"
+            result = subprocess.run(compile_command(source, torch_cache(version) / "include", sdk, obj),
+                                    capture_output=True, text=True)
+            return result, (symbols(obj) if obj and not result.returncode else (set(), set()))
+
+        with ThreadPoolExecutor(os.cpu_count()) as pool:
+            results = list(pool.map(run, enumerate(jobs)))
+
+    ours = {v: set() for v in versions}  # our namespaces, and what of torch's headers is inline
+    for (_, version, _, _), (_, (defined, _)) in zip(jobs, results):
+        ours[version] |= defined
+    exports = {v: torch_exports(v) for v in versions}
 
     failed = 0
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        for (source, version, sdk, analyze), result in pool.map(run, jobs):
-            if result.returncode:
-                failed += 1
-                name = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
-                what = "static analysis" if analyze else "compile"
-                print(f"FAILED {what} of {name} (torch {version}, macOS {sdk} SDK):\n{result.stdout}{result.stderr}",
-                      flush=True)
+    for (source, version, sdk, analyze), (result, (_, undefined)) in zip(jobs, results):
+        name = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
+        where = f"{name} (torch {version}, macOS {sdk} SDK)"
+        if result.returncode:
+            failed += 1
+            what = "static analysis" if analyze else "compile"
+            print(f"FAILED {what} of {where}:\n{result.stdout}{result.stderr}", flush=True)
+        elif missing_symbols := unexported(undefined, ours[version], exports[version]):
+            failed += 1
+            listed = "".join(f"  {d}  [{s}]\n" for s, d in zip(missing_symbols, demangle(missing_symbols)))
+            print(f"FAILED link of {where}: `import mps_ext` would fail on a Mac (\"symbol not found\"): "
+                  f"torch {version}'s {', '.join(TORCH_DYLIBS)} do not export\n{listed}", end="", flush=True)
     return len(jobs) - failed, failed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--fetch-only", action="store_true", help="install clang and fetch the headers, check nothing")
+    parser.add_argument("--fetch-only", action="store_true",
+                        help="install clang and llvm, fetch the headers and export lists, check nothing")
     parser.add_argument("--torch", action="append", choices=TORCH_VERSIONS, help="torch version (default: all)")
     parser.add_argument("--sdk", action="append", choices=list(SDKS), help="macOS SDK of .mm files (default: all)")
     parser.add_argument("files", nargs="*", type=Path, help="sources to check (default: the whole macOS build)")
