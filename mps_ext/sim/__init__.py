@@ -25,7 +25,6 @@ import torch
 from .. import _C
 from . import compiler
 from .compiler import CompileError
-from .translate import TranslateError
 
 __all__ = [
     "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
@@ -35,7 +34,6 @@ __all__ = [
 SimulatorError = _C.SimulatorError
 MAX_THREADS_PER_THREADGROUP = 1024
 THREAD_EXECUTION_WIDTH = 32
-MAX_THREADGROUP_MEMORY = 32 * 1024
 
 
 class DivergenceWarning(RuntimeWarning):

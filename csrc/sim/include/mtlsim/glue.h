@@ -89,8 +89,6 @@ inline P attr_value(uint32_t v) {
   return static_cast<std::remove_cv_t<P>>(v);
 }
 
-inline Dim3 linear(uint32_t v) { return Dim3{v, 0, 0}; }
-
 inline uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
 }  // namespace detail
