@@ -40,7 +40,10 @@ _METAL_HEADERS = (
     "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat",
 )
 
-_ADDRESS_SPACES = {"device", "thread", "threadgroup", "threadgroup_imageblock", "ray_data", "object_data"}
+# Address spaces as the simulator's headers spell them (mtlsim/address_space.h): distinct
+# types when compiled with MTLSIM_ADDRESS_SPACES; `thread` is the default space.
+_ADDRESS_SPACES = {"device": "MTLSIM_DEVICE", "threadgroup": "MTLSIM_THREADGROUP", "thread": None,
+                   "threadgroup_imageblock": None, "ray_data": None, "object_data": None}
 # Attributes that mean the same in C++ and stay.
 _STANDARD_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard", "noreturn", "deprecated"}
 # MSL: these must all be scalars, or vectors of one size, within a kernel.
@@ -471,8 +474,7 @@ class _Translator:
             elif s in (">", ">>"):
                 angle -= len(s)
             elif angle == 0 and s in ("*", "&", "&&"):
-                self.replace(i, [])  # a pointer or reference into threadgroup memory: thread-private
-                return i + 1
+                return i + 1  # a pointer or reference into threadgroup memory: thread-private
             elif angle == 0 and s in ("[", ",", "=", ";") and first_name is None:
                 first_name = k - 1
                 break
@@ -525,11 +527,13 @@ class _Translator:
                 elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
                     self.replace(i, [])
                 elif tok.text in _ADDRESS_SPACES:
-                    self.replace(i, [])
+                    spelling = _ADDRESS_SPACES[tok.text]
+                    self.replace(i, [self.new(spelling, i, "id")] if spelling else [])
                 elif tok.text == "constant":
                     # `constant const T` would be a duplicate const in C++.
                     dup = self.text(i - 1) == "const" or self.text(i + 1) == "const"
-                    self.replace(i, [] if dup else [self.new("const", i, "id")])
+                    self.replace(i, [self.new("MTLSIM_CONSTANT", i, "id")] +
+                                 ([] if dup else [self.new("const", i, "id")]))
             elif tok.kind == "num":
                 self.replace(i, _number(tok))
             i += 1

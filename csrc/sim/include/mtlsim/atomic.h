@@ -44,18 +44,31 @@ namespace mtlsim::atomics {
 template <class T>
 using Bits = std::conditional_t<sizeof(T) == 8, uint64_t, uint32_t>;
 
-// Keeps the value argument out of deduction: `atomic_fetch_add_explicit(&u, 1, ...)`
-// on an atomic_uint passes an int, as MSL allows.
-template <class T>
-struct same {
+// The value type of an atomic object A (`device atomic_uint`, `volatile
+// threadgroup atomic<float>`...). MSL has atomic functions for device and
+// threadgroup memory only; with address spaces erased every object qualifies.
+template <class A> struct value_of {};
+template <class T> struct value_of<metal::atomic<T>> {
   using type = T;
 };
-template <class T>
-using same_t = typename same<T>::type;
+template <class A>
+using value_t = std::enable_if_t<
+#if defined(MTLSIM_ADDRESS_SPACES)
+    space_v<A> == Space::device || space_v<A> == Space::threadgroup,
+#else
+    true,
+#endif
+    typename value_of<std::remove_cv_t<typename space_of<A>::generic>>::type>;
 
-template <class T>
-Bits<T>* bits(volatile metal::atomic<T>* a) {
-  return reinterpret_cast<Bits<T>*>(const_cast<metal::atomic<T>*>(a));
+// Keeps T out of deduction (it comes from the atomic object).
+template <class T> struct arg {
+  using type = T;
+};
+template <class T> using arg_t = typename arg<T>::type;
+
+template <class A>
+Bits<value_t<A>>* bits(A* a) {
+  return (Bits<value_t<A>>*)a;
 }
 
 template <class T>
@@ -73,8 +86,8 @@ Bits<T> to_bits(T v) {
 }
 
 // Read-modify-write through compare-exchange, for float and for min/max.
-template <class T, class F>
-T update(volatile metal::atomic<T>* a, F f) {
+template <class A, class F, class T = value_t<A>>
+T update(A* a, F f) {
   Bits<T>* p = bits(a);
   Bits<T> old = __atomic_load_n(p, __ATOMIC_RELAXED);
   while (!__atomic_compare_exchange_n(p, &old, to_bits(f(from_bits<T>(old))), true,
@@ -87,26 +100,27 @@ T update(volatile metal::atomic<T>* a, F f) {
 
 namespace metal {
 
-template <class T>
-void atomic_store_explicit(volatile atomic<T>* a, mtlsim::atomics::same_t<T> v, memory_order) {
+// The value argument is not deduced: `atomic_fetch_add_explicit(&u, 1, ...)` on
+// an atomic_uint passes an int, as MSL allows.
+template <class A, class T = mtlsim::atomics::value_t<A>>
+void atomic_store_explicit(A* a, mtlsim::atomics::arg_t<T> v, memory_order) {
   __atomic_store_n(mtlsim::atomics::bits(a), mtlsim::atomics::to_bits(v), __ATOMIC_RELAXED);
 }
 
-template <class T>
-T atomic_load_explicit(volatile atomic<T>* a, memory_order) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+T atomic_load_explicit(A* a, memory_order) {
   mtlsim_rt->yield();
   return mtlsim::atomics::from_bits<T>(__atomic_load_n(mtlsim::atomics::bits(a), __ATOMIC_RELAXED));
 }
 
-template <class T>
-T atomic_exchange_explicit(volatile atomic<T>* a, mtlsim::atomics::same_t<T> v, memory_order) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+T atomic_exchange_explicit(A* a, mtlsim::atomics::arg_t<T> v, memory_order) {
   return mtlsim::atomics::from_bits<T>(
       __atomic_exchange_n(mtlsim::atomics::bits(a), mtlsim::atomics::to_bits(v), __ATOMIC_RELAXED));
 }
 
-template <class T>
-bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* a, T* expected, mtlsim::atomics::same_t<T> desired, memory_order,
-                                           memory_order) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+bool atomic_compare_exchange_weak_explicit(A* a, mtlsim::atomics::arg_t<T>* expected, mtlsim::atomics::arg_t<T> desired, memory_order, memory_order) {
   auto want = mtlsim::atomics::to_bits(*expected);
   if (__atomic_compare_exchange_n(mtlsim::atomics::bits(a), &want, mtlsim::atomics::to_bits(desired),
                                   false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
@@ -116,20 +130,19 @@ bool atomic_compare_exchange_weak_explicit(volatile atomic<T>* a, T* expected, m
   return false;
 }
 
-template <class T>
-bool atomic_compare_exchange_strong_explicit(volatile atomic<T>* a, T* expected, mtlsim::atomics::same_t<T> desired,
-                                             memory_order s, memory_order f) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+bool atomic_compare_exchange_strong_explicit(A* a, mtlsim::atomics::arg_t<T>* expected, mtlsim::atomics::arg_t<T> desired, memory_order s, memory_order f) {
   return atomic_compare_exchange_weak_explicit(a, expected, desired, s, f);
 }
 
-#define MTLSIM_ATOMIC_RMW(name, builtin, expr)                                              \
-  template <class T>                                                                        \
-  T name(volatile atomic<T>* a, mtlsim::atomics::same_t<T> v, memory_order) {                                        \
-    if constexpr (is_integral_v<T> && !is_same_v<T, bool>) {                                \
+#define MTLSIM_ATOMIC_RMW(name, builtin, expr)                                                    \
+  template <class A, class T = mtlsim::atomics::value_t<A>>                                       \
+  T name(A* a, mtlsim::atomics::arg_t<T> v, memory_order) {                                                               \
+    if constexpr (is_integral_v<T> && !is_same_v<T, bool>) {                                      \
       return T(builtin(mtlsim::atomics::bits(a), mtlsim::atomics::Bits<T>(v), __ATOMIC_RELAXED)); \
-    } else {                                                                                \
-      return mtlsim::atomics::update(a, [v](T x) { return T(expr); });                      \
-    }                                                                                       \
+    } else {                                                                                      \
+      return mtlsim::atomics::update(a, [v](T x) { return T(expr); });                            \
+    }                                                                                             \
   }
 MTLSIM_ATOMIC_RMW(atomic_fetch_add_explicit, __atomic_fetch_add, x + v)
 MTLSIM_ATOMIC_RMW(atomic_fetch_sub_explicit, __atomic_fetch_sub, x - v)
@@ -139,12 +152,12 @@ MTLSIM_ATOMIC_RMW(atomic_fetch_xor_explicit, __atomic_fetch_xor, x ^ v)
 #undef MTLSIM_ATOMIC_RMW
 
 // min/max compare as T (signed or float), not as raw bits.
-template <class T>
-T atomic_fetch_min_explicit(volatile atomic<T>* a, mtlsim::atomics::same_t<T> v, memory_order) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+T atomic_fetch_min_explicit(A* a, mtlsim::atomics::arg_t<T> v, memory_order) {
   return mtlsim::atomics::update(a, [v](T x) { return v < x ? v : x; });
 }
-template <class T>
-T atomic_fetch_max_explicit(volatile atomic<T>* a, mtlsim::atomics::same_t<T> v, memory_order) {
+template <class A, class T = mtlsim::atomics::value_t<A>>
+T atomic_fetch_max_explicit(A* a, mtlsim::atomics::arg_t<T> v, memory_order) {
   return mtlsim::atomics::update(a, [v](T x) { return v > x ? v : x; });
 }
 

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "mtlsim/abi.h"
+#include "mtlsim/address_space.h"
 #include "mtlsim/vec.h"
 
 // Set once per binary: by the runtime inside the extension, by the generated
@@ -36,9 +37,9 @@ namespace mtlsim {
 
 // `threadgroup T name;` inside a kernel becomes a reference to this.
 template <class T>
-inline T& threadgroup_var(uint32_t id, const Site& site) {
+inline MTLSIM_THREADGROUP T& threadgroup_var(uint32_t id, const Site& site) {
   static_assert(std::is_trivially_destructible_v<T>, "threadgroup variables are raw memory");
-  return *static_cast<T*>(mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site));
+  return *(MTLSIM_THREADGROUP T*)mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site);
 }
 
 // reinterpret_cast in kernels (the translator routes them here): a pointer
@@ -49,9 +50,9 @@ template <class To, class From>
 To aligned_cast(From&& from, MTLSIM_CALLER) {
   using F = std::remove_reference_t<From>;
   if constexpr (std::is_pointer_v<To> && std::is_pointer_v<F>) {
-    using T = std::remove_cv_t<std::remove_pointer_t<To>>;
+    using T = value_type_t<std::remove_pointer_t<To>>;
     if constexpr (!std::is_void_v<T>) {
-      const auto address = reinterpret_cast<uintptr_t>(from);
+      const auto address = (uintptr_t)from;
       if (address % alignof(T)) {
         char message[160];
         snprintf(message, sizeof message,
@@ -100,13 +101,14 @@ struct BufferArg {
   static P get(const ThreadCtx* c, const Site& site) {
     void* p = c->dispatch->buffers[I];
     if (!p) fail_slot("buffer", I, "is not bound", site);
+    // C-style casts: from the runtime's generic pointers into the parameter's address space.
     if constexpr (std::is_pointer_v<P>) {
-      return static_cast<P>(p);
+      return (P)p;
     } else {
-      using T = std::remove_cv_t<std::remove_reference_t<P>>;
+      using T = std::remove_reference_t<P>;
       if (c->dispatch->buffer_sizes[I] < sizeof(T))
         fail_slot("buffer", I, "is bound to fewer bytes than its type needs", site);
-      return *static_cast<T*>(p);
+      return *(T*)p;
     }
   }
 };
@@ -118,7 +120,7 @@ struct ThreadgroupArg {
     static_assert(std::is_pointer_v<P>, "[[threadgroup(n)]] parameters are pointers");
     void* p = c->group->buffers[I];
     if (!p) fail_slot("threadgroup", I, "has no threadgroup memory length set", site);
-    return static_cast<P>(p);
+    return (P)p;
   }
 };
 

@@ -14,6 +14,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "address_space.h"
+
 #ifdef __CUDACC__
 #define MTLSIM_HD __host__ __device__
 #else
@@ -50,8 +52,9 @@ template <class T> struct is_small_float : std::false_type {};
 template <class F> struct is_small_float<small_float<F>> : std::true_type {};
 template <class T> constexpr bool is_small_float_v = is_small_float<T>::value;
 
-// Anything MSL treats as an arithmetic scalar.
-template <class T> constexpr bool is_num_v = std::is_arithmetic_v<T> || is_small_float_v<T>;
+// Anything MSL treats as an arithmetic scalar, in any address space.
+template <class T> constexpr bool is_num_v =
+    std::is_arithmetic_v<mtlsim::value_type_t<T>> || is_small_float_v<mtlsim::value_type_t<T>>;
 
 // Round-to-nearest-even of an IEEE binary value (Mant fraction bits, exponent
 // bias Bias, stored in U) to binary16. NaNs are quieted, keeping the top payload
@@ -118,7 +121,8 @@ MTLSIM_HD constexpr float from_bits(bfloat16, uint16_t b) { return __builtin_bit
 // Result type of a binary operation involving half/bfloat: the 16-bit type
 // absorbs integers, anything wider (or the other 16-bit type) gives float.
 template <class A, class B>
-using mixed_t = std::enable_if_t<(is_small_float_v<A> || is_small_float_v<B>) && is_num_v<A> && is_num_v<B>,
+using mixed_t = std::enable_if_t<(is_small_float_v<A> || is_small_float_v<B>) && is_num_v<A> && is_num_v<B> &&
+                                     mtlsim::all_thread_v<A, B>,
                                  std::conditional_t<std::is_same_v<A, B>, A,
                                  std::conditional_t<std::is_integral_v<A>, B,
                                  std::conditional_t<std::is_integral_v<B>, A, float>>>>;
@@ -140,6 +144,8 @@ template <class Format> struct small_float {
   MTLSIM_HD static constexpr small_float from_bits(uint16_t b) { return small_float(detail::bits_tag{}, b); }
 
   MTLSIM_HD constexpr operator float() const { return detail::from_bits(Format{}, bits); }
+  MTLSIM_SPACE_MEMBERS(small_float)
+  MTLSIM_SPACE_CONVERSION(float)
 
   MTLSIM_HD constexpr small_float operator+() const { return *this; }
   MTLSIM_HD constexpr small_float operator-() const { return from_bits(uint16_t(bits ^ 0x8000)); }
@@ -149,7 +155,8 @@ template <class Format> struct small_float {
   MTLSIM_HD constexpr small_float operator--(int) { small_float t = *this; --*this; return t; }
 
 #define MTLSIM_SMALL_COMPOUND(op) \
-  template <class B> MTLSIM_HD constexpr small_float& operator op##=(const B& b) { return *this = small_float(*this op b); }
+  template <class B, std::enable_if_t<mtlsim::all_thread_v<B>, int> = 0>                                  \
+  MTLSIM_HD constexpr small_float& operator op##=(const B& b) { return *this = small_float(*this op b); }
   MTLSIM_SMALL_COMPOUND(+) MTLSIM_SMALL_COMPOUND(-) MTLSIM_SMALL_COMPOUND(*) MTLSIM_SMALL_COMPOUND(/)
 #undef MTLSIM_SMALL_COMPOUND
 };

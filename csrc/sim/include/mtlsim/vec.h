@@ -29,7 +29,7 @@ template <class T, int N> struct vec_info<vec<T, N>> {
 template <class V> struct vec_info<packed<V>> : vec_info<V> {};
 template <class V, int... I> struct vec_info<swizzle<V, I...>> : vec_info<V> {};
 
-template <class X> using info = vec_info<std::remove_cv_t<std::remove_reference_t<X>>>;
+template <class X> using info = vec_info<mtlsim::value_type_t<X>>;
 template <class X> using value_t = typename info<X>::value;
 template <class X> using elem_t = typename info<X>::elem;
 template <class X> constexpr int lanes_v = info<X>::lanes;
@@ -135,6 +135,8 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
 
   MTLSIM_HD constexpr T& operator[](int i) { return this->e[i]; }
   MTLSIM_HD constexpr const T& operator[](int i) const { return this->e[i]; }
+  MTLSIM_SPACE_MEMBERS(vec)
+  MTLSIM_SPACE_INDEX
 
  private:
   using bool_vec = vec<bool, N>;
@@ -206,6 +208,9 @@ template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::la
     for (int i = 0; i < detail::lanes_v<V>; ++i) v[i] = this->e[i];
     return v;
   }
+  MTLSIM_SPACE_MEMBERS(packed)
+  MTLSIM_SPACE_CONVERSION(V)
+  MTLSIM_SPACE_INDEX
 
  private:
   template <int... I>
@@ -241,6 +246,8 @@ template <class V, int... I> struct swizzle {
     ((e[I] = v[k++]), ...);
     return *this;
   }
+  MTLSIM_SPACE_MEMBERS(swizzle)
+  MTLSIM_SPACE_CONVERSION(V)
 };
 
 namespace detail {
@@ -249,8 +256,8 @@ template <class V> struct is_proxy<packed<V>> : std::true_type {};
 template <class V, int... I> struct is_proxy<swizzle<V, I...>> : std::true_type {};
 }  // namespace detail
 
-#define MTLSIM_PROXY_COMPOUND(op)                                                     \
-  template <class P, class X, std::enable_if_t<detail::is_proxy<P>::value, int> = 0> \
+#define MTLSIM_PROXY_COMPOUND(op)                                                                                 \
+  template <class P, class X, std::enable_if_t<detail::is_proxy<P>::value && mtlsim::all_thread_v<X>, int> = 0> \
   MTLSIM_HD constexpr P& operator op##=(P& p, const X& x) { return p = detail::value_t<P>(detail::value_t<P>(p) op x); }
 MTLSIM_PROXY_COMPOUND(+) MTLSIM_PROXY_COMPOUND(-) MTLSIM_PROXY_COMPOUND(*) MTLSIM_PROXY_COMPOUND(/)
 MTLSIM_PROXY_COMPOUND(%) MTLSIM_PROXY_COMPOUND(&) MTLSIM_PROXY_COMPOUND(|) MTLSIM_PROXY_COMPOUND(^)
@@ -333,6 +340,52 @@ MTLSIM_STORAGE(2, (x, y), (r, g))
 MTLSIM_STORAGE(3, (x, y, z), (r, g, b))
 MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a))
 }  // namespace detail
+
+// ------------------------------------------------------ values in address spaces
+#if defined(MTLSIM_ADDRESS_SPACES)
+// Operators on half, bfloat, vectors and swizzles in device, constant or
+// threadgroup memory: the operands as thread-space references (a copy, in
+// MSL terms), then the usual operator.
+namespace detail {
+template <class X> struct is_value_class : std::false_type {};
+template <class F> struct is_value_class<small_float<F>> : std::true_type {};
+template <class T, int N> struct is_value_class<vec<T, N>> : std::true_type {};
+template <class V> struct is_value_class<packed<V>> : std::true_type {};
+template <class V, int... I> struct is_value_class<swizzle<V, I...>> : std::true_type {};
+template <class X> constexpr bool spaced_value_v = mtlsim::in_space_v<X> && is_value_class<mtlsim::value_type_t<X>>::value;
+}  // namespace detail
+
+#define MTLSIM_SPACE_BINARY(op)                                                                                \
+  template <class A, class B, std::enable_if_t<detail::spaced_value_v<A> || detail::spaced_value_v<B>, int> = 0> \
+  MTLSIM_HD constexpr auto operator op(const A& a, const B& b)                                                  \
+      -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b)) {                                             \
+    return mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                      \
+  }
+#define MTLSIM_SPACE_COMPOUND(op)                                                                              \
+  template <class A, class B, std::enable_if_t<detail::spaced_value_v<A> || detail::spaced_value_v<B>, int> = 0> \
+  MTLSIM_HD constexpr auto operator op(A& a, const B& b)                                                        \
+      -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b), a) {                                          \
+    mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                             \
+    return a;                                                                                                   \
+  }
+#define MTLSIM_SPACE_UNARY(op)                                                                                 \
+  template <class A, std::enable_if_t<detail::spaced_value_v<A>, int> = 0>                                      \
+  MTLSIM_HD constexpr auto operator op(const A& a) -> decltype(op mtlsim::as_generic(a)) {                     \
+    return op mtlsim::as_generic(a);                                                                           \
+  }
+MTLSIM_SPACE_BINARY(+) MTLSIM_SPACE_BINARY(-) MTLSIM_SPACE_BINARY(*) MTLSIM_SPACE_BINARY(/)
+MTLSIM_SPACE_BINARY(%) MTLSIM_SPACE_BINARY(&) MTLSIM_SPACE_BINARY(|) MTLSIM_SPACE_BINARY(^)
+MTLSIM_SPACE_BINARY(<<) MTLSIM_SPACE_BINARY(>>) MTLSIM_SPACE_BINARY(==) MTLSIM_SPACE_BINARY(!=)
+MTLSIM_SPACE_BINARY(<) MTLSIM_SPACE_BINARY(<=) MTLSIM_SPACE_BINARY(>) MTLSIM_SPACE_BINARY(>=)
+MTLSIM_SPACE_BINARY(&&) MTLSIM_SPACE_BINARY(||)
+MTLSIM_SPACE_COMPOUND(+=) MTLSIM_SPACE_COMPOUND(-=) MTLSIM_SPACE_COMPOUND(*=) MTLSIM_SPACE_COMPOUND(/=)
+MTLSIM_SPACE_COMPOUND(%=) MTLSIM_SPACE_COMPOUND(&=) MTLSIM_SPACE_COMPOUND(|=) MTLSIM_SPACE_COMPOUND(^=)
+MTLSIM_SPACE_COMPOUND(<<=) MTLSIM_SPACE_COMPOUND(>>=)
+MTLSIM_SPACE_UNARY(-) MTLSIM_SPACE_UNARY(+) MTLSIM_SPACE_UNARY(~) MTLSIM_SPACE_UNARY(!)
+#undef MTLSIM_SPACE_BINARY
+#undef MTLSIM_SPACE_COMPOUND
+#undef MTLSIM_SPACE_UNARY
+#endif
 
 // ------------------------------------------------------------------- traits/names
 

@@ -1,0 +1,101 @@
+// MSL address spaces as C++ types.
+//
+// The translator spells `device`, `constant` and `threadgroup` as
+// MTLSIM_DEVICE, MTLSIM_CONSTANT and MTLSIM_THREADGROUP. Built with
+// MTLSIM_ADDRESS_SPACES (clang >= 18, see mps_ext/sim/compiler.py) they are
+// clang address spaces, distinct qualifiers like const: a conversion between
+// them is a compile error, as in MSL, and overloads on them are distinct.
+// `thread` is the default address space, where locals and temporaries live.
+// Otherwise (any C++17 compiler; how the package's own kernels are built into
+// the extension) they are erased.
+//
+// The x86-64 and arm64 backends treat these address spaces as the flat one, so
+// converting a reference to the generic space (`as_generic`) costs nothing;
+// the shim does so internally wherever MSL allows an object of any space.
+#pragma once
+
+#include <type_traits>
+
+#if defined(MTLSIM_ADDRESS_SPACES)
+#if !defined(__clang__) || __cplusplus < 202302L
+#error "MTLSIM_ADDRESS_SPACES needs clang (LLVM >= 18) in C++23 mode (address spaces, explicit object parameters)"
+#endif
+#define MTLSIM_DEVICE __attribute__((address_space(1)))
+#define MTLSIM_CONSTANT __attribute__((address_space(2)))
+#define MTLSIM_THREADGROUP __attribute__((address_space(3)))
+#else
+#define MTLSIM_DEVICE
+#define MTLSIM_CONSTANT
+#define MTLSIM_THREADGROUP
+#endif
+
+namespace mtlsim {
+
+enum class Space { thread, device, constant, threadgroup };
+
+// The address space of an object type, and the type without it (cv kept).
+template <class T> struct space_of {
+  static constexpr Space value = Space::thread;
+  using generic = T;
+};
+#if defined(MTLSIM_ADDRESS_SPACES)
+#define MTLSIM_SPACE_OF(name, qualifier, cv)           \
+  template <class T> struct space_of<cv qualifier T> { \
+    static constexpr Space value = Space::name;        \
+    using generic = cv T;                              \
+  };
+#define MTLSIM_SPACE_OF_CV(name, qualifier)                                      \
+  MTLSIM_SPACE_OF(name, qualifier, ) MTLSIM_SPACE_OF(name, qualifier, const)     \
+  MTLSIM_SPACE_OF(name, qualifier, volatile) MTLSIM_SPACE_OF(name, qualifier, const volatile)
+MTLSIM_SPACE_OF_CV(device, MTLSIM_DEVICE)
+MTLSIM_SPACE_OF_CV(constant, MTLSIM_CONSTANT)
+MTLSIM_SPACE_OF_CV(threadgroup, MTLSIM_THREADGROUP)
+#undef MTLSIM_SPACE_OF_CV
+#undef MTLSIM_SPACE_OF
+#endif
+
+template <class T> constexpr Space space_v = space_of<std::remove_reference_t<T>>::value;
+// Whether an object of type T lives outside the thread address space.
+template <class T> constexpr bool in_space_v = space_v<T> != Space::thread;
+// T without its address space, reference and cv-qualifiers: the value type.
+template <class T> using value_type_t = std::remove_cv_t<typename space_of<std::remove_reference_t<T>>::generic>;
+
+// The same object, seen through a reference in the thread (generic) address space.
+template <class T>
+constexpr auto& as_generic(T& x) {
+  if constexpr (in_space_v<T>) return *(typename space_of<T>::generic*)&x;
+  else return x;
+}
+
+// Whether none of the types lives outside the thread space.
+template <class... T> constexpr bool all_thread_v = (!in_space_v<T> && ...);
+template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && std::is_same_v<value_type_t<T>, Class>;
+
+}  // namespace mtlsim
+
+// Members that let the shim's value types be copied from, assigned to and
+// converted in every address space (classes would otherwise work only in the
+// thread space: `this` and the implicit copy constructor's reference are
+// generic). They forward to the thread-space members; empty when erased.
+#if defined(MTLSIM_ADDRESS_SPACES)
+#define MTLSIM_SPACE_MEMBERS(Class)                                                                       \
+  template <class U, std::enable_if_t<::mtlsim::is_in_space_v<U, Class>, int> = 0>                       \
+  constexpr Class(const U& u) : Class(::mtlsim::as_generic(u)) {}                                         \
+  template <class Self, class U,                                                                          \
+            std::enable_if_t<::mtlsim::in_space_v<Self> || ::mtlsim::in_space_v<U>, int> = 0>             \
+  constexpr Self& operator=(this Self& self, const U& u) {                                                \
+    ::mtlsim::as_generic(self) = ::mtlsim::as_generic(u);                                                 \
+    return self;                                                                                          \
+  }
+#define MTLSIM_SPACE_CONVERSION(Target)                                                                   \
+  template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0>                           \
+  constexpr operator Target(this const Self& self) { return ::mtlsim::as_generic(self); }
+// Lane i of a vector in any address space, in that address space.
+#define MTLSIM_SPACE_INDEX                                                                                \
+  template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0>                           \
+  constexpr auto& operator[](this Self& self, int i) { return self.e.e[i]; }
+#else
+#define MTLSIM_SPACE_INDEX
+#define MTLSIM_SPACE_MEMBERS(Class)
+#define MTLSIM_SPACE_CONVERSION(Target)
+#endif
