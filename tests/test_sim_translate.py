@@ -90,8 +90,9 @@ kernel void k(threadgroup float* dyn [[threadgroup(0)]], uint t [[thread_positio
 }""")
     tr = translate(src)
     assert tr.threadgroup_sites == 3
-    assert re.search(r"auto & a = :: mtlsim :: threadgroup_var < float \[ 4 \] \[ 8 \] >", tr.cpp)
-    assert re.search(r"auto & b = :: mtlsim :: threadgroup_var < float >", tr.cpp)
+    assert re.search(r"threadgroup float \( & a \) \[ 4 \] \[ 8 \] = :: mtlsim :: threadgroup_var < threadgroup float "
+                     r"\[ 4 \] \[ 8 \] >", tr.cpp)
+    assert re.search(r"threadgroup float \( & b \) = :: mtlsim :: threadgroup_var < threadgroup float >", tr.cpp)
     assert re.search(r"\bfloat \* p = a \[ 0 \]", tr.cpp)  # a pointer: thread-private
     assert "::mtlsim::ThreadgroupArg<0>" in tr.cpp.replace(" ", "")
 

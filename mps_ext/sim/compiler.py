@@ -40,7 +40,7 @@ _FLAGS = ("-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-a
           *(("-mf16c",) if platform.machine() == "x86_64" and "f16c" in _cpu_flags() else ()))
 # Address spaces as distinct types (mtlsim/address_space.h) need clang's
 # address_space attribute and C++23's explicit object parameters.
-_STRICT_FLAGS = ("-std=c++2b", "-DMTLSIM_ADDRESS_SPACES=1")
+ADDRESS_SPACE_FLAGS = ("-std=c++2b", "-DMTLSIM_ADDRESS_SPACES=1")
 _ERASED_FLAGS = ("-std=c++17",)
 
 
@@ -77,7 +77,7 @@ class Toolchain:
 
     @property
     def flags(self) -> tuple[str, ...]:
-        return (*(_STRICT_FLAGS if self.address_spaces else _ERASED_FLAGS), *_FLAGS)
+        return (*(ADDRESS_SPACE_FLAGS if self.address_spaces else _ERASED_FLAGS), *_FLAGS)
 
 
 def _clang_candidates() -> list[str]:
@@ -102,7 +102,7 @@ def _keeps_address_spaces(cxx: str) -> bool:
     """Whether ``cxx`` compiles the shim's address-space header in strict mode."""
     probe = '#include "mtlsim/address_space.h"\nvoid f(MTLSIM_DEVICE float* p) { mtlsim::as_generic(*p) = 0; }\n'
     try:
-        proc = subprocess.run([cxx, *_STRICT_FLAGS, "-fsyntax-only", "-x", "c++", "-I", str(shim_include_dir()), "-"],
+        proc = subprocess.run([cxx, *ADDRESS_SPACE_FLAGS, "-fsyntax-only", "-x", "c++", "-I", str(shim_include_dir()), "-"],
                               input=probe, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False

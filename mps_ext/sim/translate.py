@@ -40,10 +40,9 @@ _METAL_HEADERS = (
     "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat",
 )
 
-# Address spaces as the simulator's headers spell them (mtlsim/address_space.h): distinct
-# types when compiled with MTLSIM_ADDRESS_SPACES; `thread` is the default space.
-_ADDRESS_SPACES = {"device": "MTLSIM_DEVICE", "threadgroup": "MTLSIM_THREADGROUP", "thread": None,
-                   "threadgroup_imageblock": None, "ray_data": None, "object_data": None}
+# `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
+# types under clang, see mtlsim/address_space.h). `thread` is the default address space.
+_ERASED_ADDRESS_SPACES = {"thread", "threadgroup_imageblock", "ray_data", "object_data"}
 # Attributes that mean the same in C++ and stay.
 _STANDARD_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard", "noreturn", "deprecated"}
 # MSL: these must all be scalars, or vectors of one size, within a kernel.
@@ -498,7 +497,9 @@ class _Translator:
             if any(self.t[k].text == "=" for k in d):
                 self.err(d[0], "threadgroup variables cannot have initializers")
             dims = " ".join(self.t[k].text for k in d[1:])
-            src.append(f"auto & {name} = ::mtlsim::threadgroup_var < {type_src} {dims} > "
+            # Declared with its own type (not auto), so compiler messages spell it as written.
+            src.append(f"threadgroup {type_src} ( & {name} ) {dims} = "
+                       f"::mtlsim::threadgroup_var < threadgroup {type_src} {dims} > "
                        f"( {self.sites} , {self.site(i)} ) ;")
             self.sites += 1
         self.drop(i, end + 1)
@@ -526,14 +527,12 @@ class _Translator:
                     self.replace(i, self.code("::mtlsim::aligned_cast", i))
                 elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
                     self.replace(i, [])
-                elif tok.text in _ADDRESS_SPACES:
-                    spelling = _ADDRESS_SPACES[tok.text]
-                    self.replace(i, [self.new(spelling, i, "id")] if spelling else [])
+                elif tok.text in _ERASED_ADDRESS_SPACES:
+                    self.replace(i, [])
                 elif tok.text == "constant":
                     # `constant const T` would be a duplicate const in C++.
                     dup = self.text(i - 1) == "const" or self.text(i + 1) == "const"
-                    self.replace(i, [self.new("MTLSIM_CONSTANT", i, "id")] +
-                                 ([] if dup else [self.new("const", i, "id")]))
+                    self.replace(i, [tok] + ([] if dup else [self.new("const", i, "id")]))
             elif tok.kind == "num":
                 self.replace(i, _number(tok))
             i += 1

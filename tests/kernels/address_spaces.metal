@@ -103,3 +103,21 @@ kernel void matrix_values(device const half* a [[buffer(0)]], device const float
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint k = lid; k < 64; k += 32) c[k] = tc[k] + sum4(tc) - sum4(b);
 }
+
+// Program-scope constants in the constant address space.
+constant float kScale = 2.0f;
+constant constexpr int kLanes = 4;
+constant float kTable[kLanes] = {1, 2, 3, 4};
+constant half4 kHalves = half4(0.5h, 1.5h, 2.5h, 3.5h);
+struct Offsets {
+  int lane;
+  float shift;
+};
+constant Offsets kOffsets = {1, 0.25f};
+
+kernel void constant_values(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  constant float* table = kTable;
+  float lanes[kLanes * 2];
+  for (int j = 0; j < kLanes * 2; ++j) lanes[j] = table[j % kLanes] * kScale;
+  out[i] = lanes[(i + kOffsets.lane) % (kLanes * 2)] + kOffsets.shift + kHalves[i % kLanes];
+}

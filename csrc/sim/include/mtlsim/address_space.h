@@ -69,6 +69,14 @@ constexpr auto& as_generic(T& x) {
 
 // Whether none of the types lives outside the thread space.
 template <class... T> constexpr bool all_thread_v = (!in_space_v<T> && ...);
+// Objects MSL's atomic functions and simdgroup_load/store accept: device or
+// threadgroup memory (with address spaces erased, any).
+template <class T> constexpr bool device_or_threadgroup_v =
+#if defined(MTLSIM_ADDRESS_SPACES)
+    space_v<T> == Space::device || space_v<T> == Space::threadgroup;
+#else
+    true;
+#endif
 template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && std::is_same_v<value_type_t<T>, Class>;
 
 }  // namespace mtlsim

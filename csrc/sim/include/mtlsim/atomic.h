@@ -52,13 +52,7 @@ template <class T> struct value_of<metal::atomic<T>> {
   using type = T;
 };
 template <class A>
-using value_t = std::enable_if_t<
-#if defined(MTLSIM_ADDRESS_SPACES)
-    space_v<A> == Space::device || space_v<A> == Space::threadgroup,
-#else
-    true,
-#endif
-    typename value_of<std::remove_cv_t<typename space_of<A>::generic>>::type>;
+using value_t = std::enable_if_t<device_or_threadgroup_v<A>, typename value_of<value_type_t<A>>::type>;
 
 // Keeps T out of deduction (it comes from the atomic object).
 template <class T> struct arg {

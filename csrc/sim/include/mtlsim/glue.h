@@ -35,11 +35,13 @@ namespace mtlsim {
   fail(message, site);
 }
 
-// `threadgroup T name;` inside a kernel becomes a reference to this.
+// `threadgroup T name;` inside a kernel becomes a reference to this, with T in
+// the threadgroup address space.
 template <class T>
-inline MTLSIM_THREADGROUP T& threadgroup_var(uint32_t id, const Site& site) {
-  static_assert(std::is_trivially_destructible_v<T>, "threadgroup variables are raw memory");
-  return *(MTLSIM_THREADGROUP T*)mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site);
+inline T& threadgroup_var(uint32_t id, const Site& site) {
+  static_assert(std::is_trivially_destructible_v<value_type_t<std::remove_all_extents_t<T>>>,
+                "threadgroup variables are raw memory");
+  return *(T*)mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site);
 }
 
 // reinterpret_cast in kernels (the translator routes them here): a pointer

@@ -103,7 +103,7 @@ inline ulong matrix_offset(uint32_t row, uint32_t col, ulong elements_per_row, u
 }
 }  // namespace detail
 
-template <class T, int R, int C, class U>
+template <class T, int R, int C, class U, std::enable_if_t<mtlsim::device_or_threadgroup_v<U>, int> = 0>
 void simdgroup_load(simdgroup_matrix<T, R, C>& m, const U* src, ulong elements_per_row = C,
                     ulong2 origin = ulong2(0, 0), bool transpose = false) {
   const mtlsim::matrix::Coord p = mtlsim::matrix::lane_coord(mtlsim::matrix::lane_index());
@@ -111,12 +111,13 @@ void simdgroup_load(simdgroup_matrix<T, R, C>& m, const U* src, ulong elements_p
     m.elements[k] = T(src[detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)]);
 }
 
-template <class T, int R, int C, class U>
+template <class T, int R, int C, class U, std::enable_if_t<mtlsim::device_or_threadgroup_v<U>, int> = 0>
 void simdgroup_store(const simdgroup_matrix<T, R, C>& m, U* dst, ulong elements_per_row = C,
                      ulong2 origin = ulong2(0, 0), bool transpose = false) {
   const mtlsim::matrix::Coord p = mtlsim::matrix::lane_coord(mtlsim::matrix::lane_index());
   for (uint32_t k = 0; k < 2; ++k)
-    dst[detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)] = U(m.elements[k]);
+    dst[detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)] =
+        mtlsim::value_type_t<U>(m.elements[k]);
 }
 
 template <class TD, class TA, class TB, class TC>

@@ -8,3 +8,9 @@
 #include "mtlsim/simd.h"
 #include "mtlsim/atomic.h"
 #include "mtlsim/matrix.h"
+
+// The address-space keywords of translated kernels, last: the shim's own code
+// spells them MTLSIM_*. Compiler messages show these names.
+#define device MTLSIM_DEVICE
+#define constant MTLSIM_CONSTANT
+#define threadgroup MTLSIM_THREADGROUP

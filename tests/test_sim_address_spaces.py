@@ -1,0 +1,231 @@
+"""MSL address spaces in the simulator: conversions Metal forbids are compile
+errors naming the .metal line, overloads on address spaces pick the right
+function, and the shim's value types work in every address space.
+
+These need the strict toolchain (clang keeping address spaces as types, see
+mps_ext.sim.compiler.toolchain); CI sets MPS_EXT_SIM_ADDRESS_SPACES=1, so
+there a missing clang is a failure, not a skip."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import mps_ext.sim
+from mps_ext.sim import compiler
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLCHAIN = compiler.toolchain()
+pytestmark = pytest.mark.skipif(not TOOLCHAIN.address_spaces, reason=f"address spaces erased: {TOOLCHAIN.note}")
+
+HEAD = "#include <metal_stdlib>\nusing namespace metal;\n"
+# One forbidden conversion each; the line marked BAD is the one the error must name.
+FORBIDDEN = {
+    "device_ptr_to_threadgroup": """
+kernel void k(device float* d [[buffer(0)]]) {
+  threadgroup float t[4];
+  device float* p = t;  // BAD
+  p[0] = 1; d[0] = t[0];
+}""",
+    "threadgroup_ptr_to_device": """
+kernel void k(device float* d [[buffer(0)]]) {
+  threadgroup float* p = d;  // BAD
+  p[0] = 1;
+}""",
+    "thread_ref_to_device": """
+kernel void k(device float* d [[buffer(0)]]) {
+  thread float& r = d[0];  // BAD
+  r = 1;
+}""",
+    "thread_ptr_to_device": """
+kernel void k(device float* d [[buffer(0)]]) {
+  thread float* p = d;  // BAD
+  p[0] = 1;
+}""",
+    "constant_ptr_passed_as_device": """
+void f(device float* p) { p[0] = 1; }
+kernel void k(constant float* c [[buffer(0)]]) {
+  f(c);  // BAD
+}""",
+    "device_ptr_passed_as_constant": """
+float f(constant float* p) { return p[0]; }
+kernel void k(device float* d [[buffer(0)]]) {
+  d[1] = f(d);  // BAD
+}""",
+    "thread_address_as_threadgroup": """
+kernel void k(device float* d [[buffer(0)]]) {
+  float x = 1;
+  threadgroup float* p = &x;  // BAD
+  d[0] = p[0];
+}""",
+    "threadgroup_ref_to_device": """
+kernel void k(device float* d [[buffer(0)]]) {
+  threadgroup float& r = d[0];  // BAD
+  r = 1;
+}""",
+    "device_ref_to_thread": """
+kernel void k(device float* d [[buffer(0)]]) {
+  float x = 0;
+  device float& r = x;  // BAD
+  d[0] = r;
+}""",
+    "thread_ref_helper_on_device": """
+void inc(thread float& x) { x += 1; }
+kernel void k(device float* d [[buffer(0)]]) {
+  inc(d[0]);  // BAD
+}""",
+    "constant_ptr_to_thread": """
+kernel void k(constant float* c [[buffer(0)]], device float* d [[buffer(1)]]) {
+  const thread float* p = c;  // BAD
+  d[0] = p[0];
+}""",
+    "half_thread_ref_to_device": """
+kernel void k(device half* d [[buffer(0)]]) {
+  thread half& r = d[0];  // BAD
+  r = 1;
+}""",
+    "vector_thread_ref_to_threadgroup": """
+kernel void k(device float4* d [[buffer(0)]]) {
+  threadgroup float4 t[2];
+  thread float4& r = t[0];  // BAD
+  d[0] = r;
+}""",
+    "reinterpret_cast_across_spaces": """
+kernel void k(device float* d [[buffer(0)]]) {
+  threadgroup float t[4];
+  device float* p = reinterpret_cast<device float*>(t);  // BAD
+  d[0] = p[0];
+}""",
+    "atomic_in_thread_memory": """
+kernel void k(device uint* d [[buffer(0)]]) {
+  atomic_uint a;
+  d[0] = atomic_fetch_add_explicit(&a, 1u, memory_order_relaxed);  // BAD
+}""",
+    "simdgroup_load_from_thread_memory": """
+kernel void k(device float* d [[buffer(0)]]) {
+  float x[64] = {};
+  simdgroup_float8x8 m;
+  simdgroup_load(m, x);  // BAD
+  simdgroup_store(m, d);
+}""",
+}
+
+
+@pytest.mark.parametrize("name", FORBIDDEN)
+def test_forbidden_conversion_is_a_compile_error(name):
+    source = HEAD + FORBIDDEN[name].lstrip("\n") + "\n"
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if "// BAD" in text)
+    with pytest.raises(mps_ext.sim.CompileError) as info:
+        mps_ext.sim.compile_shader(source, name=f"forbidden_{name}")
+    assert f".metal:{line}:" in str(info.value), str(info.value)
+
+
+def test_messages_name_msl_address_spaces():
+    source = HEAD + FORBIDDEN["device_ptr_to_threadgroup"].lstrip("\n")
+    with pytest.raises(mps_ext.sim.CompileError, match=r"'device float \*' with an lvalue of type 'threadgroup float\[4\]'"):
+        mps_ext.sim.compile_shader(source, name="forbidden_message")
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "metal").glob("*.metal")) + sorted((ROOT / "tests" / "kernels").glob("*.metal")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_kernels_compile_with_address_spaces(path):
+    """The package's kernels are built into the extension with address spaces erased; they must obey them too."""
+    lib = mps_ext.sim.compile_file(path, include_dirs=[ROOT / "metal" / "include"])
+    assert dir(lib)
+
+
+@pytest.fixture(scope="module")
+def lib(kernels):
+    return kernels("address_spaces")
+
+
+def test_overloads_on_address_space(lib):
+    out = torch.full((7,), -1, dtype=torch.int32)
+    lib.overloads(out, torch.zeros(4), torch.zeros(4), threads=1)
+    assert out.tolist() == [0, 1, 2, 3, 1, 3, 0]
+
+
+def test_half_and_bfloat_in_every_space(lib):
+    n = 32
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(n, generator=g).half()
+    b = torch.randn(n, generator=g).bfloat16()
+    ch = torch.tensor([0.75, -1.5]).half()
+    out = torch.empty(n)
+    h_in, b_in = h.clone(), b.clone()
+    with mps_ext.sim.checked():
+        lib.half_values(h, b, ch, out, threads=n, group_size=n)
+    th = h_in + ch[0]
+    tb = b_in * 2
+    h_new = th * ch[1] - th
+    b_new = (-tb).float() - 1.0
+    torch.testing.assert_close(h, h_new, rtol=0, atol=0)
+    torch.testing.assert_close(b, b_new.bfloat16(), rtol=0, atol=0)
+    expected = tb.float() + ch[0].float() + torch.maximum(th, ch[1]).float() + h_new.abs().float()
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_vectors_packed_vectors_and_swizzles_in_every_space(lib):
+    n = 32
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(n, 4, generator=g)
+    p = torch.randn(n, 3, generator=g)
+    c = torch.tensor([0.5, -1.0, 2.0, -0.25]).half()
+    out = torch.empty(n, 2, dtype=torch.float16)
+    v_in, p_in = v.clone(), p.clone()
+    with mps_ext.sim.checked():
+        lib.vector_values(v, p, c, out, threads=n, group_size=n)
+    tv = v_in.clone()
+    tv[:, [0, 1]] = tv[:, [1, 0]]
+    tv += c.float()
+    tv[:, 3] = (tv * v_in).sum(1)
+    tp = p_in * 2
+    ve = v_in.clone()
+    ve[:, 2], ve[:, 3] = tv[:, 3], tv[:, 2]
+    ve = ve + tv.abs().sqrt() + torch.cat([tp, torch.ones(n, 1)], 1)
+    ve[:, 0] -= p_in[:, 1]
+    pe = tv[:, :3] - p_in
+    pe[:, 2] = c[3].float()
+    oe = c[:2] + ve[:, [2, 0]].half()
+    oe = torch.where(c[[2, 1]] > 0, -oe, oe)
+    torch.testing.assert_close(v, ve, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(p, pe, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out, oe, rtol=0, atol=0)
+
+
+def test_atomics_on_device_and_threadgroup_memory(lib):
+    groups, n = 3, 32
+    x = torch.randint(0, 1000, (groups * n,), dtype=torch.int32, generator=torch.Generator().manual_seed(2))
+    counts = torch.zeros(5, dtype=torch.int32)
+    total = torch.zeros(1)
+    out = torch.zeros(groups * 4, dtype=torch.int32)
+    with mps_ext.sim.checked():
+        lib.atomic_values(counts, total, x, out, threads=groups * n, group_size=n)
+    per_group = torch.stack([torch.bincount(x[k * n:(k + 1) * n] % 4, minlength=4) for k in range(groups)])
+    assert out.view(groups, 4).tolist() == per_group.tolist()
+    assert counts[:4].tolist() == per_group.sum(0).tolist()
+    assert counts[4].item() == x.max().item()
+    assert total.item() == x.sum().item()
+
+
+def test_simdgroup_matrices_on_device_and_threadgroup_memory(lib):
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(64, generator=g).half()
+    b = torch.randn(64, generator=g)
+    c = torch.empty(64)
+    with mps_ext.sim.checked():
+        lib.matrix_values(a, b, c, threads=32, group_size=32)
+    product = (a.float().view(8, 8) @ b.view(8, 8).T).flatten()
+    expected = product + product[:4].sum() - b[:4].sum()
+    torch.testing.assert_close(c, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_program_scope_constants(lib):
+    n = 12
+    out = torch.empty(n)
+    lib.constant_values(out, threads=n)
+    table = torch.tensor([1.0, 2, 3, 4]) * 2
+    lanes = torch.cat([table, table])
+    i = torch.arange(n)
+    expected = lanes[(i + 1) % 8] + 0.25 + torch.tensor([0.5, 1.5, 2.5, 3.5])[i % 4]
+    torch.testing.assert_close(out, expected)
