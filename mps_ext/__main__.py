@@ -16,6 +16,7 @@ def info() -> int:
     from .testing import mps_usable
 
     usable, why = mps_usable()
+    tc = compiler.toolchain()
     rows = [
         ("mps_ext", __version__),
         ("torch", torch.__version__),
@@ -25,7 +26,8 @@ def info() -> int:
         ("mps device", "usable" if usable else f"not usable: {why}"),
         *((f"  {k}", v) for k, v in _C._metal_device_info()),
         ("overrides", ", ".join(f"{d}: {'on' if overrides.is_enabled(d) else 'off'}" for d in ("mps", "cpu"))),
-        ("simulator", f"compiler {compiler._cxx()}; cache {compiler.cache_dir()}"),
+        ("simulator", f"compiler {tc.cxx}, address spaces {'kept' if tc.address_spaces else 'erased: ' + tc.note}; "
+                      f"cache {compiler.cache_dir()}"),
     ]
     for key, value in rows:
         print(f"{key:<12} {value}")

@@ -135,9 +135,6 @@ def toolchain() -> Toolchain:
     return _select(os.environ.get("MPS_EXT_SIM_CXX") or None, mode)
 
 
-def _cxx() -> str:
-    return toolchain().cxx
-
 
 @functools.lru_cache(maxsize=None)
 def _toolchain_digest(tc: Toolchain) -> str:
