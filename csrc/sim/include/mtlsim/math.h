@@ -32,6 +32,20 @@ template <template <class> class Kind, class... X>
 using result_t = std::enable_if_t<Kind<elem_t<common_t<X...>>>::value, common_t<X...>>;
 template <template <class> class Kind, class... X> using bool_result_t = rebind_t<result_t<Kind, X...>, bool>;
 
+// Functions that exist for floating types only take integer scalars as the
+// floating type of the other arguments (`pow(2, x)`), as overload resolution
+// among MSL's float and half overloads does.
+template <class... V> struct first_floating { using type = none; };
+template <class V, class... Rest> struct first_floating<V, Rest...> {
+  using type = std::conditional_t<floating_elem<elem_t<V>>::value, elem_t<V>, typename first_floating<Rest...>::type>;
+};
+template <class V, class F>
+using int_as_t = std::conditional_t<std::is_integral_v<V> && !std::is_same_v<F, none>, F, V>;
+template <class... X>
+using float_common_t = typename common<int_as_t<value_t<X>, typename first_floating<value_t<X>...>::type>...>::type;
+template <template <class> class Kind, class... X>
+using float_result_t = std::enable_if_t<floating_elem<elem_t<float_common_t<X...>>>::value, float_common_t<X...>>;
+
 // The argument itself, or for a swizzle or packed vector the vec it stands for.
 template <class A> MTLSIM_HD constexpr decltype(auto) as_value(const A& a) {
   if constexpr (std::is_same_v<A, value_t<A>>) return a;
@@ -273,10 +287,10 @@ struct sincos_fn {
 #define MTLSIM_DEFINE_FLOAT1(name, expr) \
   MTLSIM_FUNCTOR(name, MTLSIM_HD float operator()(float x), expr) MTLSIM_PUBLIC1(name, result_t, floating_elem)
 #define MTLSIM_DEFINE_FLOAT2(name, expr) \
-  MTLSIM_FUNCTOR(name, MTLSIM_HD float operator()(float x, float y), expr) MTLSIM_PUBLIC2(name, result_t, floating_elem)
+  MTLSIM_FUNCTOR(name, MTLSIM_HD float operator()(float x, float y), expr) MTLSIM_PUBLIC2(name, float_result_t, floating_elem)
 #define MTLSIM_DEFINE_FLOAT3(name, expr)                                                  \
   MTLSIM_FUNCTOR(name, MTLSIM_HD float operator()(float x, float y, float z), expr)       \
-  MTLSIM_PUBLIC3(name, result_t, floating_elem)
+  MTLSIM_PUBLIC3(name, float_result_t, floating_elem)
 #define MTLSIM_DEFINE_INT1(name, expr) \
   MTLSIM_FUNCTOR(name, template <class T> MTLSIM_HD T operator()(T x), expr) MTLSIM_PUBLIC1(name, result_t, integer_elem)
 #define MTLSIM_DEFINE_INT2(name, expr) \

@@ -8,6 +8,8 @@
 #include "mtlsim/simd.h"
 #include "mtlsim/atomic.h"
 #include "mtlsim/matrix.h"
+#include "mtlsim/matrix_types.h"
+#include "mtlsim/array.h"
 
 // The address-space keywords of translated kernels, last: the shim's own code
 // spells them MTLSIM_*. Compiler messages show these names.

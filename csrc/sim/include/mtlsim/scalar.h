@@ -214,21 +214,35 @@ template <class F> struct numeric_limits<small_float<F>> {
 // ------------------------------------------------------------------- type traits
 
 using std::bool_constant;
+using std::declval;
 using std::false_type;
 using std::integral_constant;
 using std::true_type;
+using std::void_t;
 
+// What <metal_type_traits> shares with <type_traits>.
 #define MTLSIM_STD_VALUE_TRAIT(name) using std::name; using std::name##_v;
 #define MTLSIM_STD_TYPE_TRAIT(name) using std::name; using std::name##_t;
 MTLSIM_STD_VALUE_TRAIT(is_same) MTLSIM_STD_VALUE_TRAIT(is_integral) MTLSIM_STD_VALUE_TRAIT(is_unsigned)
 MTLSIM_STD_VALUE_TRAIT(is_void) MTLSIM_STD_VALUE_TRAIT(is_const) MTLSIM_STD_VALUE_TRAIT(is_volatile)
 MTLSIM_STD_VALUE_TRAIT(is_pointer) MTLSIM_STD_VALUE_TRAIT(is_reference) MTLSIM_STD_VALUE_TRAIT(is_array)
 MTLSIM_STD_VALUE_TRAIT(is_class) MTLSIM_STD_VALUE_TRAIT(is_enum) MTLSIM_STD_VALUE_TRAIT(is_convertible)
-MTLSIM_STD_VALUE_TRAIT(is_base_of)
+MTLSIM_STD_VALUE_TRAIT(is_base_of) MTLSIM_STD_VALUE_TRAIT(is_union) MTLSIM_STD_VALUE_TRAIT(is_function)
+MTLSIM_STD_VALUE_TRAIT(is_lvalue_reference) MTLSIM_STD_VALUE_TRAIT(is_rvalue_reference)
+MTLSIM_STD_VALUE_TRAIT(is_null_pointer) MTLSIM_STD_VALUE_TRAIT(is_member_pointer)
+MTLSIM_STD_VALUE_TRAIT(is_fundamental) MTLSIM_STD_VALUE_TRAIT(is_compound) MTLSIM_STD_VALUE_TRAIT(is_object)
+MTLSIM_STD_VALUE_TRAIT(is_empty) MTLSIM_STD_VALUE_TRAIT(is_trivially_copyable)
+MTLSIM_STD_VALUE_TRAIT(is_trivially_destructible) MTLSIM_STD_VALUE_TRAIT(is_constructible)
+MTLSIM_STD_VALUE_TRAIT(is_default_constructible) MTLSIM_STD_VALUE_TRAIT(is_assignable)
+MTLSIM_STD_VALUE_TRAIT(rank) MTLSIM_STD_VALUE_TRAIT(extent) MTLSIM_STD_VALUE_TRAIT(alignment_of)
+MTLSIM_STD_VALUE_TRAIT(conjunction) MTLSIM_STD_VALUE_TRAIT(disjunction) MTLSIM_STD_VALUE_TRAIT(negation)
 MTLSIM_STD_TYPE_TRAIT(enable_if) MTLSIM_STD_TYPE_TRAIT(conditional) MTLSIM_STD_TYPE_TRAIT(make_unsigned)
 MTLSIM_STD_TYPE_TRAIT(make_signed) MTLSIM_STD_TYPE_TRAIT(remove_cv) MTLSIM_STD_TYPE_TRAIT(remove_const)
 MTLSIM_STD_TYPE_TRAIT(remove_volatile) MTLSIM_STD_TYPE_TRAIT(remove_reference) MTLSIM_STD_TYPE_TRAIT(decay)
-MTLSIM_STD_TYPE_TRAIT(add_const) MTLSIM_STD_TYPE_TRAIT(underlying_type)
+MTLSIM_STD_TYPE_TRAIT(add_const) MTLSIM_STD_TYPE_TRAIT(underlying_type) MTLSIM_STD_TYPE_TRAIT(remove_pointer)
+MTLSIM_STD_TYPE_TRAIT(add_pointer) MTLSIM_STD_TYPE_TRAIT(add_volatile) MTLSIM_STD_TYPE_TRAIT(add_cv)
+MTLSIM_STD_TYPE_TRAIT(add_lvalue_reference) MTLSIM_STD_TYPE_TRAIT(add_rvalue_reference)
+MTLSIM_STD_TYPE_TRAIT(remove_extent) MTLSIM_STD_TYPE_TRAIT(remove_all_extents) MTLSIM_STD_TYPE_TRAIT(common_type)
 #undef MTLSIM_STD_VALUE_TRAIT
 #undef MTLSIM_STD_TYPE_TRAIT
 

@@ -1,6 +1,8 @@
 // MSL vector types: vec<T,N>, packed_vec<T,N>, swizzles, operators, type names.
 #pragma once
 
+#include <initializer_list>
+
 #include "scalar.h"
 
 namespace metal {
@@ -9,6 +11,7 @@ template <class T, int N> struct vec;
 template <class V> struct packed;
 template <class T, int N> using packed_vec = packed<vec<T, N>>;
 template <class V, int... I> struct swizzle;
+template <class T, int C, int R> struct matrix;
 
 namespace detail {
 
@@ -103,6 +106,13 @@ template <class T, int N> struct lane_array {
 
 template <class T, int N> struct storage;
 
+// One scalar of a braced vector initializer (see vec).
+template <class T> struct list_lane {
+  T value;
+  template <class S, std::enable_if_t<is_num_v<S>, int> = 0>
+  MTLSIM_HD constexpr list_lane(const S& s) : value(T(s)) {}
+};
+
 }  // namespace detail
 
 template <class T, int N>
@@ -132,6 +142,16 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
   template <class X, std::enable_if_t<detail::is_vec_like_v<X> && detail::lanes_v<X> == N &&
                                           !std::is_same_v<detail::elem_t<X>, T>, int> = 0>
   MTLSIM_HD explicit constexpr vec(const X& x) : vec(std::make_integer_sequence<int, N>{}, detail::value_t<X>(x)) {}
+  // Braces with scalars only, as for clang's vector types: `uint4 v = {a, b, c}`
+  // sets the lanes named and zeroes the rest (extra scalars are dropped here,
+  // an error on the GPU).
+  MTLSIM_HD constexpr vec(std::initializer_list<detail::list_lane<T>> lanes) : detail::storage<T, N>{} {
+    int i = 0;
+    for (const auto& lane : lanes) {
+      if (i == N) break;
+      this->e[i++] = lane.value;
+    }
+  }
 
   MTLSIM_HD constexpr T& operator[](int i) { return this->e[i]; }
   MTLSIM_HD constexpr const T& operator[](int i) const { return this->e[i]; }
@@ -352,6 +372,7 @@ template <class F> struct is_value_class<small_float<F>> : std::true_type {};
 template <class T, int N> struct is_value_class<vec<T, N>> : std::true_type {};
 template <class V> struct is_value_class<packed<V>> : std::true_type {};
 template <class V, int... I> struct is_value_class<swizzle<V, I...>> : std::true_type {};
+template <class T, int C, int R> struct is_value_class<matrix<T, C, R>> : std::true_type {};
 template <class X> constexpr bool spaced_value_v = mtlsim::in_space_v<X> && is_value_class<mtlsim::value_type_t<X>>::value;
 }  // namespace detail
 
