@@ -536,9 +536,17 @@ class _Translator:
         name = self.text(decl[-1])
         type_src = " ".join(self.text(k) for k in decl[:-1])
         index = "".join(t.text for t in index_tokens)
+        if re.fullmatch(r"[\d+*()-]+", index):  # e.g. `FC_NORM + 0` after preprocessing
+            try:
+                index = str(eval(index, {"__builtins__": {}}))  # digits and + - * ( ) only
+            except (SyntaxError, ArithmeticError):
+                self.err(at, f"[[function_constant({index})]]: cannot evaluate the index")
         key = next((k for k in (name, index) if k in self.constants), None)
         if key is None and index.isdigit() and int(index) in self.constants:
             key = int(index)
+        if key is not None and not isinstance(self.constants[key], (bool, int, float)):
+            self.err(at, f"function constant '{name}': values are bool, int or float, "
+                         f"got {type(self.constants[key]).__name__}")
         self.function_constants[name] = key is not None
         self.constants_used.add(key)
         value = _cpp_value(self.constants[key]) if key is not None else ""
