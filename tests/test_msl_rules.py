@@ -49,6 +49,7 @@ CASES = {
                                   "  out[i] = twice(a[i % 2]);")),
     "recursion": ("no recursion",
                   "float fact(float n) {\n  return n <= 1 ? 1 : n * fact(n - 1);\n}\n" + KERNEL.format(body="  out[i] = fact(4);"),
+                  "half exp(half x) { return half(exp(float(x))); }  // calls metal's exp(float)\n"
                   "float sq(float x) { return x * x; }\n"
                   "float2 sq(float2 v) { return float2(sq(v.x), sq(v.y)); }  // an overload, not recursion\n" +
                   KERNEL.format(body="  out[i] = sq(float2(out[i], 1)).x;")),

@@ -307,3 +307,14 @@ def test_function_constants(shader):
 def test_function_constant_values_must_match_declarations(shader):
     with pytest.raises(CompileError, match="match no \\[\\[function_constant\\]\\].*declared: has_bias, scale"):
         shader(FUNCTION_CONSTANTS, name="constants", constants={"scael": 1.0})
+
+
+def test_user_namespace_metal_extends_the_real_one_inside_the_extension(tmp_path):
+    # Kernels built into the extension keep internal linkage (an unnamed namespace); a user's
+    # `namespace metal` there must still extend ::metal.
+    src = tmp_path / "ext.metal"
+    src.write_text(HEADER + "namespace metal { inline float twice(float x) { return 2 * x; } }\n"
+                            "kernel void k(device float* x [[buffer(0)]]) { x[0] = metal::twice(x[0]); }\n")
+    cpp = translate(src, standalone=False).cpp
+    assert "} namespace metal {" in cpp and "} namespace {" in cpp
+    assert "} namespace metal {" not in translate(src).cpp  # separate modules stand at global scope already

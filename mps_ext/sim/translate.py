@@ -875,13 +875,13 @@ def _cpp_value(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
-        return f"{value}ll" if -2**63 <= value < 2**63 else f"{value}ull"
+        return str(value) if -2**31 <= value < 2**31 else f"{value}ll" if -2**63 <= value < 2**63 else f"{value}ull"
     if isinstance(value, float):
         if value != value:
-            return "__builtin_nan(\"\")"
+            return "__builtin_nanf(\"\")"
         if value in (float("inf"), float("-inf")):
-            return ("-" if value < 0 else "") + "__builtin_inf()"
-        return value.hex()
+            return ("-" if value < 0 else "") + "__builtin_inff()"
+        return value.hex() + "f"  # MSL has no double: the float nearest the value
     raise TranslateError(f"function constant values are bool, int or float, got {type(value).__name__}")
 
 
@@ -957,6 +957,14 @@ _C_LIBRARY = {"printf", "fprintf", "sprintf", "snprintf", "vprintf", "puts", "pu
               "memcpy", "memmove", "memset", "memcmp", "strlen", "strcpy", "strncpy", "strcmp", "strcat", "atoi",
               "atof", "strtol", "strtod", "rand", "srand", "qsort", "bsearch", "time", "clock", "getenv", "system",
               "scanf", "sscanf", "setjmp", "longjmp", "raise", "signal"}
+# A user's overload of one of these (`half exp(half x) { return half(exp(float(x))); }`) calls metal's,
+# not itself: the recursion rule leaves them alone.
+_METAL_FUNCTIONS = set("""abs acos acosh asin asinh atan atan2 atanh cbrt ceil clamp clz copysign cos cosh cospi
+cross ctz degrees distance divide dot erf erfc exp exp10 exp2 expm1 extract_bits fabs fdim floor fma fmax fmax3
+fmedian3 fmin fmin3 fmod fract frexp hadd ilogb insert_bits isfinite isinf isnan isnormal ldexp length
+length_squared log log10 log1p log2 logb mad max max3 median3 min min3 mix modf mul24 mulhi nextafter normalize
+popcount pow powr radians reciprocal reverse_bits rhadd rint rotate round rsqrt select sign signbit sin sincos
+sinh sinpi smoothstep sqrt step tan tanh tanpi trunc""".split())
 # Types whose pointers/references must carry an address space (template parameters and typedefs may
 # carry one themselves, so they are not judged).
 _CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|size_t|"
@@ -1258,7 +1266,7 @@ class _Rules:
 
     def recursion(self) -> None:
         simple = {n: d[0] for n, d in self.functions.items()
-                  if len(d) == 1 and not d[0][0] and n not in self.structs}
+                  if len(d) == 1 and not d[0][0] and n not in self.structs and n not in _METAL_FUNCTIONS}
         calls: dict[str, list[tuple[str, int]]] = {}
         for name, (_, body, end) in simple.items():
             calls[name] = [(self.t[k].text, k) for k in range(body + 1, end)
