@@ -58,9 +58,6 @@ _INDEX_ATTRIBUTES = {"thread_index_in_threadgroup", "thread_index_in_simdgroup",
 _INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsigned short"}
 _POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
     f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
-# Types the translator knows are not typedefs or template parameters (for the attribute type rule).
-_BUILTIN_TYPE = re.compile(r"(?:packed_)?(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|"
-                           r"(?:u?int(?:8|16|32|64)_t)|size_t|ptrdiff_t)(?:[234])?|vec<.*>|u?long long|u?short int")
 _SPECIFIERS = {"static", "constexpr", "const", "inline", "volatile", "extern", "constant"}
 # Buffer and threadgroup argument slots of a Metal kernel.
 _SLOTS = 31
@@ -521,7 +518,7 @@ class _Translator:
         words = [w for w in words[:-1] if w not in ("const", "metal", "thread")]  # drop the parameter's name
         text = " ".join(words).replace("< ", "<").replace(" >", ">").replace(" , ", ",")
         allowed = _POSITION_TYPES if attribute in _POSITION_ATTRIBUTES else _INDEX_TYPES
-        if text in allowed or not _BUILTIN_TYPE.fullmatch(text.replace("unsigned ", "u")):
+        if text in allowed or not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
             return  # allowed, or a template parameter or typedef the translator cannot see through
         kinds = "uint or ushort, or a 2- or 3-vector of them" if allowed is _POSITION_TYPES else "uint or ushort"
         self.err(param[0], f"MSL rule 'attribute type': [[{attribute}]] must be {kinds}, not '{text}'")
@@ -965,8 +962,9 @@ fmedian3 fmin fmin3 fmod fract frexp hadd ilogb insert_bits isfinite isinf isnan
 length_squared log log10 log1p log2 logb mad max max3 median3 min min3 mix modf mul24 mulhi nextafter normalize
 popcount pow powr radians reciprocal reverse_bits rhadd rint rotate round rsqrt select sign signbit sin sincos
 sinh sinpi smoothstep sqrt step tan tanh tanpi trunc""".split())
-# Types whose pointers/references must carry an address space (template parameters and typedefs may
-# carry one themselves, so they are not judged).
+# Built-in types (and `vec`): pointers and references to them must carry an address space, and the
+# attribute type rule judges them (template parameters and typedefs may carry a space or be anything,
+# so they are not judged).
 _CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|size_t|"
                             r"ptrdiff_t|u?int(?:8|16|32|64)_t|(?:packed_)?(?:bool|char|uchar|short|ushort|int|uint|"
                             r"long|ulong|half|bfloat|float)[234]|(?:half|float|bfloat)[234]x[234]|vec|"
@@ -1012,7 +1010,7 @@ class _Rules:
                 kind = "ns" if pending_ns else self.brace_kind(start, i, kinds)
                 pending_ns = False
                 if kind == "func":
-                    self.parameters(start, i, kinds)
+                    self.parameters(start, i)
                     if not kinds or all(k == "ns" for k in kinds):
                         self.note_function(start, i)
                 kinds.append(kind)
@@ -1023,7 +1021,7 @@ class _Rules:
                 start = i + 1
             elif s == ";":
                 pending_ns = False
-                self.statement(start, i, kinds[-1] if kinds else "ns", kinds)
+                self.statement(start, i, kinds[-1] if kinds else "ns")
                 start = i + 1
             elif s == ":" and kinds and kinds[-1] in ("class",) and self.text(i - 1) in ("public", "private",
                                                                                        "protected"):
@@ -1101,7 +1099,7 @@ class _Rules:
             k += 1
         return out
 
-    def statement(self, start: int, end: int, kind: str, kinds: list[str]) -> None:
+    def statement(self, start: int, end: int, kind: str) -> None:
         idx = self.decl_tokens(start, end)
         if not idx:
             return
@@ -1114,7 +1112,7 @@ class _Rules:
         is_function = "(" in top and ("=" not in top or top.index("(") < top.index("="))
         if kind == "ns":
             if is_function:
-                self.parameters(start, end, kinds)
+                self.parameters(start, end)
                 return
             if not any(w in words for w in ("constant", "constexpr")) and self.looks_like_variable(top):
                 self.fail(idx[0], "program scope variable",
@@ -1122,7 +1120,7 @@ class _Rules:
                           "('constant T name = ...;')")
         elif kind == "class":
             if is_function:
-                self.parameters(start, end, kinds)
+                self.parameters(start, end)
                 return
             if "static" in words and not any(w in words for w in ("constant", "constexpr")):
                 self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
@@ -1201,7 +1199,7 @@ class _Rules:
                 out.append(w)
         return out
 
-    def parameters(self, start: int, end: int, kinds: list[str]) -> None:
+    def parameters(self, start: int, end: int) -> None:
         """Pointer and reference parameters of a function declared or defined in [start, end)."""
         idx = self.decl_tokens(start, end)
         k = 0
