@@ -105,7 +105,7 @@ def test_line_directives_keep_metal_lines(tmp_path):
     assert [(k.host_name, k.line) for k in tr.kernels] == [("k", 23)]
 
 
-@pytest.mark.parametrize("attribute", ["[[function_constant(0)]]", "[[stage_in]]"])
+@pytest.mark.parametrize("attribute", ["[[texture(0)]]", "[[stage_in]]"])
 def test_unsupported_attributes_are_errors(shader, attribute):
     with pytest.raises(CompileError, match=re.escape(attribute[2:].split("(")[0].rstrip("]"))):
         shader(HEADER + f"kernel void k(device float* x [[buffer(0)]], bool flag {attribute}) {{}}", name="unsupported")
@@ -161,3 +161,161 @@ kernel void k(device float* y [[buffer(0)]], uint t [[thread_position_in_threadg
     y = torch.zeros(64)
     lib.k(y, group_size=64)
     assert y.tolist() == [float(63 - t) for t in range(64)]
+
+
+# -- malformed sources: always a CompileError with a .metal position, never a hang or a Python crash
+
+MALFORMED = {
+    "kernel without a body": "kernel void f(device float* x [[buffer(0)]])",
+    "template without ';'": "template foo",
+    "instantiation without ';'": 'template <typename T> kernel void f(device T* x [[buffer(0)]]) {}\n'
+                                 'template [[host_name("f")]] kernel void f<float>(device float* x [[buffer(0)]])',
+    "threadgroup declaration without ';'": "kernel void f(device float* x [[buffer(0)]]) {\n  threadgroup float t[4]\n}",
+    "namespace at the end": "namespace foo",
+    "non-literal buffer index": "kernel void f(device float* x [[buffer(a)]]) {}",
+    "buffer index past the slots": "kernel void f(device float* x [[buffer(31)]]) {}",
+    "70 buffer parameters": "kernel void f(" + ", ".join(f"device float* b{n}" for n in range(70)) + ") {}",
+    "unbalanced attribute": "kernel void f(device float* x [[buffer(0)) {}",
+    "kernel without parameters list": "kernel void",
+    "function constant without ';'": "constant bool c [[function_constant(0)]]",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_malformed_sources_are_compile_errors_with_a_position(shader, case):
+    with pytest.raises(CompileError, match=r"\.metal:\d+: "):
+        shader(HEADER + MALFORMED[case] + "\n", name="malformed")
+
+
+def test_truncated_real_kernels_never_crash_or_hang(tmp_path):
+    # Every prefix (sampled) of the package's own and the test kernels, at token boundaries.
+    import signal
+    from pathlib import Path
+
+    from mps_ext.sim.translate import TranslateError, _tokenize, preprocess, translate_text
+
+    root = Path(__file__).resolve().parent.parent
+    sources = [root / "metal" / "softmax.metal", *sorted((root / "tests" / "kernels").glob("*.metal"))]
+
+    def timeout(*_):
+        raise TimeoutError("the translator did not finish within 5 s")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    try:
+        for source in sources:
+            text = preprocess(source, [root / "metal" / "include"])
+            lines = text.split("\n")
+            for cut in range(0, len(lines), max(1, len(lines) // 60)):
+                truncated = "\n".join(lines[:cut])
+                # Also cut inside a line: half of the next line's tokens.
+                for extra in ("", " ".join(t.text for t in _tokenize(lines[cut] if cut < len(lines) else "")[:3])):
+                    signal.alarm(5)
+                    try:
+                        translate_text(truncated + "\n" + extra)
+                    except TranslateError as e:
+                        assert re.match(r".+:\d+: ", str(e)), str(e)
+                    finally:
+                        signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+
+
+# -- coverage of real Metal code
+
+def test_apple_predefined_macros_and_metal_func(shader):
+    lib = shader(HEADER + """
+#if !defined(__METAL__) || !defined(__METAL_MACOS__) || !defined(__HAVE_BFLOAT__) || __METAL_VERSION__ < 310
+#error not Apple's predefined macros
+#endif
+METAL_FUNC float twice(float x) { return 2 * x; }
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) { out[i] = twice(float(i)); }
+""", name="predefined")
+    out = torch.zeros(3)
+    lib.k(out)
+    assert out.tolist() == [0.0, 2.0, 4.0]
+
+
+def test_every_explicit_instantiation_form(shader):
+    lib = shader(HEADER + """
+template <typename T>
+[[kernel]] void fill(device T* out [[buffer(0)]], constant T& v [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  out[i] = v + T(i);
+}
+typedef decltype(fill<float>) fill_t;
+template [[host_name("fill_typedef")]] kernel fill_t fill<float>;
+template [[host_name("fill_decltype")]] [[kernel]] decltype(fill<int>) fill<int>;
+template [[host_name("fill_explicit")]] kernel void fill<float>(device float*, constant float&, uint);
+template [[host_name("fill_deduced")]] kernel void fill(device int* out, constant int& v, uint i);
+""", name="instantiations")
+    assert dir(lib) == ["fill_decltype", "fill_deduced", "fill_explicit", "fill_typedef"]
+    for name, dtype, value in [("fill_typedef", torch.float32, 1.5), ("fill_decltype", torch.int32, 7),
+                               ("fill_explicit", torch.float32, 2.5), ("fill_deduced", torch.int32, 3)]:
+        out = torch.zeros(4, dtype=dtype)
+        getattr(lib, name)(out, value, arg_casts="int32" if dtype == torch.int32 else None)
+        assert out.tolist() == [value + n for n in range(4)], name
+
+
+def test_static_constant_constexpr_const_and_coherence_keywords(shader):
+    lib = shader(HEADER + """
+static constant constexpr const int kTwo = 2;
+struct Tile { static constant constexpr const short kRows = 3; };
+kernel void k(coherent(device) device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = float(kTwo * Tile::kRows);
+}""", name="specifiers")
+    out = torch.zeros(2)
+    lib.k(out)
+    assert out.tolist() == [6.0, 6.0]
+
+
+def test_name_lookup_is_msl_s(shader):
+    # A user's overload of a metal function joins metal's overload set instead of hiding it, and a
+    # user's `namespace metal` extends the real one.
+    lib = shader(HEADER + """
+float fract(float x, float scale) { return metal::fract(x) * scale; }
+namespace metal { float twice(float x) { return 2 * x; } }
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = fract(1.25f) + fract(1.25f, 4.0f) + metal::twice(1.0f) + metal::abs(-1.0f);
+}""", name="lookup")
+    out = torch.zeros(1)
+    lib.k(out)
+    assert out.tolist() == [0.25 + 1.0 + 2.0 + 1.0]
+
+
+FUNCTION_CONSTANTS = HEADER + """
+constant float scale [[function_constant(0)]];
+constant bool has_bias [[function_constant(1)]];
+constant bool no_bias = !is_function_constant_defined(has_bias) || !has_bias;
+kernel void k(device float* out [[buffer(0)]], device const float* bias [[buffer(1), function_constant(has_bias)]],
+              uint i [[thread_position_in_grid]]) {
+  out[i] = float(i) * (is_function_constant_defined(scale) ? scale : 1.0f) + (no_bias ? 0.0f : bias[i]);
+}"""
+
+
+def test_function_constants(shader):
+    x = torch.arange(4.0)
+    bias = torch.full((4,), 10.0)
+    with_bias = shader(FUNCTION_CONSTANTS, name="constants", constants={0: 2.5, "has_bias": True})
+    out = torch.zeros(4)
+    with_bias.k(out, bias)
+    assert out.tolist() == (x * 2.5 + 10).tolist()
+    plain = shader(FUNCTION_CONSTANTS, name="constants")  # no values: constants undefined
+    plain.k(out, bias)
+    assert out.tolist() == x.tolist()
+    assert plain.path != with_bias.path, "each set of values is its own module"
+    assert shader(FUNCTION_CONSTANTS, name="constants", constants={0: 2.5, "has_bias": True}).path == with_bias.path
+
+
+def test_function_constant_values_must_match_declarations(shader):
+    with pytest.raises(CompileError, match="match no \\[\\[function_constant\\]\\].*declared: has_bias, scale"):
+        shader(FUNCTION_CONSTANTS, name="constants", constants={"scael": 1.0})
+
+
+def test_user_namespace_metal_extends_the_real_one_inside_the_extension(tmp_path):
+    # Kernels built into the extension keep internal linkage (an unnamed namespace); a user's
+    # `namespace metal` there must still extend ::metal.
+    src = tmp_path / "ext.metal"
+    src.write_text(HEADER + "namespace metal { inline float twice(float x) { return 2 * x; } }\n"
+                            "kernel void k(device float* x [[buffer(0)]]) { x[0] = metal::twice(x[0]); }\n")
+    cpp = translate(src, standalone=False).cpp
+    assert "} namespace metal {" in cpp and "} namespace {" in cpp
+    assert "} namespace metal {" not in translate(src).cpp  # separate modules stand at global scope already

@@ -59,6 +59,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
 import time
 import urllib.request
@@ -166,8 +167,10 @@ def unpack_torch(wheel: zipfile.ZipFile, out: Path) -> None:
         dylib.unlink()
 
 
-def fetch(package: str, version: str, wheel_tag: str, dest: Path, unpack) -> None:
-    """Downloads a wheel from PyPI and makes dest of what unpack(wheel, out) keeps of it."""
+def fetch(package: str, version: str, wheel_tag: str, dest: Path, unpack, sha256: str | None = None) -> None:
+    """Downloads a wheel (or an sdist: wheel_tag ".tar.gz") from PyPI and makes dest of what
+    unpack(archive, out) keeps of it (a ZipFile, or a TarFile for an sdist). ``sha256`` pins the
+    file's digest; PyPI's own is always checked."""
     if dest.is_dir():
         return
     index = f"https://pypi.org/pypi/{package}/json"
@@ -186,9 +189,11 @@ def fetch(package: str, version: str, wheel_tag: str, dest: Path, unpack) -> Non
                 f.write(chunk)
         if digest.hexdigest() != wheel["digests"]["sha256"]:
             sys.exit(f"check_macos: {wheel['filename']}: sha256 differs from PyPI's")
+        if sha256 and digest.hexdigest() != sha256:
+            sys.exit(f"check_macos: {wheel['filename']}: sha256 {digest.hexdigest()} is not the pinned {sha256}")
         out = Path(tmp) / "kept"
-        with zipfile.ZipFile(path) as z:
-            unpack(z, out)
+        with (tarfile.open(path) if path.name.endswith(".tar.gz") else zipfile.ZipFile(path)) as archive:
+            unpack(archive, out)
         try:
             out.rename(dest)  # whole or not at all: an interrupted fetch leaves no cache
         except OSError:

@@ -190,17 +190,21 @@ class Library:
         return sorted(self._kernels)
 
 
-def compile_shader(source: str, *, name: str = "shader", include_dirs=()) -> Library:
+def compile_shader(source: str, *, name: str = "shader", include_dirs=(), constants=None) -> Library:
     """Compile Metal Shading Language ``source`` for the simulator (cached on disk by content).
 
     Mirrors ``torch.mps.compile_shader``: the result has one callable per
     kernel host name. Raises :class:`CompileError` with the compiler's
-    diagnostics when it does not compile; they and the simulator's reports
-    name lines of ``<cache>/<name>-<hash>.metal``, a copy of ``source``.
+    diagnostics when it does not compile, or naming the MSL rule a source
+    breaks; they and the simulator's reports name lines of
+    ``<cache>/<name>-<hash>.metal``, a copy of ``source``. ``constants``
+    (``{name or index: bool, int or float}``) gives the values of the source's
+    ``[[function_constant(i)]]`` constants, as ``MTLFunctionConstantValues``
+    does; each set of values is compiled (and cached) separately.
     """
-    return Library(compiler.compile_source(source, name, include_dirs))
+    return Library(compiler.compile_source(source, name, include_dirs, constants))
 
 
-def compile_file(path, *, include_dirs=()) -> Library:
+def compile_file(path, *, include_dirs=(), constants=None) -> Library:
     """Like :func:`compile_shader` for a ``.metal`` file; its directory is searched for includes."""
-    return Library(compiler.compile_file(path, include_dirs))
+    return Library(compiler.compile_file(path, include_dirs, constants))

@@ -154,20 +154,23 @@ def _write_atomically(path: Path, data: str) -> None:
     os.replace(tmp, path)
 
 
-def compile_source(source: str, name: str = "shader", include_dirs=()) -> Path:
+def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None) -> Path:
     """Compile MSL ``source`` text; it is stored as ``<cache>/<name>-<hash>.metal`` for diagnostics."""
     metal = cache_dir() / f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:16]}.metal"
     if not metal.exists():
         _write_atomically(metal, source)
-    return compile_file(metal, include_dirs)
+    return compile_file(metal, include_dirs, constants)
 
 
-def compile_file(metal, include_dirs=()) -> Path:
-    """Translate and compile one .metal file; returns the path of the loadable module."""
+def compile_file(metal, include_dirs=(), constants=None) -> Path:
+    """Translate and compile one .metal file; returns the path of the loadable module.
+
+    ``constants`` ({name or index: value}) are the values of its function constants.
+    """
     metal = Path(metal).resolve()
     cache, tc = cache_dir(), toolchain()
     try:
-        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx)
+        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants)
     except TranslateError as e:
         raise CompileError(str(e)) from None
     if not tr.kernels:

@@ -49,7 +49,20 @@ _STANDARD_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "no
 _POSITION_ATTRIBUTES = {"thread_position_in_grid", "threads_per_grid", "thread_position_in_threadgroup",
                         "threads_per_threadgroup", "threadgroup_position_in_grid", "dispatch_threads_per_threadgroup",
                         "threadgroups_per_grid"}
-_UNSUPPORTED_ATTRIBUTES = {"function_constant", "stage_in", "texture", "sampler", "visible_function_table"}
+# Attributes on kernel parameters the simulator does not bind. (A parameter's [[function_constant(c)]]
+# makes it optional: it keeps its [[buffer(n)]] binding, which the host leaves empty when c is false.)
+_UNSUPPORTED_ATTRIBUTES = {"stage_in", "texture", "sampler", "visible_function_table"}
+# MSL: these are uint or ushort scalars.
+_INDEX_ATTRIBUTES = {"thread_index_in_threadgroup", "thread_index_in_simdgroup", "thread_index_in_quadgroup",
+                     "simdgroup_index_in_threadgroup", "quadgroup_index_in_threadgroup", "threads_per_simdgroup",
+                     "simdgroups_per_threadgroup", "quadgroups_per_threadgroup", "thread_execution_width",
+                     "dispatch_simdgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup"}
+_INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsigned short"}
+_POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
+    f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
+_SPECIFIERS = {"static", "constexpr", "const", "inline", "volatile", "extern", "constant"}
+# Buffer and threadgroup argument slots of a Metal kernel.
+_SLOTS = 31
 
 
 class TranslateError(Exception):
@@ -94,20 +107,41 @@ _DECIMAL_FLOAT = re.compile(r"(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?|\
 _HEX_FLOAT = re.compile(r"0[xX][\da-fA-F.']*[pP][+-]?\d+")
 
 
+# What Apple's compiler predefines for MSL 3.1 on macOS, and what <metal_stdlib> defines.
+PREDEFINED = {"__METAL__": "1", "__METAL_VERSION__": str(METAL_VERSION), "__METAL_MACOS__": "1",
+              "__HAVE_BFLOAT__": "1", "__MTLSIM__": "1"}
+_STDLIB_MACROS = "#ifndef METAL_FUNC\n#define METAL_FUNC inline __attribute__((__always_inline__))\n#endif\n"
+# C and C++ library headers: MSL has none of them.
+_STD_HEADERS = re.compile(
+    r"(?:c?(?:assert|ctype|errno|float|limits|locale|math|setjmp|signal|stdarg|stddef|stdint|stdio|stdlib|string|"
+    r"time|wchar|inttypes|stdbool|complex|fenv|uchar|wctype)(?:\.h)?|algorithm|array|atomic|bitset|chrono|"
+    r"complex|deque|exception|functional|initializer_list|iomanip|ios|iosfwd|iostream|istream|iterator|list|map|"
+    r"memory|mutex|new|numeric|optional|ostream|queue|random|ratio|set|sstream|stack|stdexcept|string|"
+    r"string_view|thread|tuple|type_traits|typeinfo|unordered_map|unordered_set|utility|valarray|variant|vector|"
+    r"bit|span|numbers|concepts|compare|format|any|cstdint|cstddef|cfloat|climits|cmath|cstdio|cstdlib|cstring)")
+
+
 def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defines=()) -> str:
     """Run the C preprocessor over a .metal file as Apple's compiler would see it."""
     cxx = cxx or os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
         for name in _METAL_HEADERS:
-            Path(stubs, name).write_text("")
-        cmd = [cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
-               "-D__METAL_MACOS__=1", "-D__HAVE_BFLOAT__=1", "-D__MTLSIM__=1", "-I", stubs]
+            Path(stubs, name).write_text(_STDLIB_MACROS)
+        cmd = [cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
+               *(f"-D{k}={v}" for k, v in PREDEFINED.items())]
         for d in include_dirs:
             cmd += ["-I", str(d)]
         cmd += [f"-D{d}" for d in defines]
         cmd.append(str(source_path))
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise TranslateError(f"{source_path}:1: preprocessing failed: {e}") from None
     if proc.returncode != 0:
+        missing = re.search(r"^(.*?:\d+):\d+: fatal error: ([^:]+): No such file", proc.stderr, re.M)
+        if missing and _STD_HEADERS.fullmatch(missing.group(2)):
+            raise TranslateError(f"{missing.group(1)}: MSL rule 'no C/C++ standard library': <{missing.group(2)}> "
+                                 f"is a C/C++ library header; MSL has only its own <metal_*> headers")
         raise TranslateError(proc.stderr.strip() or f"preprocessing {source_path} failed")
     return proc.stdout
 
@@ -139,19 +173,39 @@ def _tokenize(text: str) -> list[_Tok]:
 
 
 class _Translator:
-    def __init__(self, tokens: list[_Tok]):
+    def __init__(self, tokens: list[_Tok], standalone: bool = True, constants=None):
         self.t = tokens
+        self.standalone = standalone
+        self.constants = dict(constants or {})
+        self.constants_used: set = set()
+        self.function_constants: dict[str, bool] = {}  # name -> whether a value was given
+        self.hosts: dict[str, str] = {}  # host name -> where its kernel is
+        self.plain_kernels: dict[tuple[str, ...], dict] = {}  # kernels that are not templates
+        self.cursor = 0
         self.out: list[list[_Tok] | None] = [None] * len(tokens)  # replacement per token; None keeps it
         self.kernels: list[Kernel] = []
         self.glue: list[tuple] = []  # (host name, entry pointer, number, max threads, binders)
-        self.defs: dict[tuple[str, ...], dict] = {}  # (namespaces..., name) -> kernel definition
+        self.defs: dict[tuple[str, ...], list[dict]] = {}  # (namespaces..., name) -> kernel definitions
         self.sites = 0
         self.entries = 0
 
     # -- helpers ------------------------------------------------------------
     def err(self, i: int, msg: str):
-        tok = self.t[min(i, len(self.t) - 1)]
-        raise TranslateError(f"{tok.file}:{tok.line}: {msg}")
+        raise TranslateError(f"{self.where(i)}: {msg}")
+
+    def where(self, i: int) -> str:
+        """``file:line`` of token i (the last token when i is past the end)."""
+        if not self.t:
+            return "<empty source>:1"
+        tok = self.t[max(0, min(i, len(self.t) - 1))]
+        return f"{tok.file}:{tok.line}"
+
+    def find(self, i: int, stops, what: str) -> int:
+        """Index of the first token from i whose text is in ``stops``; an error at the end of the input."""
+        for j in range(i, len(self.t)):
+            if self.t[j].text in stops:
+                return j
+        self.err(i, f"unexpected end of input: expected {what}")
 
     def text(self, i: int) -> str:
         return self.t[i].text if 0 <= i < len(self.t) else ""
@@ -188,6 +242,8 @@ class _Translator:
             if k < len(inner) and inner[k].text == "(":
                 depth, k = 1, k + 1
                 while depth:
+                    if k >= len(inner):
+                        self.err(i, f"unbalanced '(' in [[{name}]]")
                     depth += {"(": 1, ")": -1}.get(inner[k].text, 0)
                     if depth:
                         args.append(inner[k])
@@ -231,19 +287,22 @@ class _Translator:
     # -- passes -------------------------------------------------------------
     def run(self) -> None:
         scopes: list[str | None] = []  # namespace name, or None for any other brace
+        reopen: list[int] = []  # depths of user `namespace metal` blocks (see below)
         stmt_start = 0
         i = 0
         while i < len(self.t):
+            self.cursor = i
             s = self.t[i].text
             at_namespace_scope = all(x is not None for x in scopes)
             if at_namespace_scope and s == "namespace" and self.t[i].kind == "id":
-                j = i + 1
-                names = []
-                while self.text(j) not in ("{", "=", ";"):
-                    if self.t[j].kind == "id" and self.t[j].text != "inline":
-                        names.append(self.t[j].text)
-                    j += 1
+                j = self.find(i + 1, ("{", "=", ";"), "'{' after namespace")
+                names = [t.text for t in self.t[i + 1:j] if t.kind == "id" and t.text != "inline"]
                 if self.text(j) == "{":
+                    if not self.standalone and not scopes and names[:1] == ["metal"]:
+                        # Modules compiled into the extension keep their code in an unnamed
+                        # namespace; a user's `namespace metal` extends the real one, as in MSL.
+                        self.replace(i, self.code("} namespace", i))
+                        reopen.append(len(scopes) + 1)
                     scopes.append("::".join(names))
                     i, stmt_start = j + 1, j + 1
                     continue
@@ -251,6 +310,9 @@ class _Translator:
                 scopes.append(None)
                 stmt_start = i + 1
             elif s == "}":
+                if reopen and reopen[-1] == len(scopes):
+                    reopen.pop()
+                    self.replace(i, self.code("} namespace {", i))
                 if scopes:
                     scopes.pop()
                 stmt_start = i + 1
@@ -258,6 +320,10 @@ class _Translator:
                 stmt_start = i + 1
             elif at_namespace_scope and i == stmt_start and s == "template" and self.text(i + 1) != "<":
                 i = self.instantiation(i, scopes)
+                stmt_start = i
+                continue
+            elif at_namespace_scope and self.is_attr_start(i) and "function_constant" in dict(self.attributes(i)):
+                i = self.function_constant(stmt_start, i)
                 stmt_start = i
                 continue
             elif at_namespace_scope and self.is_kernel_keyword(i):
@@ -284,21 +350,28 @@ class _Translator:
         """A kernel function (template or not) from its statement start; returns where the main pass goes on."""
         templated = self.text(start) == "template" and self.text(start + 1) == "<"
         attrs = {}
-        j = start
-        while j < len(self.t) and self.text(j) != "(":
+        j = self.matching_angle(start + 1) + 1 if templated else start
+        while j < len(self.t) and self.text(j) not in ("(", ";", "{", "}"):
             if self.is_attr_start(j):
                 attrs.update((n, a) for n, a in self.attributes(j))
                 j = self.attr_end(j)
                 continue
             j += 1
+        if self.text(j) != "(":
+            self.err(k, "expected the kernel's parameter list")
         paren = j
         name_at = paren - 1
         if self.text(name_at) in (">", ">>"):
             self.err(paren, "explicit specializations of kernels are not supported; use an explicit instantiation")
+        if self.t[name_at].kind != "id":
+            self.err(paren, "expected the kernel's name before '('")
         name = self.text(name_at)
+        self.check_kernel_return(start, name_at)
         close = self.match(paren, "(", ")")
         body = close + 1
         while self.text(body) not in ("{", ";"):
+            if body >= len(self.t):
+                self.err(close, f"unexpected end of input: kernel '{name}' has no body")
             if self.is_attr_start(body):
                 attrs.update((n, a) for n, a in self.attributes(body))
                 body = self.attr_end(body)
@@ -307,16 +380,62 @@ class _Translator:
         binders = self.parameters(paren, close)
         limit = attrs.get("max_total_threads_per_threadgroup")
         definition = {
-            "name": name, "binders": binders, "at": name_at,
+            # Qualified, so no function that `using namespace metal` brings in can make it ambiguous.
+            "name": "::" + "::".join([*_namespaces(scopes), name]), "binders": binders, "at": name_at,
             "max_threads": "".join(t.text for t in limit) if limit else "0",
         }
         if self.text(body) == ";":
             return body + 1  # a declaration; the definition comes later
-        self.defs[(*_namespaces(scopes), name)] = definition
+        key = (*_namespaces(scopes), name)
+        if key in self.plain_kernels or (key in self.defs and not templated):
+            first = self.plain_kernels.get(key) or self.defs[key][0]
+            self.err(name_at, f"MSL rule 'kernel overload': kernel functions cannot be overloaded; '{name}' is "
+                              f"already defined at {self.where(first['at'])}")
+        if not templated:
+            self.plain_kernels[key] = definition
+        self.defs.setdefault(key, []).append(definition)
+        end = self.match(body, "{", "}")
         if not templated:
             host = _host_name(attrs.get("host_name")) or name
-            self.add_entry(host, name, definition, at=name_at, insert_after=self.match(body, "{", "}"), scopes=scopes)
+            self.add_entry(host, definition["name"], definition, at=name_at, insert_after=end, scopes=scopes)
         return body  # the main pass walks the body like any other block
+
+    def check_kernel_return(self, start: int, name_at: int) -> None:
+        """MSL: kernel functions return void."""
+        j, kept = start, []
+        while j < name_at:
+            s = self.text(j)
+            if self.is_attr_start(j):
+                j = self.attr_end(j)
+                continue
+            if s == "template" and self.text(j + 1) == "<":
+                j = self.matching_angle(j + 1) + 1
+                continue
+            if s == "__attribute__" and self.text(j + 1) == "(":
+                j = self.match(j + 1, "(", ")") + 1
+                continue
+            if s not in ("kernel", "static", "inline", "extern", "metal", "::"):
+                kept.append(s)
+            j += 1
+        if kept != ["void"]:
+            self.err(name_at, f"MSL rule 'kernel return type': kernel functions must return void, "
+                              f"'{self.text(name_at)}' returns '{' '.join(kept)}'")
+
+    def matching_angle(self, open_: int) -> int:
+        """Index of the '>' closing the template argument list opened at ``open_``."""
+        depth, j = 0, open_
+        while j < len(self.t):
+            s = self.t[j].text
+            if s == "<":
+                depth += 1
+            elif s in (">", ">>"):
+                depth -= len(s)
+                if depth <= 0:
+                    return j
+            elif s in ("(", "["):
+                j = self.match(j, s, ")" if s == "(" else "]")
+            j += 1
+        self.err(open_, "unbalanced '<'")
 
     def parameters(self, paren: int, close: int) -> list[str]:
         """C++ binder types for the kernel parameters between the parentheses."""
@@ -346,16 +465,20 @@ class _Translator:
                         if name in _UNSUPPORTED_ATTRIBUTES:
                             self.err(j, f"[[{name}]] is not supported by the simulator")
                         if name in ("buffer", "threadgroup"):
-                            index = int("".join(t.text for t in args).rstrip("uU"), 0)
+                            index = self.slot_index(j, name, args)
+                            if index in explicit[name]:
+                                self.err(j, f"[[{name}({index})]] is bound twice")
                             explicit[name].add(index)
                             binding = (name, index)
-                        elif name not in _STANDARD_ATTRIBUTES and binding is None:
+                        elif name not in _STANDARD_ATTRIBUTES and name != "function_constant" and binding is None:
                             binding = ("attr", name)
             if binding is None:
                 kind = "threadgroup" if any(self.t[j].text == "threadgroup" for j in p) else "buffer"
                 binding = (kind, None)
-            elif binding[1] in _POSITION_ATTRIBUTES:
-                positions[binding[1]] = (_components(self.t[j].text for j in p), p[0])
+            elif binding[1] in _POSITION_ATTRIBUTES or binding[1] in _INDEX_ATTRIBUTES:
+                self.check_attribute_type(binding[1], p)
+                if binding[1] in _POSITION_ATTRIBUTES:
+                    positions[binding[1]] = (_components(self.t[j].text for j in p), p[0])
             parsed.append(binding)
         if len({n for n, _ in positions.values()}) > 1:
             declared = ", ".join(f"[[{a}]] with {n}" for a, (n, _) in positions.items())
@@ -369,16 +492,71 @@ class _Translator:
                 binders.append(f"::mtlsim::AttrArg<::mtlsim::Attr::{value}>")
                 continue
             if value is None:  # Metal gives unattributed parameters the next free index
-                value = next(n for n in range(64) if n not in explicit[kind])
+                value = next((n for n in range(_SLOTS) if n not in explicit[kind]), None)
+                if value is None:
+                    self.err(paren, f"kernel has more than {_SLOTS} {kind} parameters (Metal's limit)")
                 explicit[kind].add(value)
             binders.append(f"::mtlsim::{'BufferArg' if kind == 'buffer' else 'ThreadgroupArg'}<{value}>")
         return binders
 
+    def slot_index(self, at: int, name: str, args) -> int:
+        text = "".join(t.text for t in args)
+        try:
+            index = int(text.rstrip("uU"), 0)
+        except ValueError:
+            self.err(at, f"[[{name}({text})]]: the index must be an integer literal")
+        if not 0 <= index < _SLOTS:
+            self.err(at, f"[[{name}({index})]]: Metal has {_SLOTS} {name} slots, 0 to {_SLOTS - 1}")
+        return index
+
+    def check_attribute_type(self, attribute: str, param: list[int]) -> None:
+        """MSL: thread position attributes are uint/ushort scalars or 2-/3-vectors; index attributes scalars."""
+        words, depth = [], 0
+        for j in param:
+            s = self.t[j].text
+            depth += {"[": 1, "]": -1}.get(s, 0)
+            if depth == 0 and s != "]" and (self.t[j].kind in ("id", "num") or s in ("<", ">", ",")):
+                words.append(s)
+        words = [w for w in words[:-1] if w not in ("const", "metal", "thread")]  # drop the parameter's name
+        text = " ".join(words).replace("< ", "<").replace(" >", ">").replace(" , ", ",")
+        allowed = _POSITION_TYPES if attribute in _POSITION_ATTRIBUTES else _INDEX_TYPES
+        if text in allowed or not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
+            return  # allowed, or a template parameter or typedef the translator cannot see through
+        kinds = "uint or ushort, or a 2- or 3-vector of them" if allowed is _POSITION_TYPES else "uint or ushort"
+        self.err(param[0], f"MSL rule 'attribute type': [[{attribute}]] must be {kinds}, not '{text}'")
+
+    def function_constant(self, start: int, at: int) -> int:
+        """``constant T name [[function_constant(i)]];`` -> a compile-time value given at compile time."""
+        end = self.find(at, (";",), "';' after the function constant")
+        index_tokens = dict(self.attributes(at))["function_constant"]
+        decl = [k for k in range(start, at) if self.text(k) not in ("constant", "const")]
+        if not decl or self.text(decl[-1]) in ("]",) or self.t[decl[-1]].kind != "id":
+            self.err(at, "expected 'constant T name [[function_constant(index)]];'")
+        name = self.text(decl[-1])
+        type_src = " ".join(self.text(k) for k in decl[:-1])
+        index = "".join(t.text for t in index_tokens)
+        if re.fullmatch(r"[\d+*()-]+", index):  # e.g. `FC_NORM + 0` after preprocessing
+            try:
+                index = str(eval(index, {"__builtins__": {}}))  # digits and + - * ( ) only
+            except (SyntaxError, ArithmeticError):
+                self.err(at, f"[[function_constant({index})]]: cannot evaluate the index")
+        key = next((k for k in (name, index) if k in self.constants), None)
+        if key is None and index.isdigit() and int(index) in self.constants:
+            key = int(index)
+        if key is not None and not isinstance(self.constants[key], (bool, int, float)):
+            self.err(at, f"function constant '{name}': values are bool, int or float, "
+                         f"got {type(self.constants[key]).__name__}")
+        self.function_constants[name] = key is not None
+        self.constants_used.add(key)
+        value = _cpp_value(self.constants[key]) if key is not None else ""
+        self.drop(start, end + 1)
+        self.replace(start, self.code(f"constexpr {type_src} {name} = {type_src}({value});", start))
+        return end + 1
+
     def instantiation(self, i: int, scopes) -> int:
-        """``template [[host_name("x")]] kernel void f<T>(...);`` or the decltype form."""
-        end = i
-        while self.text(end) != ";":
-            end += 1
+        """An explicit instantiation: ``template [[host_name("x")]] kernel void f<T>(...);``, the same with
+        deduced template arguments, the ``decltype`` form and the typedef form ``template ... kernel f_t f<T>;``."""
+        end = self.find(i, (";",), "';' after the explicit instantiation")
         attrs, is_kernel, j = {}, False, i + 1
         while j < end:
             if self.is_attr_start(j):
@@ -395,26 +573,56 @@ class _Translator:
         if not host:
             self.err(i, "kernel instantiations need [[host_name(\"...\")]]")
         decl = [k for k in range(i, end) if self.t[k].text == "decltype"]
+        paren = next((k for k in range(i + 1, end) if self.t[k].text == "(" and not self.inside_attribute(i, k)), None)
         if decl:
             start = self.match(decl[0] + 1, "(", ")") + 1
             stop = end
+        elif paren is None:  # typedef form: the declarator ends the statement
+            stop = end
+            start = self.declarator_start(stop, i)
         else:
-            stop = next(k for k in range(i + 1, end)
-                        if self.t[k].text == "(" and not self.inside_attribute(i, k))
-            start = stop - 1
-            if self.text(start) in (">", ">>"):
-                start = self.matching_angle_back(start)
-            start -= 1
-            while self.text(start - 1) == "::":
-                start -= 2
+            stop = paren
+            start = self.declarator_start(stop, i)
+        if start >= stop:
+            self.err(i, "expected the instantiated kernel's name")
         declarator = " ".join(self.t[k].text for k in range(start, stop))
         name = declarator.split("<")[0].split("::")[-1].strip()
-        definition = self.lookup(scopes, name)
-        if definition is None:
+        candidates = self.lookup(scopes, name)
+        if not candidates:
             self.err(i, f"instantiation of unknown kernel template '{name}'")
+        # Kernel templates may be overloaded: the one whose parameters the instantiation lists.
+        count = self.count_parameters(paren) if paren is not None and not decl else None
+        definition = next((d for d in candidates if len(d["binders"]) == count), candidates[-1])
+        declarator = definition["name"] + (" " + declarator[declarator.index("<"):] if "<" in declarator else "")
+        if paren is not None and not decl and self.text(stop - 1) not in (">", ">>"):
+            # Deduced template arguments: the statement becomes the function type that selects the specialization.
+            alias = f"mtlsim_signature_{self.entries}"
+            self.drop(i, start)
+            self.replace(i, self.code(f"using {alias} = void", i))
+            self.drop(start, stop)
+            self.add_entry(host, f"static_cast<{alias}*>(&{declarator})", definition, at=i, insert_after=end,
+                           scopes=scopes)
+            return end + 1
         self.drop(i, end + 1)
         self.add_entry(host, declarator, definition, at=i, insert_after=end, scopes=scopes)
         return end + 1
+
+    def count_parameters(self, paren: int) -> int:
+        close, depth, count = self.match(paren, "(", ")"), 0, 0
+        for j in range(paren + 1, close):
+            s = self.t[j].text
+            depth += {"(": 1, "[": 1, "<": 1, ")": -1, "]": -1, ">": -1, ">>": -2}.get(s, 0)
+            count += s == "," and depth == 0
+        return count + (close > paren + 1 and [t.text for t in self.t[paren + 1:close]] != ["void"])
+
+    def declarator_start(self, stop: int, floor: int) -> int:
+        """Start of the (possibly qualified, possibly templated) name that ends just before ``stop``."""
+        start = stop - 1
+        if self.text(start) in (">", ">>"):
+            start = self.matching_angle_back(start) - 1
+        while start - 2 > floor and self.text(start - 1) == "::":
+            start -= 2
+        return max(start, floor + 1)
 
     def inside_attribute(self, start: int, k: int) -> bool:
         depth = 0
@@ -444,12 +652,17 @@ class _Translator:
 
     def add_entry(self, host: str, function: str, definition: dict, at: int, insert_after: int, scopes) -> None:
         """Declares the kernel's entry point right after its definition or instantiation, in its namespace."""
+        if host in self.hosts:
+            self.err(at, f"two kernels have the host name '{host}' (the other is at {self.hosts[host]})")
+        self.hosts[host] = self.where(at)
         n = self.entries
         self.entries += 1
         binders = ", ".join(definition["binders"])
         src = (f"constexpr ::mtlsim::Site mtlsim_site_{n} = {self.site(definition['at'])}; "
                f"constexpr void (*mtlsim_entry_{n})(const ::mtlsim::ThreadCtx*) = "
-               f"&::mtlsim::entry<&{function}, ::mtlsim::Bind<{binders}>, &mtlsim_site_{n}>; ")
+               f"&::mtlsim::entry<{function}, ::mtlsim::Bind<{binders}>, &mtlsim_site_{n}>; ")
+        if not function.startswith("static_cast"):
+            src = src.replace(f"entry<{function},", f"entry<&{function},")
         kept = self.out[insert_after] if self.out[insert_after] is not None else [self.t[insert_after]]
         self.out[insert_after] = kept + self.code(src, at)
         qualified = "::".join([*_namespaces(scopes), f"mtlsim_entry_{n}"])
@@ -461,6 +674,8 @@ class _Translator:
         """``threadgroup T a[N], b;`` -> references to threadgroup-shared storage."""
         end, depth = i, 0
         while not (self.text(end) == ";" and depth == 0):
+            if end >= len(self.t) or (depth == 0 and self.text(end) == "}"):
+                self.err(i, "expected ';' after the threadgroup declaration")
             depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(self.text(end), 0)
             end += 1
         body = list(range(i + 1, end))
@@ -522,7 +737,19 @@ class _Translator:
                 i = end
                 continue
             if tok.kind == "id":
-                if tok.text == "reinterpret_cast" and self.text(i - 1) != "::":
+                if tok.text == "coherent" and self.text(i + 1) == "(":
+                    # MSL 3.2 memory coherence (`coherent(device) device T*`): CPU memory is coherent.
+                    self.drop(i, self.match(i + 1, "(", ")") + 1)
+                elif tok.text == "is_function_constant_defined" and self.text(i + 1) == "(":
+                    close = self.match(i + 1, "(", ")")
+                    name = " ".join(t.text for t in self.t[i + 2:close])
+                    if name not in self.function_constants:
+                        self.err(i, f"is_function_constant_defined({name}): '{name}' is not a function constant")
+                    self.drop(i, close + 1)
+                    self.replace(i, [self.new("true" if self.function_constants[name] else "false", i, "id")])
+                    i = close + 1
+                    continue
+                elif tok.text == "reinterpret_cast" and self.text(i - 1) != "::":
                     # Checks alignment, see mtlsim/glue.h.
                     self.replace(i, self.code("::mtlsim::aligned_cast", i))
                 elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
@@ -530,15 +757,47 @@ class _Translator:
                 elif tok.text in _ERASED_ADDRESS_SPACES:
                     self.replace(i, [])
                 elif tok.text == "constant":
-                    # `constant const T` would be a duplicate const in C++.
-                    dup = self.text(i - 1) == "const" or self.text(i + 1) == "const"
-                    self.replace(i, [tok] + ([] if dup else [self.new("const", i, "id")]))
+                    # `constant const T`, `static constant constexpr const T`: no duplicate const in C++.
+                    self.replace(i, [tok] + ([] if self.const_nearby(i) else [self.new("const", i, "id")]))
             elif tok.kind == "num":
                 self.replace(i, _number(tok))
             i += 1
 
+    def const_nearby(self, i: int) -> bool:
+        """Whether the declaration of the address space at i says const or constexpr already."""
+        j = i - 1
+        while self.text(j) in _SPECIFIERS:
+            if self.text(j) in ("const", "constexpr"):
+                return True
+            j -= 1
+        j, depth = i + 1, 0
+        while j < len(self.t):
+            s = self.text(j)
+            if s == "<":
+                depth += 1
+            elif s in (">", ">>"):
+                depth -= len(s)
+            elif depth <= 0 and s in ("*", "&", "&&", "=", ";", ",", "(", "[", "{", ")"):
+                return False
+            elif depth <= 0 and s in ("const", "constexpr"):
+                return True
+            j += 1
+        return False
+
+    def check_constants(self) -> None:
+        unknown = [k for k in self.constants if k not in self.constants_used]
+        if unknown:
+            declared = ", ".join(sorted(self.function_constants)) or "none"
+            raise TranslateError(f"{self.where(0)}: constants {unknown} match no [[function_constant]] of this "
+                                 f"source (declared: {declared})")
+
     def emit(self, module_symbol: str, standalone: bool) -> str:
-        lines = ["// Generated by mps_ext.sim.translate; do not edit.", '#include "mtlsim/prelude.h"', "namespace {"]
+        # Kernels compiled into a separate module stand at global scope, as in MSL (so a user's
+        # overload joins metal's instead of hiding it); those compiled into the extension keep
+        # internal linkage, so two .metal files cannot clash at link time.
+        lines = ["// Generated by mps_ext.sim.translate; do not edit.", '#include "mtlsim/prelude.h"']
+        if not standalone:
+            lines.append("namespace {")
         out: list[str] = []
         cur_file, cur_line = None, 0
         for i, tok in enumerate(self.t):
@@ -553,6 +812,8 @@ class _Translator:
                 out.append(" ")
         lines.append("".join(out))
         lines.append("#line 1 \"<mtlsim glue>\"")
+        if standalone:
+            lines.append("namespace {")
         infos = []
         for host, qualified, n, max_threads, binders in self.glue:
             args = ", ".join(_kernel_arg(b) for b in binders)
@@ -609,6 +870,21 @@ def _kernel_arg(binder: str) -> str:
     return f"{{::mtlsim::ArgKind::Attribute, uint32_t(::mtlsim::{attr})}}"
 
 
+def _cpp_value(value) -> str:
+    """A Python bool, int or float as a C++ literal, exactly."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value) if -2**31 <= value < 2**31 else f"{value}ll" if -2**63 <= value < 2**63 else f"{value}ull"
+    if isinstance(value, float):
+        if value != value:
+            return "__builtin_nanf(\"\")"
+        if value in (float("inf"), float("-inf")):
+            return ("-" if value < 0 else "") + "__builtin_inff()"
+        return value.hex() + "f"  # MSL has no double: the float nearest the value
+    raise TranslateError(f"function constant values are bool, int or float, got {type(value).__name__}")
+
+
 def _number(tok: _Tok) -> list[_Tok]:
     """Half literals become half(); unsuffixed floating literals become float, as in MSL."""
     text = tok.text
@@ -625,14 +901,391 @@ def _number(tok: _Tok) -> list[_Tok]:
 
 
 def translate(source_path: Path, *, include_dirs=(), module_symbol: str = "mtlsim_module_init",
-              standalone: bool = True, cxx: str | None = None, defines=()) -> Translation:
+              standalone: bool = True, cxx: str | None = None, defines=(), constants=None) -> Translation:
     """Translate one .metal file into one C++ translation unit.
 
     ``standalone`` modules are shared libraries loaded at run time (they get the
     runtime's API table from their init function); others are compiled into the
-    extension itself, where the runtime defines it.
+    extension itself, where the runtime defines it. ``constants`` gives the values
+    of ``[[function_constant(i)]]`` program-scope constants, by name or index, as
+    ``MTLFunctionConstantValues`` does. Every failure is a ``TranslateError`` that
+    names a ``.metal`` position.
     """
     text = preprocess(Path(source_path), include_dirs, cxx, defines)
-    tr = _Translator(_tokenize(text))
-    tr.run()
-    return Translation(tr.emit(module_symbol, standalone), tr.kernels, tr.sites)
+    return translate_text(text, module_symbol=module_symbol, standalone=standalone, constants=constants)
+
+
+def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", standalone: bool = True,
+                   constants=None) -> Translation:
+    """Translate preprocessed MSL (with line markers) into C++."""
+    tokens = _tokenize(text)
+    tr = _Translator(tokens, standalone, constants)
+    try:
+        check_rules(tokens)
+        tr.run()
+        tr.check_constants()
+        cpp = tr.emit(module_symbol, standalone)
+    except TranslateError:
+        raise
+    except (IndexError, KeyError, ValueError, StopIteration, TypeError, AttributeError, RecursionError) as e:
+        raise TranslateError(f"{tr.where(tr.cursor)}: cannot translate this source "
+                             f"(translator error {type(e).__name__}: {e})") from None
+    return Translation(cpp, tr.kernels, tr.sites)
+
+
+# -- MSL's language rules -------------------------------------------------------------------------
+# What the MSL specification (chapter 1.4/2 "C++ features not supported", 4 "address spaces",
+# 5 "function and variable declarations") forbids and a C++ compiler would accept. Each error
+# names its rule and the .metal line; README "Supported MSL" lists what is deliberately left alone.
+
+_ADDRESS_SPACE_WORDS = _ADDRESS_SPACES | {"constant"}
+_FORBIDDEN_KEYWORDS = {
+    "double": ("no double", "MSL has no double precision type"),
+    "new": ("no dynamic allocation", "MSL has no new/delete"),
+    "try": ("no exceptions", "MSL has no exception handling"),
+    "catch": ("no exceptions", "MSL has no exception handling"),
+    "throw": ("no exceptions", "MSL has no exception handling"),
+    "virtual": ("no virtual functions", "MSL has no virtual functions"),
+    "typeid": ("no RTTI", "MSL has no run-time type identification (typeid)"),
+    "dynamic_cast": ("no RTTI", "MSL has no dynamic_cast"),
+    "goto": ("no goto", "MSL has no goto"),
+    "thread_local": ("no thread_local", "MSL has no thread_local storage"),
+    "register": ("no register", "MSL has no register storage class"),
+}
+_C_LIBRARY = {"printf", "fprintf", "sprintf", "snprintf", "vprintf", "puts", "putchar", "fputs", "fopen", "fclose",
+              "fread", "fwrite", "malloc", "calloc", "realloc", "free", "aligned_alloc", "exit", "abort", "atexit",
+              "memcpy", "memmove", "memset", "memcmp", "strlen", "strcpy", "strncpy", "strcmp", "strcat", "atoi",
+              "atof", "strtol", "strtod", "rand", "srand", "qsort", "bsearch", "time", "clock", "getenv", "system",
+              "scanf", "sscanf", "setjmp", "longjmp", "raise", "signal"}
+# A user's overload of one of these (`half exp(half x) { return half(exp(float(x))); }`) calls metal's,
+# not itself: the recursion rule leaves them alone.
+_METAL_FUNCTIONS = set("""abs acos acosh asin asinh atan atan2 atanh cbrt ceil clamp clz copysign cos cosh cospi
+cross ctz degrees distance divide dot erf erfc exp exp10 exp2 expm1 extract_bits fabs fdim floor fma fmax fmax3
+fmedian3 fmin fmin3 fmod fract frexp hadd ilogb insert_bits isfinite isinf isnan isnormal ldexp length
+length_squared log log10 log1p log2 logb mad max max3 median3 min min3 mix modf mul24 mulhi nextafter normalize
+popcount pow powr radians reciprocal reverse_bits rhadd rint rotate round rsqrt select sign signbit sin sincos
+sinh sinpi smoothstep sqrt step tan tanh tanpi trunc""".split())
+# Built-in types (and `vec`): pointers and references to them must carry an address space, and the
+# attribute type rule judges them (template parameters and typedefs may carry a space or be anything,
+# so they are not judged).
+_CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|size_t|"
+                            r"ptrdiff_t|u?int(?:8|16|32|64)_t|(?:packed_)?(?:bool|char|uchar|short|ushort|int|uint|"
+                            r"long|ulong|half|bfloat|float)[234]|(?:half|float|bfloat)[234]x[234]|vec|"
+                            r"atomic_(?:int|uint|bool|float)|unsigned|signed")
+
+
+class _Rules:
+    """One pass over the tokens with a scope stack (namespace, class, function, block, initializer)."""
+
+    def __init__(self, tokens: list[_Tok]):
+        self.t = tokens
+        self.structs = {t2.text for t1, t2 in zip(tokens, tokens[1:])
+                        if t1.text in ("struct", "class", "union") and t2.kind == "id"}
+        self.functions: dict[str, list] = {}  # namespace-scope function name -> [(template?, body start, end)]
+
+    def text(self, i: int) -> str:
+        return self.t[i].text if 0 <= i < len(self.t) else ""
+
+    def fail(self, i: int, rule: str, msg: str):
+        tok = self.t[min(i, len(self.t) - 1)]
+        raise TranslateError(f"{tok.file}:{tok.line}: MSL rule '{rule}': {msg}")
+
+    def close_of(self, i: int, open_: str, close: str) -> int:
+        depth = 0
+        for j in range(i, len(self.t)):
+            if self.t[j].text == open_:
+                depth += 1
+            elif self.t[j].text == close:
+                depth -= 1
+                if depth == 0:
+                    return j
+        return len(self.t)  # unbalanced: the translator reports it
+
+    def run(self) -> None:
+        self.tokens()
+        kinds: list[str] = []  # "ns", "class", "func", "block", "init"
+        start, pending_ns = 0, False
+        for i, tok in enumerate(self.t):
+            s = tok.text
+            if s == "namespace":
+                pending_ns = True
+            elif s == "{":
+                kind = "ns" if pending_ns else self.brace_kind(start, i, kinds)
+                pending_ns = False
+                if kind == "func":
+                    self.parameters(start, i)
+                    if not kinds or all(k == "ns" for k in kinds):
+                        self.note_function(start, i)
+                kinds.append(kind)
+                start = i + 1
+            elif s == "}":
+                if kinds:
+                    kinds.pop()
+                start = i + 1
+            elif s == ";":
+                pending_ns = False
+                self.statement(start, i, kinds[-1] if kinds else "ns")
+                start = i + 1
+            elif s == ":" and kinds and kinds[-1] in ("class",) and self.text(i - 1) in ("public", "private",
+                                                                                       "protected"):
+                start = i + 1
+        self.recursion()
+
+    # token-level rules
+    def tokens(self) -> None:
+        declared = {self.t[k].text for k in range(1, len(self.t) - 1)
+                    if self.t[k].kind == "id" and self.text(k + 1) == "(" and
+                    (self.t[k - 1].kind == "id" or self.text(k - 1) in ("*", "&", ">"))}
+        for i, tok in enumerate(self.t):
+            s = tok.text
+            if tok.kind != "id":
+                if s == "[" and self.text(i + 1) != "[" and self.text(i - 1) != "[":
+                    self.lambda_at(i)
+                continue
+            prev = self.text(i - 1)
+            if prev in (".", "->"):
+                continue
+            if s in _FORBIDDEN_KEYWORDS and prev != "::":
+                rule, msg = _FORBIDDEN_KEYWORDS[s]
+                self.fail(i, rule, msg)
+            elif s == "long" and self.text(i + 1) == "double":
+                self.fail(i, "no double", "MSL has no long double")
+            elif s == "delete" and prev != "=":
+                self.fail(i, "no dynamic allocation", "MSL has no new/delete")
+            elif s == "std" and self.text(i + 1) == "::" and prev != "::":
+                self.fail(i, "no C/C++ standard library", "the C++ standard library (std::) is not available in MSL; "
+                                                           "use the metal:: equivalents")
+            elif s in _C_LIBRARY and self.text(i + 1) == "(" and prev != "::" and s not in declared:
+                self.fail(i, "no C/C++ standard library", f"{s}() is a C library function; MSL has no C library")
+
+    def lambda_at(self, i: int) -> None:
+        prev = self.t[i - 1] if i else None
+        if prev is not None and (prev.kind in ("id", "num", "str", "chr") and prev.text != "return"
+                                 or prev.text in (")", "]", ">", "operator")):
+            return  # a subscript, an array declarator or operator[]
+        close = self.close_of(i, "[", "]")
+        if self.text(close + 1) in ("(", "{", "mutable", "->", "<"):
+            self.fail(i, "no lambdas", "lambda expressions need MSL 4; this package targets MSL 3.1")
+
+    # scopes
+    def brace_kind(self, start: int, i: int, kinds: list[str]) -> str:
+        inside_function = any(k in ("func", "block") for k in kinds)
+        words = [self.t[k].text for k in range(start, i)]
+        prev = self.text(i - 1)
+        if prev in ("=", ",", "(", "return", "{", "?", ":") or (prev == "]" and not inside_function and "=" in words):
+            return "init"
+        if inside_function:
+            return "block" if prev in (")", "else", "do", ";", "{", "}", "try") or prev == "" or \
+                self.t[i - 1].kind != "id" else "init"
+        if any(w in ("struct", "class", "union") for w in words) and "(" not in words:
+            return "class"
+        if "enum" in words:
+            return "init"
+        if ")" in words:
+            return "func"
+        if words[:2] == ["extern", '"C"'] or (words and words[0] == "extern"):
+            return "ns"
+        return "init" if "=" in words else "class"
+
+    # statements
+    def decl_tokens(self, start: int, end: int) -> list[int]:
+        """Indices of the statement's tokens without attributes."""
+        out, k = [], start
+        while k < end:
+            if self.text(k) == "[" and self.text(k + 1) == "[":
+                k = self.close_of(k, "[", "]") + 1
+                continue
+            if self.text(k) == "__attribute__" and self.text(k + 1) == "(":
+                k = self.close_of(k + 1, "(", ")") + 1
+                continue
+            out.append(k)
+            k += 1
+        return out
+
+    def statement(self, start: int, end: int, kind: str) -> None:
+        idx = self.decl_tokens(start, end)
+        if not idx:
+            return
+        words = [self.t[k].text for k in idx]
+        if words[0] in ("typedef", "using", "template", "static_assert", "friend", "namespace", "return", "break",
+                        "continue", "case", "default", "struct", "class", "union", "enum", "if", "for", "while",
+                        "switch", "do", "else"):
+            return
+        top = self.top_level(idx)
+        is_function = "(" in top and ("=" not in top or top.index("(") < top.index("="))
+        if kind == "ns":
+            if is_function:
+                self.parameters(start, end)
+                return
+            if not any(w in words for w in ("constant", "constexpr")) and self.looks_like_variable(top):
+                self.fail(idx[0], "program scope variable",
+                          "variables at program scope must be declared in the constant address space "
+                          "('constant T name = ...;')")
+        elif kind == "class":
+            if is_function:
+                self.parameters(start, end)
+                return
+            if "static" in words and not any(w in words for w in ("constant", "constexpr")):
+                self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
+                                                     "space ('static constant T name = ...;')")
+            self.pointer_declaration(idx, "class member")
+        elif kind in ("func", "block"):
+            if "static" in words[:4] and not any(w in words for w in ("constant", "constexpr", "threadgroup")):
+                self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
+                                                     "space ('static constant T name = ...;')")
+            self.local_declaration(idx)
+
+    def top_level(self, idx: list[int]) -> list[str]:
+        """The statement's tokens outside (), [], {} and <> (the brackets themselves kept)."""
+        out, depth = [], 0
+        for k in idx:
+            s = self.t[k].text
+            if depth == 0:
+                out.append(s)
+            if s in ("(", "[", "{"):
+                depth += 1
+            elif s in (")", "]", "}"):
+                depth -= 1
+                if depth == 0:
+                    out.append(s)
+        return out
+
+    def looks_like_variable(self, top: list[str]) -> bool:
+        names = [w for w in top if re.fullmatch(r"[A-Za-z_]\w*", w)]
+        return len(names) >= 2 and top[0] not in ("extern",) and "operator" not in top
+
+    def local_declaration(self, idx: list[int]) -> None:
+        """``float* p = ...;`` / ``const float& r = ...;`` inside a function: the address space is required."""
+        k = 0
+        while k < len(idx) and self.t[idx[k]].text in ("const", "constexpr", "static", "volatile"):
+            k += 1
+        if k >= len(idx):
+            return
+        base = self.t[idx[k]].text
+        if not (_CONCRETE_TYPE.fullmatch(base) or base in self.structs) or self.text(idx[k] + 1) in ("(", "{", "::"):
+            return
+        self.pointer_declaration(idx, "variable")
+
+    def pointer_declaration(self, idx: list[int], what: str) -> None:
+        depth = 0
+        for n, k in enumerate(idx):
+            s = self.t[k].text
+            if s in ("<", "(", "["):
+                depth += 1
+            elif s in (">", ")", "]"):
+                depth -= 1
+            elif s == ">>":
+                depth -= 2
+            elif s in ("=", ",", ";", "{"):
+                return
+            elif depth == 0 and s in ("*", "&", "&&"):
+                prefix = [self.t[j].text for j in idx[:n]]
+                if any(w in _ADDRESS_SPACE_WORDS for w in prefix):
+                    return
+                base = next((w for w in reversed(self.strip_template_args(prefix))
+                             if w not in ("const", "volatile", "metal", "::", "static", "constexpr", "inline")), "")
+                if _CONCRETE_TYPE.fullmatch(base) or base in self.structs:
+                    self.fail(k, "address space", f"a pointer or reference {what} needs an address space "
+                                                  f"(device, constant, threadgroup or thread): "
+                                                  f"'{' '.join(prefix)} {s}'")
+                return
+
+    @staticmethod
+    def strip_template_args(words: list[str]) -> list[str]:
+        out, depth = [], 0
+        for w in words:
+            if w == "<":
+                depth += 1
+            elif w in (">", ">>"):
+                depth -= len(w)
+            elif depth == 0:
+                out.append(w)
+        return out
+
+    def parameters(self, start: int, end: int) -> None:
+        """Pointer and reference parameters of a function declared or defined in [start, end)."""
+        idx = self.decl_tokens(start, end)
+        k = 0
+        if idx and self.t[idx[0]].text == "template" and self.text(idx[0] + 1) == "<":
+            depth = 0
+            for k, j in enumerate(idx):
+                s = self.t[j].text
+                depth += {"<": 1, ">": -1, ">>": -2}.get(s, 0)
+                if depth <= 0 and k > 0:
+                    k += 1
+                    break
+        paren = None
+        for n in range(k, len(idx)):
+            j = idx[n]
+            if self.t[j].text == "(":
+                if self.text(j - 1) == "operator":
+                    continue
+                if self.text(j - 1) == ")" and self.text(j - 2) == "(" and self.text(j - 3) == "operator":
+                    paren = j
+                    break
+                if self.t[j - 1].kind == "id" or self.text(j - 1) in (">", ">>"):
+                    if self.text(j - 1) in ("decltype", "sizeof", "alignof", "__attribute__"):
+                        return
+                    paren = j
+                    break
+                return
+        if paren is None:
+            return
+        close = self.close_of(paren, "(", ")")
+        params, cur, depth = [], [], 0
+        for j in self.decl_tokens(paren + 1, close):
+            s = self.t[j].text
+            if s in ("(", "[", "{", "<"):
+                depth += 1
+            elif s in (")", "]", "}", ">"):
+                depth -= 1
+            elif s == ">>":
+                depth -= 2
+            if s == "," and depth == 0:
+                params.append(cur)
+                cur = []
+            else:
+                cur.append(j)
+        params.append(cur)
+        for p in params:
+            if p:
+                self.pointer_declaration(p, "parameter")
+
+    # recursion
+    def note_function(self, start: int, brace: int) -> None:
+        idx = self.decl_tokens(start, brace)
+        words = [self.t[k].text for k in idx]
+        templated = bool(words) and words[0] == "template"
+        top = self.top_level(idx)
+        if "(" not in top:
+            return
+        name_at = top.index("(") - 1
+        if name_at < 0 or not re.fullmatch(r"[A-Za-z_]\w*", top[name_at]) or top[name_at] == "operator":
+            return
+        name = top[name_at]
+        self.functions.setdefault(name, []).append((templated, brace, self.close_of(brace, "{", "}")))
+
+    def recursion(self) -> None:
+        simple = {n: d[0] for n, d in self.functions.items()
+                  if len(d) == 1 and not d[0][0] and n not in self.structs and n not in _METAL_FUNCTIONS}
+        calls: dict[str, list[tuple[str, int]]] = {}
+        for name, (_, body, end) in simple.items():
+            calls[name] = [(self.t[k].text, k) for k in range(body + 1, end)
+                           if self.t[k].text in simple and self.text(k + 1) == "("
+                           and self.text(k - 1) not in (".", "->", "::")]
+        for root in calls:
+            stack, seen = [(root, [root])], set()
+            while stack:
+                name, path = stack.pop()
+                for callee, at in calls.get(name, ()):
+                    if callee == root:
+                        chain = " -> ".join(path + [root])
+                        self.fail(at, "no recursion", f"MSL does not allow recursive calls ({chain})")
+                    if callee not in seen:
+                        seen.add(callee)
+                        stack.append((callee, path + [callee]))
+
+
+def check_rules(tokens: list[_Tok]) -> None:
+    """Raises TranslateError naming the first MSL language rule the tokens break."""
+    _Rules(tokens).run()

@@ -1,0 +1,219 @@
+"""Upstream Metal code, compiled as shipped and run against torch: ggml's
+kernels (llama-cpp-python sdist), MLX's kernel headers (mlx-metal wheel) and
+PyTorch's c10/metal headers (macOS torch wheel), pinned in tools/metal_corpus.py.
+
+CI fetches the corpus (.ci/run sets MPS_EXT_CORPUS=1); elsewhere the tests run
+when it is cached and are skipped, saying how to get it, when it is not."""
+
+import ctypes
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mps_ext
+import mps_ext.sim
+from mps_ext.sim import CompileError
+from mps_ext.testing import assert_close
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _corpus_module():
+    spec = importlib.util.spec_from_file_location("metal_corpus", ROOT / "tools" / "metal_corpus.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+corpus = _corpus_module()
+if os.environ.get("MPS_EXT_CORPUS") == "1":
+    corpus.fetch()
+elif not corpus.available():
+    pytest.skip("the upstream Metal corpus is not cached: MPS_EXT_CORPUS=1 fetches it (about 120 MB from PyPI; "
+                "`python tools/metal_corpus.py --fetch` does it once)", allow_module_level=True)
+
+ENTRIES = corpus.entries()
+
+# Corpus files that do not compile in the simulator, and why (README "Supported MSL" has the same list).
+SHIM_ADDRESS_SPACES = "needs overloads and specializations that differ only by address space (simulator shim)"
+SHIM_HALF_UNION = "half is a class in the simulator, not allowed in an anonymous union (ggml-common.h block types)"
+SHIM_INTERNALS = "uses metal_stdlib internals (__metal_* builtins, _disjunction) through MLX's bf16_math.h/atomic.h"
+SHIM_MIXED_MATH = "calls metal math with mixed scalar types (pow(float, int), fmax(int, float)): simulator shim"
+SHIM_ARRAY = "metal::array is missing from the simulator shim"
+SHIM_AS_TYPE = "calls as_type unqualified from its own namespace (MSL's as_type is global; the shim's is metal::)"
+MSL4 = "MSL 4 (Metal Performance Primitives / <metal_tensor>, lambdas), beyond the MSL 3.1 the package targets"
+NOT_ALONE = ("not self-contained: it uses names of utils.h, which MLX's own .metal files (not in the wheel) "
+             "include first; with utils.h first it stops at utils.h's metal_stdlib internals")
+NOT_SUPPORTED = {
+    **{f"ggml/{n}.metal": SHIM_HALF_UNION for n in (
+        "fa_aux", "fa_f16", "fa_f32", "fa_q4_0", "fa_q4_1", "fa_q5_0", "fa_q5_1", "fa_q8_0", "fa_vec_f16",
+        "fa_vec_f32", "fa_vec_q4_0", "fa_vec_q4_1", "fa_vec_q5_0", "fa_vec_q5_1", "fa_vec_q8_0", "mul_mm",
+        "mul_mv", "quantize")},
+    "ggml/fa_common.metal": "included by the fa_*.metal files, not compiled alone by ggml",
+    "ggml/fa_vec_common.metal": "included by the fa_vec_*.metal files, not compiled alone by ggml",
+    "ggml/softmax.metal": SHIM_MIXED_MATH,
+    "ggml/unary.metal": SHIM_MIXED_MATH,
+    "ggml/ssm.metal": "make_filled_simdgroup_matrix is missing from the simulator shim",
+    **{f"c10/{n}.h": SHIM_AS_TYPE for n in (
+        "atomic", "common", "error", "float8", "igamma", "indexing", "reduction_utils", "utils")},
+    "c10/expm1f.h": SHIM_MIXED_MATH,
+    "c10/special_math.h": SHIM_MIXED_MATH,
+}
+_MLX = {
+    NOT_ALONE: (
+        "bf16_math.h", "binary.h", "binary_ops.h", "binary_two.h", "cexpf.h", "copy.h", "cross_entropy.h", "erf.h",
+        "expm1f.h", "fp4.h", "fp8.h", "fp_quantized.h", "indexing/gather_axis.h", "indexing/masked_scatter.h",
+        "indexing/scatter_axis.h", "logsumexp.h", "quantized.h", "quantized_utils.h", "reduce.h", "reduction/ops.h",
+        "reduction/reduce_all.h", "reduction/reduce_col.h", "reduction/reduce_row.h", "scan.h", "sdpa_blocked.h",
+        "sdpa_vector.h", "searchsorted.h", "softmax.h", "sort.h", "steel/conv/kernels/steel_conv.h",
+        "steel/conv/kernels/steel_conv_3d.h", "steel/conv/kernels/steel_conv_general.h", "steel/conv/loader.h",
+        "steel/conv/loaders/loader_channel_l.h", "steel/conv/loaders/loader_channel_n.h",
+        "steel/conv/loaders/loader_general.h", "steel/gemm/kernels/steel_gemm_fused.h",
+        "steel/gemm/kernels/steel_gemm_gather.h", "steel/gemm/kernels/steel_gemm_masked.h",
+        "steel/gemm/kernels/steel_gemm_segmented.h", "steel/gemm/kernels/steel_gemm_splitk.h", "ternary.h", "unary.h",
+        "unary_ops.h"),
+    SHIM_INTERNALS: (
+        "atomic.h", "dot.h", "gated_delta_update.h", "gated_delta_update_vjp.h", "gemv.h", "reduce_utils.h", "utils.h"),
+    SHIM_ADDRESS_SPACES: (
+        "complex.h", "fft.h", "fft/readwrite.h", "gemv_masked.h", "logging.h", "steel/attn/attn.h",
+        "steel/attn/kernels/steel_attention.h", "steel/attn/mma.h", "steel/conv/conv.h", "steel/gemm/gemm.h",
+        "steel/gemm/mma.h", "steel/utils/integral_constant.h", "steel/utils/type_traits.h"),
+    SHIM_ARRAY: (
+        "indexing/gather.h", "indexing/gather_front.h", "indexing/indexing.h", "indexing/scatter.h"),
+    MSL4: (
+        "fp_quantized_nax.h", "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
+        "quantized_nax.h", "steel/attn/kernels/steel_attention_nax.h", "steel/attn/nax.h", "steel/gemm/gemm_nax.h",
+        "steel/gemm/kernels/steel_gemm_fused_nax.h", "steel/gemm/kernels/steel_gemm_gather_nax.h",
+        "steel/gemm/kernels/steel_gemm_segmented_nax.h", "steel/gemm/kernels/steel_gemm_splitk_nax.h",
+        "steel/gemm/kernels/steel_gemm_thin_nax.h", "steel/gemm/nax.h"),
+}
+NOT_SUPPORTED.update({f"mlx/{name}": why for why, names in _MLX.items() for name in names})
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def test_corpus_file_compiles(entry):
+    try:
+        corpus.compile_entry(entry)
+    except CompileError:
+        if entry.name in NOT_SUPPORTED:
+            pytest.xfail(NOT_SUPPORTED[entry.name])
+        raise
+
+
+def test_every_corpus_file_is_accounted_for():
+    names = {e.name for e in ENTRIES}
+    assert len(names) >= 140
+    assert set(NOT_SUPPORTED) <= names, "a listed file is no longer in the corpus"
+
+
+# -- upstream kernels against torch --------------------------------------------------------------
+
+class NormArgs(ctypes.Structure):  # ggml_metal_kargs_norm (ggml-metal-impl.h)
+    _fields_ = [("ne00", ctypes.c_int32), ("ne00_t", ctypes.c_int32), ("nb1", ctypes.c_uint64),
+                ("nb2", ctypes.c_uint64), ("nb3", ctypes.c_uint64), ("eps", ctypes.c_float),
+                ("nef1", ctypes.c_int32 * 3), ("nef2", ctypes.c_int32 * 3), ("nef3", ctypes.c_int32 * 3),
+                ("nbf1", ctypes.c_uint64 * 3), ("nbf2", ctypes.c_uint64 * 3), ("nbf3", ctypes.c_uint64 * 3),
+                ("scale", ctypes.c_float)]
+
+
+class BinArgs(ctypes.Structure):  # ggml_metal_kargs_bin
+    _fields_ = [*((f"ne0{d}", ctypes.c_int32) for d in range(4)), *((f"nb0{d}", ctypes.c_uint64) for d in range(4)),
+                *((f"ne1{d}", ctypes.c_int32) for d in range(4)), *((f"nb1{d}", ctypes.c_uint64) for d in range(4)),
+                *((f"ne{d}", ctypes.c_int32) for d in range(4)), *((f"nb{d}", ctypes.c_uint64) for d in range(4)),
+                ("offs", ctypes.c_uint64), ("o1", ctypes.c_uint64 * 8)]
+
+
+class SumRowsArgs(ctypes.Structure):  # ggml_metal_kargs_sum_rows
+    _fields_ = [*((f"ne0{d}", ctypes.c_int64) for d in range(4)), *((f"nb0{d}", ctypes.c_uint64) for d in range(4)),
+                *((f"ne{d}", ctypes.c_int64) for d in range(4)), *((f"nb{d}", ctypes.c_uint64) for d in range(4))]
+
+
+def _ggml(name: str, constants=None) -> mps_ext.sim.Library:
+    entry = next(e for e in ENTRIES if e.name == f"ggml/{name}.metal")
+    return mps_ext.sim.compile_file(entry.source, include_dirs=entry.include_dirs, constants=constants)
+
+
+def _run(lib, kernel, buffers, groups, threads, threadgroup_lengths=()):
+    with mps_ext.trace() as t:
+        mps_ext.sim.dispatch(lib, kernel, buffers, groups, threads, threadgroup_lengths, grid_in_threads=False)
+    assert [(k.name, k.backend) for k in t.kernels] == [(kernel, "simulator")]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    torch.manual_seed(0)
+    x = torch.randn(7, 300)
+    x[0, :5] = torch.tensor([1e-3, -50.0, 3.0, 0.0, 7.5])
+    return x
+
+
+@pytest.mark.parametrize("kernel,vec", [("kernel_rms_norm_f32", 1), ("kernel_rms_norm_f32_4", 4),
+                                        ("kernel_norm_f32", 1), ("kernel_rms_norm_mul_f32", 1)])
+def test_ggml_norms(rows, kernel, vec):
+    lib = _ggml("norm", constants={"FC_norm_use_scale": False})
+    n, m = rows.shape[1], rows.shape[0]
+    weight = torch.rand(n) + 0.5
+    args = NormArgs(ne00=n, ne00_t=n // vec, nb1=n * 4, nb2=m * n * 4, nb3=m * n * 4, eps=1e-6, scale=1.0)
+    for k in range(3):
+        args.nef1[k] = args.nef2[k] = args.nef3[k] = 1
+        args.nbf1[k], args.nbf2[k], args.nbf3[k] = n * 4, m * n * 4, m * n * 4
+    args.nef1[0] = m
+    args.nbf1[1] = 0  # the weight row is broadcast over rows
+    out = torch.full_like(rows, float("nan"))
+    with mps_ext.sim.checked():
+        _run(lib, kernel, [bytes(args), rows, weight, weight, out], (m, 1, 1), (128, 1, 1), [32 * 4])
+    if "rms" in kernel:
+        expected = torch.nn.functional.rms_norm(rows, (n,), eps=1e-6)
+    else:
+        expected = torch.nn.functional.layer_norm(rows, (n,), eps=1e-6)
+    if "mul" in kernel:
+        expected = expected * weight
+    assert_close(out, expected, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("op,torch_op", [(0, torch.add), (1, torch.sub), (2, torch.mul), (3, torch.div)])
+def test_ggml_binary_ops(rows, op, torch_op):
+    lib = _ggml("binbcast", constants={"FC_bin_op": op, "FC_bin_f": 1, "FC_bin_rb": False, "FC_bin_cb": False})
+    m, n = rows.shape
+    other = torch.rand(1, n) + 0.5  # broadcast over rows, as ggml's ne11 = 1
+    args = BinArgs(ne00=n, ne01=m, ne02=1, ne03=1, nb00=4, nb01=n * 4, nb02=m * n * 4, nb03=m * n * 4,
+                   ne10=n, ne11=1, ne12=1, ne13=1, nb10=4, nb11=n * 4, nb12=n * 4, nb13=n * 4,
+                   ne0=n, ne1=m, ne2=1, ne3=1, nb0=4, nb1=n * 4, nb2=m * n * 4, nb3=m * n * 4, offs=0)
+    out = torch.full_like(rows, float("nan"))
+    with mps_ext.sim.checked():
+        _run(lib, "kernel_bin_fuse_f32_f32_f32", [bytes(args), rows, other, out], (m, 1, 1), (64, 1, 1))
+    assert_close(out, torch_op(rows, other), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_ggml_sum_rows(rows, op):
+    lib = _ggml("reduce", constants={"FC_sum_rows_op": 10 if op == "sum" else 11})  # OP_SUM_ROWS_NUM_*
+    m, n = rows.shape
+    args = SumRowsArgs(ne00=n, ne01=m, ne02=1, ne03=1, nb00=4, nb01=n * 4, nb02=m * n * 4, nb03=m * n * 4,
+                       ne0=1, ne1=m, ne2=1, ne3=1, nb0=4, nb1=4, nb2=m * 4, nb3=m * 4)
+    out = torch.full((m,), float("nan"))
+    with mps_ext.sim.checked():
+        _run(lib, "kernel_sum_rows_f32_f32", [bytes(args), rows, out], (m, 1, 1), (128, 1, 1), [32 * 4])
+    assert_close(out, getattr(rows, op)(1), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])
+def test_mlx_arange(tmp_path, dtype):
+    name = {torch.float32: "float", torch.float16: "half", torch.int32: "int"}[dtype]
+    source = tmp_path / "arange.metal"
+    source.write_text('#include <metal_stdlib>\nusing namespace metal;\n'
+                      '#include "mlx/backend/metal/kernels/arange.h"\n'
+                      f'template [[host_name("arange_{name}")]] [[kernel]] decltype(arange<{name}>) arange<{name}>;\n')
+    lib = mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()])
+    out = torch.zeros(37, dtype=dtype)
+    start, step = (3, 2) if dtype == torch.int32 else (0.5, 0.25)
+    cast = {torch.float32: None, torch.float16: "fp16", torch.int32: "int32"}[dtype]
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        getattr(lib, f"arange_{name}")(start, step, out, arg_casts=cast)
+    assert [k.name for k in t.kernels] == [f"arange_{name}"]
+    assert torch.equal(out, torch.arange(37, dtype=torch.float64).mul(step).add(start).to(dtype))

@@ -1,0 +1,197 @@
+"""MSL's own language rules, enforced by the translator: each planted violation
+fails naming its rule and .metal line, and its valid twin is accepted (the
+twins are then compiled and run together, so the accepted side is real MSL
+the simulator runs, not only text the checker lets through)."""
+
+import re
+
+import pytest
+import torch
+
+from mps_ext.sim import CompileError
+from mps_ext.sim.translate import TranslateError, translate
+
+HEADER = "#include <metal_stdlib>\nusing namespace metal;\n"
+KERNEL = "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {{\n{body}\n}}\n"
+
+# case -> (rule named in the error, invalid source, valid twin).
+CASES = {
+    "double": ("no double", KERNEL.format(body="  double x = out[i];\n  out[i] = float(x);"),
+               "// double precision is not needed here: \"double\"\n" +
+               KERNEL.format(body="  float double_it = out[i] * 2.0;  // not a double\n  out[i] = double_it;")),
+    "long double": ("no double", KERNEL.format(body="  long double x = 1;\n  out[i] = float(x);"),
+                    KERNEL.format(body="  long x = 1;\n  out[i] = float(x);")),
+    "new": ("no dynamic allocation", KERNEL.format(body="  thread float* p = new float[4];\n  out[i] = p[0];"),
+            KERNEL.format(body="  float renew[4] = {1, 2, 3, 4};\n  out[i] = renew[i % 4];")),
+    "delete": ("no dynamic allocation", KERNEL.format(body="  thread float* p = out;\n  delete p;"),
+               "struct NoCopy { float v; void set(int) = delete; void set(float x) { v = x; } };\n" +
+               KERNEL.format(body="  NoCopy c;\n  c.set(out[i]);\n  out[i] = c.v;")),
+    "try": ("no exceptions", KERNEL.format(body="  try { out[i] = 1.0f; } catch (...) { out[i] = 0.0f; }"),
+            KERNEL.format(body="  { out[i] = 1.0f; }")),
+    "throw": ("no exceptions", KERNEL.format(body="  if (out[i] < 0) throw 1;"),
+              KERNEL.format(body="  if (out[i] < 0) return;")),
+    "virtual": ("no virtual functions",
+                "struct Base {\n  virtual float f() const { return 1.0f; }\n};\n" + KERNEL.format(body="  out[i] = 1;"),
+                "struct Base { float f() const { return 1.0f; } };\nstruct Derived : Base {};\n" +
+                KERNEL.format(body="  Derived d;\n  out[i] = d.f();")),
+    "typeid": ("no RTTI", KERNEL.format(body="  out[i] = float(sizeof(typeid(float)));"),
+               KERNEL.format(body="  out[i] = float(sizeof(float));")),
+    "dynamic_cast": ("no RTTI", "struct A {};\n" + KERNEL.format(body="  A a;\n  thread A* p = dynamic_cast<thread A*>(&a);"),
+                     "struct A {};\n" + KERNEL.format(body="  A a;\n  thread A* p = static_cast<thread A*>(&a);\n"
+                                                           "  out[i] = p ? 1.0f : 0.0f;")),
+    "goto": ("no goto", KERNEL.format(body="  goto done;\n  out[i] = 1;\ndone:\n  return;"),
+             KERNEL.format(body="  switch (i % 2) {\n  case 0: out[i] = 1; break;\n  default: out[i] = 2;\n  }")),
+    "thread_local": ("no thread_local", KERNEL.format(body="  thread_local float x = 1;\n  out[i] = x;"),
+                     KERNEL.format(body="  thread float x = 1;\n  out[i] = x;")),
+    "lambda": ("no lambdas", KERNEL.format(body="  auto twice = [](float v) { return v * 2; };\n  out[i] = twice(out[i]);"),
+               "struct Twice { float operator()(float v) const { return v * 2; } };\n" +
+               KERNEL.format(body="  float a[2] = {1, 2};\n  [[maybe_unused]] Twice twice;\n"
+                                  "  out[i] = twice(a[i % 2]);")),
+    "recursion": ("no recursion",
+                  "float fact(float n) {\n  return n <= 1 ? 1 : n * fact(n - 1);\n}\n" + KERNEL.format(body="  out[i] = fact(4);"),
+                  "half exp(half x) { return half(exp(float(x))); }  // calls metal's exp(float)\n"
+                  "float sq(float x) { return x * x; }\n"
+                  "float2 sq(float2 v) { return float2(sq(v.x), sq(v.y)); }  // an overload, not recursion\n" +
+                  KERNEL.format(body="  out[i] = sq(float2(out[i], 1)).x;")),
+    "mutual recursion": ("no recursion",
+                         "float odd(uint n);\nfloat even(uint n) {\n  return n == 0 ? 1 : odd(n - 1);\n}\n"
+                         "float odd(uint n) { return n == 0 ? 0 : even(n - 1); }\n" +
+                         KERNEL.format(body="  out[i] = even(i);"),
+                         "float odd_of(uint n) { return float(n % 2); }\nfloat even_of(uint n) { return 1 - odd_of(n); }\n" +
+                         KERNEL.format(body="  out[i] = even_of(i);")),
+    "std::": ("no C/C++ standard library", KERNEL.format(body="  out[i] = std::max(out[i], 0.0f);"),
+              KERNEL.format(body="  float std = metal::max(out[i], 0.0f);  // std as a name\n  out[i] = std;")),
+    "C library": ("no C/C++ standard library", KERNEL.format(body='  printf("%f", out[i]);'),
+                  "float rand01(uint seed) { return float(seed % 7) / 7; }\n" +
+                  KERNEL.format(body="  out[i] = rand01(i);")),
+    "#include <cstdio>": ("no C/C++ standard library", "#include <cstdio>\n" + KERNEL.format(body=""),
+                          "#include <metal_math>\n" + KERNEL.format(body="  out[i] = metal::exp(0.0f);")),
+    "pointer parameter": ("address space", "float first(float* p) {\n  return p[0];\n}\n" + KERNEL.format(body="  out[i] = 1;"),
+                          "float first(device float* p) { return p[0]; }\n"
+                          "template <typename T> T second(T* p) { return p[1]; }  // T carries the space\n" +
+                          KERNEL.format(body="  out[i] = first(out) + second<device float>(out) * 0;")),
+    "reference parameter": ("address space", "void bump(float& x) {\n  x += 1;\n}\n" + KERNEL.format(body="  out[i] = 1;"),
+                            "void bump(thread float& x) { x += 1; }\n" +
+                            KERNEL.format(body="  float v = out[i];\n  bump(v);\n  out[i] = v;")),
+    "pointer variable": ("address space", KERNEL.format(body="  float* p = out;\n  p[i] = 1;"),
+                         KERNEL.format(body="  device float* p = out;\n  thread float v = 2;\n"
+                                            "  thread float& r = v;\n  p[i] = r;")),
+    "pointer member": ("address space", "struct View {\n  float* data;\n};\n" + KERNEL.format(body="  out[i] = 1;"),
+                       "struct View { device float* data; };\n" +
+                       KERNEL.format(body="  View v{out};\n  v.data[i] = 1;")),
+    "program scope variable": ("program scope variable", "float scale = 2.0f;\n" + KERNEL.format(body="  out[i] = scale;"),
+                               "constant float scale = 2.0f;\nstatic constant constexpr const float offset = 1.0f;\n"
+                               "constexpr constant static float table[2] = {0, 1};\n" +
+                               KERNEL.format(body="  out[i] = scale + offset + table[i % 2];")),
+    "static variable": ("static variable", KERNEL.format(body="  static int calls = 0;\n  out[i] = float(calls++);"),
+                        "struct Limits { static constant constexpr int n = 3; };\n" +
+                        KERNEL.format(body="  static constant float k = 0.5f;\n  out[i] = k * Limits::n;")),
+    "kernel return type": ("kernel return type",
+                           "kernel float k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+                           "  return out[i];\n}\n",
+                           "[[kernel]] void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
+                           "  out[i] = 1;\n}\n"),
+    "kernel overload": ("kernel overload",
+                        KERNEL.format(body="  out[i] = 1;") +
+                        "kernel void k(device int* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {}\n",
+                        KERNEL.format(body="  out[i] = 1;") +
+                        "kernel void k_int(device int* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {}\n"),
+    "position type": ("attribute type",
+                      "kernel void k(device float* out [[buffer(0)]],\n  int i [[thread_position_in_grid]]) {\n"
+                      "  out[i] = 1;\n}\n",
+                      "kernel void k(device float* out [[buffer(0)]],\n  ushort2 i [[thread_position_in_grid]],\n"
+                      "  ushort2 n [[threads_per_grid]], ushort lane [[thread_index_in_simdgroup]]) {\n"
+                      "  out[i.y * n.x + i.x] = 1;\n}\n"),
+    "position vector width": ("attribute type",
+                              "kernel void k(device float* out [[buffer(0)]],\n  uint4 i [[thread_position_in_grid]]) {\n"
+                              "  out[i.x] = 1;\n}\n",
+                              "kernel void k(device float* out [[buffer(0)]],\n  uint3 i [[thread_position_in_grid]]) {\n"
+                              "  out[i.x] = 1;\n}\n"),
+    "index type": ("attribute type",
+                   "kernel void k(device float* out [[buffer(0)]],\n  uint2 lane [[thread_index_in_simdgroup]]) {\n"
+                   "  out[lane.x] = 1;\n}\n",
+                   "kernel void k(device float* out [[buffer(0)]],\n  uint lane [[thread_index_in_simdgroup]]) {\n"
+                   "  out[lane] = 1;\n}\n"),
+}
+# Text on the line each violation must be reported at.
+NEEDLES = {
+    'double': 'double x',
+    'long double': 'long double',
+    'new': 'new float',
+    'delete': 'delete p',
+    'try': 'try',
+    'throw': 'throw',
+    'virtual': 'virtual',
+    'typeid': 'typeid',
+    'dynamic_cast': 'dynamic_cast',
+    'goto': 'goto',
+    'thread_local': 'thread_local',
+    'lambda': '[](',
+    'recursion': 'fact(n - 1)',
+    'mutual recursion': 'even(n - 1)',
+    'std::': 'std::',
+    'C library': 'printf',
+    '#include <cstdio>': '<cstdio>',
+    'pointer parameter': 'float* p',
+    'reference parameter': 'float& x',
+    'pointer variable': 'float* p',
+    'pointer member': 'float* data',
+    'program scope variable': 'float scale',
+    'static variable': 'static int',
+    'kernel return type': 'kernel float',
+    'kernel overload': 'device int*',
+    'position type': 'int i [[',
+    'position vector width': 'uint4 i',
+    'index type': 'uint2 lane',
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_rule_violation_is_named_with_its_line(tmp_path, case):
+    rule, invalid, _ = CASES[case]
+    path = tmp_path / "invalid.metal"
+    path.write_text(HEADER + invalid)
+    with pytest.raises(TranslateError) as info:
+        translate(path)
+    message = str(info.value)
+    assert f"MSL rule '{rule}'" in message, message
+    line = next(n for n, text in enumerate(path.read_text().splitlines(), 1) if NEEDLES[case] in text)
+    assert message.startswith(f"{path}:{line}: "), message
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_valid_twin_is_accepted(tmp_path, case):
+    _, _, valid = CASES[case]
+    path = tmp_path / "valid.metal"
+    path.write_text(HEADER + valid)
+    assert translate(path).kernels
+
+
+def test_rule_violations_are_compile_errors(shader):
+    with pytest.raises(CompileError, match=r"\.metal:4: MSL rule 'no double'"):
+        shader(HEADER + CASES["double"][1], name="rule_double")
+
+
+def test_valid_twins_compile_and_run(shader):
+    # Every twin in one module (each in its own namespace, its kernels renamed), so one compiler run
+    # covers them all; each kernel writes its output.
+    parts, names = [], []
+    for n, case in enumerate(sorted(CASES)):
+        src = CASES[case][2]
+        if "#include" in src:
+            continue
+        src = re.sub(r"\bvoid k(_int)?\(", lambda m: f"void k{n}{m.group(1) or ''}(", src)
+        names.append(f"k{n}")
+        parts.append(f"namespace twin{n} {{\n{src}\n}}\n")
+    lib = shader(HEADER + "".join(parts), name="rule_twins")
+    for name in names:
+        out = torch.zeros(4)
+        getattr(lib, name)(out, threads=1 if name != names[0] else 4)
+        assert torch.isfinite(out).all(), name
+
+
+def test_literals_in_strings_and_comments_are_not_code(tmp_path):
+    path = tmp_path / "strings.metal"
+    path.write_text(HEADER + '// goto, new, delete, try, std::max, printf("x")\n'
+                    '/* double virtual typeid */\n' + KERNEL.format(body="  out[i] = 1;"))
+    assert translate(path).kernels

@@ -1,0 +1,159 @@
+#!/usr/bin/env python3
+"""The upstream Metal corpus: kernel sources that real projects ship, for the
+simulator's regression tests (tests/test_metal_corpus.py).
+
+- ggml's kernels/*.metal, from the llama-cpp-python sdist (vendor/llama.cpp);
+- MLX's kernel headers (mlx/backend/metal/kernels/**/*.h), from the macOS
+  mlx-metal wheel;
+- PyTorch's c10/metal/*.h, from the macOS torch 2.15.0 wheel whose headers
+  tools/check_macos.py keeps already.
+
+Each package is pinned by version and sha256, fetched from PyPI once with
+check_macos's helpers and kept (only the Metal sources) in
+$MPS_EXT_CACHE_DIR/macos-v2/corpus. A .metal file is compiled as shipped; a
+header is compiled as the one include of a .metal file that adds one trivial
+kernel (the simulator wants at least one).
+
+    python tools/metal_corpus.py            fetch, compile everything, print the table
+    python tools/metal_corpus.py --fetch    fetch only
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _check_macos():
+    spec = importlib.util.spec_from_file_location("check_macos", ROOT / "tools" / "check_macos.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+check_macos = _check_macos()
+
+LLAMA = ("llama-cpp-python", "0.3.36", ".tar.gz", "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e")
+MLX = ("mlx-metal", "0.32.4", "-py3-none-macosx_14_0_arm64.whl",
+       "8019b2db622599267d66cc168b2f0dbf5af929790a6c3b3913e00eabc42a7947")
+TORCH = ("torch", "2.15.0", check_macos.TORCH_WHEEL, "e808b63d616a43b326e1a5677d45a2e5babe7a8ce27edb03ddb48e7dd9b6d663")
+
+GGML_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/"
+MLX_PREFIX = "mlx/include/"
+MLX_KERNELS = "mlx/backend/metal/kernels/"
+
+PROBE = "kernel void corpus_probe(device int* x [[buffer(0)]]) { x[0] = 0; }\n"
+
+
+def cache() -> Path:
+    return check_macos.cache_dir() / "corpus"
+
+
+def ggml_dir() -> Path:
+    return cache() / f"ggml-{LLAMA[1]}"
+
+
+def mlx_dir() -> Path:
+    return cache() / f"mlx-metal-{MLX[1]}"
+
+
+def torch_include() -> Path:
+    return check_macos.torch_cache(TORCH[1]) / "include"
+
+
+def _unpack_ggml(sdist: tarfile.TarFile, out: Path) -> None:
+    """ggml-metal/ (kernels and the headers they include) and ggml-common.h."""
+    for member in sdist.getmembers():
+        name = member.name
+        if not (member.isfile() and name.startswith(GGML_PREFIX)):
+            continue
+        rel = name[len(GGML_PREFIX):]
+        if rel == "ggml-common.h" or (rel.startswith("ggml-metal/") and rel.endswith((".metal", ".h"))):
+            target = out / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(sdist.extractfile(member).read())
+
+
+def available() -> bool:
+    return ggml_dir().is_dir() and mlx_dir().is_dir() and (torch_include() / "c10" / "metal").is_dir()
+
+
+def fetch() -> None:
+    """Downloads what is not cached yet (sha256-pinned); exits with a message when it cannot."""
+    check_macos.fetch(*LLAMA[:3], ggml_dir(), _unpack_ggml, sha256=LLAMA[3])
+    check_macos.fetch(*MLX[:3], mlx_dir(), lambda wheel, out: check_macos.extract(
+        wheel, out / MLX_KERNELS, MLX_PREFIX + MLX_KERNELS), sha256=MLX[3])
+    if not check_macos.torch_cache(TORCH[1]).is_dir():
+        check_macos.install_tools()  # the torch cache keeps export lists made with llvm-nm
+        check_macos.fetch(*TORCH[:3], check_macos.torch_cache(TORCH[1]), check_macos.unpack_torch, sha256=TORCH[3])
+
+
+class Entry(NamedTuple):
+    name: str  # e.g. "ggml/norm.metal", "mlx/unary.h", "c10/utils.h"
+    source: Path  # the .metal file to compile
+    include_dirs: tuple[Path, ...]
+
+
+def entries() -> list[Entry]:
+    """Every corpus file, as the .metal file that compiles it."""
+    out = []
+    ggml = ggml_dir()
+    for f in sorted((ggml / "ggml-metal" / "kernels").glob("*.metal")):
+        out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
+    wrappers = cache() / "wrappers"
+    wrappers.mkdir(parents=True, exist_ok=True)
+    headers = [("mlx", mlx_dir(), h) for h in sorted((mlx_dir() / MLX_KERNELS).rglob("*.h"))]
+    headers += [("c10", torch_include(), h) for h in sorted((torch_include() / "c10" / "metal").glob("*.h"))]
+    for tag, root, header in headers:
+        rel = header.relative_to(root).as_posix()
+        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}.metal"
+        text = f'#include <metal_stdlib>\n#include "{rel}"\n{PROBE}'
+        if not wrapper.is_file() or wrapper.read_text() != text:
+            wrapper.write_text(text)
+        short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
+        out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
+    return out
+
+
+def compile_entry(entry: Entry):
+    """The simulator library of one corpus file (raises mps_ext.sim.CompileError)."""
+    import mps_ext.sim
+
+    return mps_ext.sim.compile_file(entry.source, include_dirs=entry.include_dirs)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fetch", action="store_true", help="only fetch the corpus")
+    args = parser.parse_args()
+    fetch()
+    if args.fetch:
+        return 0
+    sys.path.insert(0, str(ROOT))
+    import mps_ext.sim
+
+    ok = 0
+    all_entries = entries()
+    print("| file | compiles | why not |\n|---|---|---|")
+    for entry in all_entries:
+        start = time.time()
+        try:
+            compile_entry(entry)
+            ok += 1
+            print(f"| {entry.name} | yes ({time.time() - start:.0f} s) | |", flush=True)
+        except mps_ext.sim.CompileError as e:
+            first = next((line for line in str(e).splitlines() if "error" in line), str(e).splitlines()[0])
+            print(f"| {entry.name} | no | {first[:200]} |", flush=True)
+    print(f"\n{ok} of {len(all_entries)} compile ({100 * ok / len(all_entries):.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
