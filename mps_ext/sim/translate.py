@@ -938,7 +938,7 @@ def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", stan
 # 5 "function and variable declarations") forbids and a C++ compiler would accept. Each error
 # names its rule and the .metal line; README "Supported MSL" lists what is deliberately left alone.
 
-_ADDRESS_SPACE_WORDS = _ADDRESS_SPACES | {"constant"}
+_ADDRESS_SPACE_WORDS = _ERASED_ADDRESS_SPACES | {"device", "threadgroup", "constant"}
 _FORBIDDEN_KEYWORDS = {
     "double": ("no double", "MSL has no double precision type"),
     "new": ("no dynamic allocation", "MSL has no new/delete"),
