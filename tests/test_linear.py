@@ -53,11 +53,14 @@ def test_rows(device, dtype, rows, bias):
     check(x, w, b if bias else None, kernel="dense", device=device)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("k", SIZES)
-def test_sizes(device, dtype, n, k):
-    # Every K and N tail; the 4096-class squares once with a single row (simulator time).
+# Every K and N tail in every dtype; the 4096-class products (16M weights)
+# only in bfloat16 and with one row, for the simulator's time.
+SIZE_CASES = [(n, k, dtype) for n in SIZES for k in SIZES for dtype in DTYPES
+              if n * k <= 2**20 or dtype == torch.bfloat16]
+
+
+@pytest.mark.parametrize("n,k,dtype", SIZE_CASES)
+def test_sizes(device, n, k, dtype):
     rows = 1 if n * k > 2**20 else 3
     x, w, b = data(rows, k, dtype=dtype), data(n, k, dtype=dtype, seed=1), data(n, dtype=dtype, seed=2)
     check(x, w, b, device=device)
@@ -73,7 +76,7 @@ MODEL_SHAPES = [
     ("DeepSeek-V3", "router (n = 256, k = 7168)", 256, 7168),
     ("Mixtral 8x7B", "router", 8, 4096),
     ("Gemma 2 2B", "gate_proj (first 4096 of 9216 rows)", 4096, 2304),
-    ("Qwen2.5 0.5B", "lm_head (first 32768 of 151936 rows)", 32768, 896),
+    ("Qwen2.5 0.5B", "lm_head (first 16384 of 151936 rows)", 16384, 896),
 ]
 
 
@@ -182,10 +185,8 @@ def test_gradients(device, dtype):
 
 
 def test_opcheck():
-    for args in [(data(3, 16), data(5, 16, seed=1), data(5, seed=2)), (data(16), data(5, 16, seed=1), None),
-                 (data(2, 1, 16, dtype=torch.bfloat16), data(5, 16, seed=1, dtype=torch.bfloat16), None)]:
-        torch.library.opcheck(torch.ops.mps_ext.linear.default, args)
-    args = [t.requires_grad_() for t in (data(3, 16), data(5, 16, seed=1), data(5, seed=2))]
+    torch.library.opcheck(torch.ops.mps_ext.linear.default, (data(16), data(5, 16, seed=1), None))
+    args = [t.requires_grad_() for t in (data(2, 1, 16), data(5, 16, seed=1), data(5, seed=2))]
     torch.library.opcheck(torch.ops.mps_ext.linear.default, args)
 
 

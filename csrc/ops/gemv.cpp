@@ -47,14 +47,19 @@ struct Plan {
   Size3 grid, threads;
 };
 
-Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype) {
+// The kernel and geometry for these sizes; split K over fewer SIMD groups
+// when the backend's pipeline allows fewer threads per threadgroup.
+Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
   const int64_t blocks = (n + kRowsPerSimdGroup - 1) / kRowsPerSimdGroup;
   const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
   const int64_t steps = (k + per_step - 1) / per_step;
-  const int64_t slices = std::min({kMaxSlices, (kFillSimdGroups + blocks - 1) / blocks, steps / kMinStepsPerSlice});
+  int64_t slices = std::min({kMaxSlices, (kFillSimdGroups + blocks - 1) / blocks, steps / kMinStepsPerSlice});
   const std::string rows = "m" + std::to_string(rows_bucket(m));
-  if (slices >= 2)
-    return {host_name("gemv", ("splitk_" + rows).c_str(), {dtype}), {uint32_t(blocks)}, {uint32_t(32 * slices)}};
+  if (slices >= 2) {
+    const std::string kernel = host_name("gemv", ("splitk_" + rows).c_str(), {dtype});
+    while (slices > 2 && backend.unavailable(kernel, uint32_t(32 * slices))) slices /= 2;
+    return {kernel, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
+  }
   return {host_name("gemv", ("dense_" + rows).c_str(), {dtype}),
           {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)},
           {32 * kDenseSimdGroups}};
@@ -90,7 +95,7 @@ std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::T
   if (weight.stride(1) != 1 && k != 1) return "weight rows not contiguous";
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (n > kMax || k > kMax || weight.stride(0) > kMax || (has_bias && bias->stride(0) > kMax)) return "size >= 2^31";
-  const Plan p = plan(m, n, k, input.scalar_type());
+  const Plan p = plan(m, n, k, input.scalar_type(), *backend);
   if (auto reason = backend->unavailable(p.kernel, p.threads.x * p.threads.y * p.threads.z)) return reason;
   return std::nullopt;
 }
@@ -118,7 +123,7 @@ at::Tensor gemv(const at::Tensor& input, const at::Tensor& weight, const std::op
     q.has_bias = 1;
     b = bias->stride(0) == 1 ? *bias : bias->contiguous();
   }
-  const Plan p = plan(m, n, k, input.scalar_type());
+  const Plan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()));
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(weight).tensor(x).tensor(b).tensor(y).bytes(q));
   return y.view(shape);
 }
