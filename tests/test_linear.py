@@ -112,7 +112,8 @@ def test_layouts(device, dtype):
     x, w, b = data(6, 130, dtype=dtype), data(40, 130, dtype=dtype, seed=1), data(40, dtype=dtype, seed=2)
     check(x[::2], w, b, device=device)  # rows of x strided
     check(data(130, 4, dtype=dtype).t(), w, b, device=device)  # x transposed: copied to rows
-    check(x[:, :128], w[:, :128], b, device=device)  # W rows with a stride != K, 16-byte aligned
+    # W rows with a stride (136) != K (130), 16-byte aligned: 16-byte loads, then a K tail.
+    check(x, data(40, 136, dtype=dtype, seed=4)[:, :130], b, device=device)
     check(x[:, 1:], w[:, 1:], b, device=device)  # odd offsets and stride: element loads
     check(x[:3], w[::2], b[::2], device=device)  # every other row of W, bias strided
     wide = data(40 * 128 + 1, dtype=dtype, seed=3)
