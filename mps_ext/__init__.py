@@ -10,11 +10,11 @@ and on CPU tensors in the simulator.
 import torch  # loads libtorch, which _C links against
 
 from . import _C, overrides, sim
-from ._ops import log_softmax, softmax
+from ._ops import linear, log_softmax, softmax
 from ._trace import KernelRecord, trace
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelRecord", "log_softmax", "overrides", "sim", "softmax", "trace"]
+__all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax", "trace"]
 
 overrides.enable_on_import()

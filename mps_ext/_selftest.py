@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, log_softmax, softmax, trace
+from . import _C, linear, log_softmax, softmax, trace
 from .testing import TOLERANCES, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -40,8 +40,24 @@ def softmax_cases() -> Iterator[Case]:
                 yield Case(f"{op} {variant} {types} {tuple(shape)}", run)
 
 
+def linear_cases() -> Iterator[Case]:
+    # (variant, rows, out_features, in_features): both kernels, every row bucket (1, 2, 4, 8).
+    shapes = [("dense", 1, 67, 100), ("dense", 2, 67, 100), ("dense", 3, 33, 129), ("dense", 5, 9, 256),
+              ("splitk", 1, 8, 3000), ("splitk", 2, 8, 3000), ("splitk", 4, 5, 2000), ("splitk", 8, 4, 2000)]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for variant, rows, n, k in shapes:
+            def run(device, dtype=dtype, rows=rows, n=n, k=k):
+                g = torch.Generator().manual_seed(rows * n * k)
+                x, w, b = (torch.randn(s, generator=g).to(dtype) for s in ((rows, k), (n, k), (n,)))
+                got = linear(x.to(device), w.to(device), b.to(device))
+                want = torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype)
+                return got, want, reduction_scale(dtype, k)
+
+            yield Case(f"linear {variant} {SHORT[dtype]} {rows}x{k} @ {n}x{k}.T", run)
+
+
 def cases() -> list[Case]:
-    return list(softmax_cases())
+    return list(softmax_cases()) + list(linear_cases())
 
 
 def run(out=print) -> bool:

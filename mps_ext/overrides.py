@@ -7,7 +7,9 @@ fallbacks are tested without a Mac. Every case the kernels do not cover goes
 to torch's own kernel, and ``stats()`` counts both.
 
 Overridden: ``aten::_softmax``, ``aten::_log_softmax`` (``torch.softmax``,
-``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...).
+``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...); ``aten::linear``
+(``F.linear``, ``nn.Linear``) and ``aten::mm`` / ``aten::addmm`` with a
+transposed row-major right operand (``x @ W.T``), for 1 to 8 rows.
 """
 
 from __future__ import annotations

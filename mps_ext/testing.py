@@ -31,12 +31,31 @@ def reduction_scale(dtype: torch.dtype, n: int, signed_terms: bool = True) -> fl
     return max(1.0, n / 32 if signed_terms else n ** 0.5 / 64)
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0):
+def dot_atol(x: torch.Tensor, w: torch.Tensor) -> float:
+    """Extra absolute tolerance for ``x @ w.T`` summed in float32 in another
+    order than the reference's.
+
+    Where terms cancel, a dot product near 0 keeps the rounding error of its
+    partial sums, about sqrt(K) float32 ulps of their size, which a
+    tolerance relative to the result cannot cover (a half or bfloat16 result
+    then differs in many ulps). Bounded by 8 * 2^-24 * sqrt(K) * the largest
+    sqrt(sum_i (x_i w_ji)^2), the typical size of a partial sum.
+    """
+    k = x.shape[-1]
+    if x.numel() == 0 or w.numel() == 0:
+        return 0.0
+    xs, ws = x.detach().cpu().double().reshape(-1, k), w.detach().cpu().double().reshape(-1, k)
+    squares = (xs.square() @ ws.square().t()).nan_to_num(0, 0, 0)
+    return float(8 * 2.0**-24 * k**0.5 * squares.max().sqrt())
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0,
+                 atol: float = 0.0):
     """``torch.testing.assert_close`` with the tolerance of ``dtype`` (default:
-    actual's), widened by ``scale``; NaNs compare equal."""
-    rtol, atol = TOLERANCES[dtype or actual.dtype]
-    torch.testing.assert_close(actual.cpu(), expected.cpu().to(actual.dtype), rtol=rtol * scale, atol=atol * scale,
-                               equal_nan=True)
+    actual's), widened by ``scale``, plus ``atol``; NaNs compare equal."""
+    rtol, dtype_atol = TOLERANCES[dtype or actual.dtype]
+    torch.testing.assert_close(actual.cpu(), expected.cpu().to(actual.dtype), rtol=rtol * scale,
+                               atol=dtype_atol * scale + atol, equal_nan=True)
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

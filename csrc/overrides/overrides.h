@@ -30,5 +30,7 @@ void reset_stats();
 
 // Each op family adds its overrides here (overrides/<family>.cpp).
 void register_softmax(torch::Library& lib);
+// Some need to know the device (a derivative torch has for one key only).
+void register_linear(torch::Library& lib, c10::DeviceType device);
 
 }  // namespace mps_ext::overrides

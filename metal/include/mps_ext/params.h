@@ -23,3 +23,21 @@ struct SoftmaxParams {
 static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 
 }  // namespace mps_ext
+
+namespace mps_ext {
+
+// y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k.
+struct GemvParams {
+  mps_ext_u32 n;
+  mps_ext_u32 k;
+  mps_ext_u32 m;           // rows of x, at most the kernel's M
+  mps_ext_u32 w_stride;    // elements between rows of W
+  mps_ext_u32 x_stride;    // elements between rows of x
+  mps_ext_u32 y_stride;    // elements between rows of y
+  mps_ext_u32 has_bias;
+  mps_ext_u32 w_vectorized;  // 1: W and its rows start 16-byte aligned
+  mps_ext_u32 x_vectorized;  // 1: x and its rows start 16-byte aligned
+};
+static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
+
+}  // namespace mps_ext

@@ -1,0 +1,156 @@
+// Decode-time linear (GEMV): validation, kernel choice and launch geometry,
+// for both backends. The kernels are in metal/gemv.metal.
+#include "ops/gemv.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "backend.h"
+#include "mps_ext/params.h"
+#include "ops/naming.h"
+
+namespace mps_ext::ops {
+
+namespace {
+
+// One SIMD group per four rows of W (kRowsPerSimdGroup in mps_ext/gemv.h),
+// four SIMD groups per threadgroup for the dense kernel.
+constexpr int64_t kRowsPerSimdGroup = 4;
+constexpr uint32_t kDenseSimdGroups = 4;
+// Below this many SIMD groups the GPU has too little memory traffic in flight
+// (an M-series Max runs roughly 40 cores x 24 SIMD groups): split K.
+constexpr int64_t kFillSimdGroups = 1024;
+// A slice of K gets at least this many steps (a step is 32 lanes x 16 bytes
+// of each of the four rows), and a threadgroup at most 16 slices.
+constexpr int64_t kMinStepsPerSlice = 2;
+constexpr int64_t kMaxSlices = 16;
+
+bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+// Whether the address the kernel sees for `t`'s first element is 16-byte
+// aligned. A CPU tensor's storage is memory; an MPS tensor's is an MTLBuffer
+// bound at the storage offset, its start aligned.
+bool aligned16(const at::Tensor& t) {
+  const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
+  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
+}
+
+// The rows of x (m) a kernel built for M rows serves: 1, 2, 4 or 8.
+int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
+
+struct Plan {
+  std::string kernel;
+  Size3 grid, threads;
+};
+
+// The kernel and geometry for these sizes; split K over fewer SIMD groups
+// when the backend's pipeline allows fewer threads per threadgroup.
+Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
+  const int64_t blocks = (n + kRowsPerSimdGroup - 1) / kRowsPerSimdGroup;
+  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
+  const int64_t steps = (k + per_step - 1) / per_step;
+  int64_t slices = std::min({kMaxSlices, (kFillSimdGroups + blocks - 1) / blocks, steps / kMinStepsPerSlice});
+  const std::string rows = "m" + std::to_string(rows_bucket(m));
+  if (slices >= 2) {
+    const std::string kernel = host_name("gemv", ("splitk_" + rows).c_str(), {dtype});
+    while (slices > 2 && backend.unavailable(kernel, uint32_t(32 * slices))) slices /= 2;
+    return {kernel, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
+  }
+  return {host_name("gemv", ("dense_" + rows).c_str(), {dtype}),
+          {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)},
+          {32 * kDenseSimdGroups}};
+}
+
+// x as (m, k) rows with unit stride along k.
+at::Tensor rows_of(const at::Tensor& input, int64_t k) {
+  at::Tensor x = input.reshape({-1, k});
+  return x.stride(1) == 1 || k == 1 ? x : x.contiguous();
+}
+
+}  // namespace
+
+std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::Tensor& weight,
+                                            const std::optional<at::Tensor>& bias) {
+  std::string why;
+  Backend* backend = backend_for(input.device(), &why);
+  if (!backend) return why;
+  if (!supported_dtype(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
+  const bool has_bias = bias && bias->defined();
+  if (weight.scalar_type() != input.scalar_type() || (has_bias && bias->scalar_type() != input.scalar_type()))
+    return "mixed dtypes";
+  if (weight.device() != input.device() || (has_bias && bias->device() != input.device())) return "mixed devices";
+  if (input.layout() != at::kStrided || weight.layout() != at::kStrided || (has_bias && bias->layout() != at::kStrided))
+    return "not strided";
+  if (weight.dim() != 2 || input.dim() < 1) return "weight not 2-D";
+  const int64_t n = weight.size(0), k = weight.size(1);
+  if (input.size(-1) != k) return "shape mismatch";
+  if (has_bias && (bias->dim() != 1 || bias->size(0) != n)) return "bias not 1-D of out_features";
+  if (input.numel() == 0 || n == 0) return "empty";
+  const int64_t m = input.numel() / k;
+  if (m > kGemvMaxRows) return "rows > 8";
+  if (weight.stride(1) != 1 && k != 1) return "weight rows not contiguous";
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  if (n > kMax || k > kMax || weight.stride(0) > kMax || (has_bias && bias->stride(0) > kMax)) return "size >= 2^31";
+  const Plan p = plan(m, n, k, input.scalar_type(), *backend);
+  if (auto reason = backend->unavailable(p.kernel, p.threads.x * p.threads.y * p.threads.z)) return reason;
+  return std::nullopt;
+}
+
+at::Tensor gemv(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const at::Tensor x = rows_of(input, k);
+  const int64_t m = x.size(0);
+  std::vector<int64_t> shape(input.sizes().begin(), input.sizes().end() - 1);
+  shape.push_back(n);
+  at::Tensor y = at::empty({m, n}, input.options());
+
+  GemvParams q{};
+  q.n = uint32_t(n);
+  q.k = uint32_t(k);
+  q.m = uint32_t(m);
+  q.w_stride = uint32_t(n == 1 ? k : weight.stride(0));
+  q.x_stride = uint32_t(m == 1 ? k : x.stride(0));
+  q.y_stride = uint32_t(n);
+  const int64_t es = int64_t(input.element_size());
+  q.w_vectorized = aligned16(weight) && (n == 1 || q.w_stride * es % 16 == 0);
+  q.x_vectorized = aligned16(x) && (m == 1 || q.x_stride * es % 16 == 0);
+  at::Tensor b = weight;  // bound in the bias slot when there is none; never read
+  if (bias && bias->defined()) {
+    q.has_bias = 1;
+    b = bias->stride(0) == 1 ? *bias : bias->contiguous();
+  }
+  const Plan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()));
+  dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(weight).tensor(x).tensor(b).tensor(y).bytes(q));
+  return y.view(shape);
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  const bool has_bias = bias && bias->defined();
+  TORCH_CHECK(input.dim() >= 1 && weight.dim() >= 1, "mps_ext.linear: input and weight must be at least 1-D, got ",
+              input.dim(), "-D input and ", weight.dim(), "-D weight");
+  TORCH_CHECK(weight.scalar_type() == input.scalar_type(), "mps_ext.linear: weight (", weight.scalar_type(),
+              ") must have the dtype of input (", input.scalar_type(), ")");
+  TORCH_CHECK(!has_bias || bias->scalar_type() == input.scalar_type(), "mps_ext.linear: bias (",
+              bias->scalar_type(), ") must have the dtype of input (", input.scalar_type(), ")");
+  TORCH_CHECK(weight.device() == input.device() && (!has_bias || bias->device() == input.device()),
+              "mps_ext.linear: input, weight and bias must be on one device, got input on ", input.device(),
+              " and weight on ", weight.device());
+  if (weight.dim() == 2)
+    TORCH_CHECK(input.size(-1) == weight.size(1), "mps_ext.linear: input's last dimension (", input.size(-1),
+                ") must equal weight's in_features (weight.size(1) = ", weight.size(1), "); input ", input.sizes(),
+                ", weight ", weight.sizes());
+  if (gemv_unsupported(input, weight, bias)) return at::linear(input, weight, bias);
+  return gemv(input, weight, bias);
+}
+
+}  // namespace mps_ext::ops
+
+TORCH_LIBRARY_FRAGMENT(mps_ext, m) { m.def("linear(Tensor input, Tensor weight, Tensor? bias=None) -> Tensor"); }
+
+TORCH_LIBRARY_IMPL(mps_ext, CPU, m) { m.impl("linear", TORCH_FN(mps_ext::ops::linear)); }
+
+TORCH_LIBRARY_IMPL(mps_ext, MPS, m) { m.impl("linear", TORCH_FN(mps_ext::ops::linear)); }

@@ -1,0 +1,153 @@
+// aten::linear, and aten::mm / aten::addmm whose right operand is a
+// transposed row-major matrix (x @ W.T written by hand, and how F.linear
+// reaches the CPU key when linear itself has no CPU kernel), routed to the
+// GEMV kernels for 1-8 rows.
+//
+// Autograd: aten::linear has a derivative of its own in torch 2.13-2.15
+// (derivatives.yaml: linear_backward, registered for MPS because MPS has a
+// linear kernel) and is otherwise CompositeImplicitAutograd. A kernel at a
+// backend key makes the dispatcher use that derivative for the backend's
+// autograd key instead of decomposing linear into mm/addmm. MPS has torch's
+// linear_backward kernel; the CPU key has none, so the CPU overrides register
+// one here, computed with mm and sum as the decomposition's derivative is.
+// mm and addmm keep their own derivatives.
+#include <ATen/ATen.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/linear_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#if defined(MPS_EXT_METAL)
+#include <ATen/ops/addmm_mps_dispatch.h>
+#include <ATen/ops/linear_mps_dispatch.h>
+#include <ATen/ops/mm_mps_dispatch.h>
+#endif
+
+#include "ops/gemv.h"
+#include "overrides/overrides.h"
+
+namespace mps_ext::overrides {
+
+namespace {
+
+// torch's own kernels for the tensor's device, called directly: going
+// through the dispatcher would come back here.
+at::Tensor original_linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+#if defined(MPS_EXT_METAL)
+  if (input.device().is_mps()) return at::mps::linear(input, weight, bias);
+#endif
+  // Below autograd, the decomposition's mm/addmm run without recording.
+  return at::compositeimplicitautograd::linear(input, weight, bias);
+}
+
+at::Tensor original_mm(const at::Tensor& self, const at::Tensor& mat2) {
+#if defined(MPS_EXT_METAL)
+  if (self.device().is_mps()) return at::mps::mm(self, mat2);
+#endif
+  return at::cpu::mm(self, mat2);
+}
+
+at::Tensor original_addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                          const at::Scalar& beta, const at::Scalar& alpha) {
+#if defined(MPS_EXT_METAL)
+  if (self.device().is_mps()) return at::mps::addmm(self, mat1, mat2, beta, alpha);
+#endif
+  return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+}
+
+// GEMV when the kernels take it, else nullopt with the reason counted.
+std::optional<at::Tensor> try_gemv(const char* op, const at::Tensor& input, const at::Tensor& weight,
+                                   const std::optional<at::Tensor>& bias) {
+  if (auto why = ops::gemv_unsupported(input, weight, bias)) {
+    fallback(op, *why);
+    return std::nullopt;
+  }
+  at::Tensor out = ops::gemv(input, weight, bias);
+  hit(op);
+  return out;
+}
+
+at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  if (auto out = try_gemv("aten::linear", input, weight, bias)) return *out;
+  return original_linear(input, weight, bias);
+}
+
+// mat2 (k x n) as the weight it is a transpose of (n x k, row-major), or
+// nullopt with the reason.
+std::optional<at::Tensor> transposed_weight(const at::Tensor& mat1, const at::Tensor& mat2, std::string* why) {
+  if (mat1.dim() != 2 || mat2.dim() != 2) {
+    *why = "not 2-D";
+    return std::nullopt;
+  }
+  if (mat2.stride(0) != 1 && mat2.size(0) != 1) {
+    *why = "mat2 not a transposed row-major matrix";
+    return std::nullopt;
+  }
+  return mat2.t();
+}
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  std::string why;
+  if (auto weight = transposed_weight(self, mat2, &why)) {
+    if (auto out = try_gemv("aten::mm", self, *weight, std::nullopt)) return *out;
+  } else {
+    fallback("aten::mm", why);
+  }
+  return original_mm(self, mat2);
+}
+
+// addmm(bias, x, W.t()) as nn.Linear's decomposition sends it: beta = alpha =
+// 1 and `self` one row broadcast over the output (a 1-D bias, a (1, n)
+// tensor, or one expanded to (m, n) with stride 0).
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  std::string why;
+  std::optional<at::Tensor> weight = transposed_weight(mat1, mat2, &why);
+  std::optional<at::Tensor> bias;
+  if (weight) {
+    if (!(beta.equal(1) && alpha.equal(1))) {
+      why = "beta or alpha != 1";
+    } else if (self.dim() == 1) {
+      bias = self;
+    } else if (self.dim() == 2 && (self.size(0) == 1 || (self.stride(0) == 0 && self.size(0) == mat1.size(0)))) {
+      bias = self.select(0, 0);
+    } else {
+      why = "self not a bias row";
+    }
+  }
+  if (bias) {
+    if (auto out = try_gemv("aten::addmm", mat1, *weight, bias)) return *out;
+  } else {
+    fallback("aten::addmm", why);
+  }
+  return original_addmm(self, mat1, mat2, beta, alpha);
+}
+
+// torch's derivative of linear, for the CPU key (MPS has its own kernel):
+// what the mm/addmm decomposition's backward computes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cpu(const at::Tensor& input,
+                                                                   const at::Tensor& grad_output,
+                                                                   const at::Tensor& weight,
+                                                                   std::array<bool, 3> mask) {
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (weight.dim() == 1) {  // linear with a 1-D weight is input @ weight
+    if (mask[0]) grad_input = grad_output.unsqueeze(-1) * weight;
+    if (mask[1]) grad_weight = (grad_output.unsqueeze(-1) * input).reshape({-1, weight.size(0)}).sum(0);
+    if (mask[2]) grad_bias = grad_output.sum();
+    return {grad_input, grad_weight, grad_bias};
+  }
+  const at::Tensor grad2 = grad_output.reshape({-1, weight.size(0)});
+  if (mask[0]) grad_input = at::matmul(grad_output, weight);
+  if (mask[1]) grad_weight = grad2.t().mm(input.reshape({-1, weight.size(1)}));
+  if (mask[2]) grad_bias = grad2.sum(0);
+  return {grad_input, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+void register_linear(torch::Library& lib, c10::DeviceType device) {
+  lib.impl("linear", TORCH_FN(linear));
+  lib.impl("mm", TORCH_FN(mm));
+  lib.impl("addmm", TORCH_FN(addmm));
+  if (device == c10::DeviceType::CPU) lib.impl("linear_backward", TORCH_FN(linear_backward_cpu));
+}
+
+}  // namespace mps_ext::overrides

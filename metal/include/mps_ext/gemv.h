@@ -1,0 +1,155 @@
+// The building blocks of decode-time GEMV (y = x @ W.T [+ bias] for x with
+// 1-8 rows), shared by every kernel that streams a weight matrix once for a
+// few rows of activations: dense weights (metal/gemv.metal), and the ones
+// that only change how weights are read (FP8 with scales) or which matrix a
+// threadgroup reads (one per expert in grouped matmul).
+//
+// Mapping: one SIMD group owns kRowsPerSimdGroup consecutive rows of W. Each
+// step, every lane reads one 16-byte chunk of each of those rows (so a lane
+// has kRowsPerSimdGroup 16-byte loads in flight, and a SIMD group reads 512
+// contiguous bytes of each row), and the matching K-range of every x row
+// (from cache: x is small), accumulating M x R dot products in float. A K
+// range may be split over several SIMD groups ("slices") that add their
+// results through threadgroup memory.
+//
+// A weight policy supplies: `enum { kPerLane }` (elements of K a lane
+// consumes per step), `load(row, k, end, out)` (those elements of a row as
+// floats, zeros at or past `end`) and `scale(row)` (a factor applied to the
+// finished dot product, before the bias).
+#pragma once
+
+#include <metal_stdlib>
+
+#include "mps_ext/params.h"
+
+namespace mps_ext {
+
+constant constexpr uint kRowsPerSimdGroup = 4;
+
+// 16 bytes as floats: four floats, or eight half/bfloat.
+inline void unpack16(uint4 u, thread float4* out, float) { out[0] = metal::as_type<float4>(u); }
+
+template <typename T>
+inline void unpack16(uint4 u, thread float4* out, T) {
+  const uint2 lo = u.xy, hi = u.zw;
+  out[0] = float4(metal::as_type<metal::vec<T, 4>>(lo));
+  out[1] = float4(metal::as_type<metal::vec<T, 4>>(hi));
+}
+
+// Elements [k, k + Count) of `p` as floats (Count a multiple of 16 bytes'
+// worth): 16-byte loads when `vectorized` (p + k is then 16-byte aligned,
+// the caller guarantees it), one load per element otherwise and for a chunk
+// that reaches past `end`, whose missing elements read as 0.
+template <uint Count, typename T>
+inline void load_floats(device const T* p, uint k, uint end, bool vectorized, thread float4* out) {
+  constexpr uint kPer16 = 16 / sizeof(T);
+  if (vectorized && k + Count <= end) {
+    device const uint4* chunks = reinterpret_cast<device const uint4*>(p + k);
+    for (uint c = 0; c < Count / kPer16; ++c) unpack16(chunks[c], out + c * (kPer16 / 4), T());
+    return;
+  }
+  for (uint j = 0; j < Count; ++j) out[j / 4][j % 4] = k + j < end ? float(p[k + j]) : 0.0f;
+}
+
+// Dense row-major weights of type T with any row stride.
+template <typename T>
+struct DenseWeights {
+  enum : uint { kPerLane = 16 / sizeof(T) };
+  device const T* w;
+  ulong row_stride;
+  bool vectorized;  // w and every row start 16-byte aligned
+
+  void load(uint row, uint k, uint end, thread float4* out) const {
+    load_floats<kPerLane>(w + row * row_stride, k, end, vectorized, out);
+  }
+  float scale(uint) const { return 1.0f; }
+};
+
+// The rows of x (activations, type T): rows at or past `m` read row m - 1,
+// so a kernel built for M rows serves any m <= M without branching.
+template <typename T>
+struct XRows {
+  device const T* x;
+  ulong row_stride;
+  uint m;
+  bool vectorized;
+
+  template <uint Count>
+  void load(uint i, uint k, uint end, thread float4* out) const {
+    load_floats<Count>(x + metal::min(i, m - 1) * row_stride, k, end, vectorized, out);
+  }
+};
+
+// M x R partial dot products (float), then their totals over a SIMD group.
+template <uint M, uint R>
+struct Tile {
+  float v[R][M];
+};
+
+// The dot products of rows [first, first + R) of `w` (rows past n - 1 read
+// row n - 1) with the M rows of x, over the K-steps of slice `slice` of
+// `slices`, summed over the SIMD group: every lane gets the totals.
+template <uint M, uint R, typename Weights, typename X>
+inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
+  constexpr uint P = Weights::kPerLane;
+  Tile<M, R> t;
+  for (uint r = 0; r < R; ++r)
+    for (uint i = 0; i < M; ++i) t.v[r][i] = 0.0f;
+  uint rows[R];
+  for (uint r = 0; r < R; ++r) rows[r] = metal::min(first + r, n - 1);
+  for (uint k0 = (slice * 32 + lane) * P; k0 < k; k0 += slices * 32 * P) {
+    // All weight loads of the step first: R 16-byte loads in flight per lane.
+    float4 wv[R][P / 4];
+    for (uint r = 0; r < R; ++r) w.load(rows[r], k0, k, wv[r]);
+    for (uint i = 0; i < M; ++i) {
+      float4 xv[P / 4];
+      x.template load<P>(i, k0, k, xv);
+      for (uint r = 0; r < R; ++r)
+        for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][c], xv[c]);
+    }
+  }
+  for (uint r = 0; r < R; ++r)
+    for (uint i = 0; i < M; ++i) t.v[r][i] = metal::simd_sum(t.v[r][i]);
+  return t;
+}
+
+// y[i, row] for a finished dot product: scaled, the bias added in float,
+// rounded once. Rows past n and x rows past m are not written. `Params` has
+// GemvParams' n, m, y_stride and has_bias.
+template <typename T, typename Weights, typename Params>
+inline void gemv_store(device T* y, device const T* bias, constant Params& p, Weights w, uint row, uint i,
+                       float dot) {
+  if (row >= p.n || i >= p.m) return;
+  float v = dot * w.scale(row);
+  if (p.has_bias) v += float(bias[row]);
+  y[ulong(i) * p.y_stride + row] = T(v);
+}
+
+// The SIMD group's totals, written by lanes r * M + i (no threadgroup memory).
+template <uint M, uint R, typename T, typename Weights, typename Params>
+inline void gemv_store_tile(device T* y, device const T* bias, constant Params& p, Weights w, uint first,
+                            Tile<M, R> t, uint lane) {
+  for (uint r = 0; r < R; ++r)
+    for (uint i = 0; i < M; ++i)
+      if (lane == r * M + i) gemv_store(y, bias, p, w, first + r, i, t.v[r][i]);
+}
+
+// Split K: every SIMD group of the threadgroup ("slice") holds totals for the
+// same rows; they are added through `partial` (slices x M x R floats) and
+// threads r * M + i write the results.
+template <uint M, uint R, typename T, typename Weights, typename Params>
+inline void gemv_store_split(device T* y, device const T* bias, constant Params& p, Weights w, uint first,
+                             Tile<M, R> t, threadgroup float* partial, uint slice, uint slices, uint lane,
+                             uint tid) {
+  if (lane == 0)
+    for (uint r = 0; r < R; ++r)
+      for (uint i = 0; i < M; ++i) partial[slice * (R * M) + r * M + i] = t.v[r][i];
+  threadgroup_barrier(metal::mem_flags::mem_threadgroup);
+  if (tid < R * M) {
+    float sum = 0.0f;
+    for (uint s = 0; s < slices; ++s) sum += partial[s * (R * M) + tid];
+    gemv_store(y, bias, p, w, first + tid / M, tid % M, sum);
+  }
+}
+
+}  // namespace mps_ext

@@ -1,0 +1,339 @@
+"""linear (decode GEMV): mps_ext's kernels against torch's F.linear on the CPU,
+the overrides of aten::linear / aten::mm / aten::addmm, autograd, and checked mode."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import mps_ext
+from tolerances import assert_close, dot_atol, reduction_scale
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+SIZES = [1, 3, 64, 127, 4096, 4099]
+
+
+def bucket(rows: int) -> int:
+    return 1 if rows <= 1 else 2 if rows <= 2 else 4 if rows <= 4 else 8
+
+
+def reference(x, w, b=None):
+    """F.linear in float32 on the CPU, rounded once to the input's dtype."""
+    return F.linear(x.cpu().float(), w.cpu().float(), None if b is None else b.cpu().float()).to(x.dtype)
+
+
+def check(x, w, b=None, kernel=None, device="cpu"):
+    """Runs mps_ext.linear on `device`, compares with torch and checks that one gemv_ kernel ran."""
+    with mps_ext.trace() as t:
+        got = mps_ext.linear(x.to(device), w.to(device), None if b is None else b.to(device)).cpu()
+    want = reference(x, w, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert_close(got, want, scale=reduction_scale(got.dtype, x.shape[-1]), atol=dot_atol(x, w))
+    backend = "simulator" if device == "cpu" else "metal"
+    assert len(t.kernels) == 1 and t.kernels[0].backend == backend
+    rows = max(1, x.numel() // max(1, x.shape[-1]))
+    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_{TYPE[x.dtype]}", t.names[0]), t.names
+    if kernel is not None:
+        assert t.names[0].startswith(f"gemv_{kernel}_")
+    return got
+
+
+def data(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", range(1, 9))
+@pytest.mark.parametrize("bias", [False, True])
+def test_rows(device, dtype, rows, bias):
+    x, w, b = data(rows, 300, dtype=dtype), data(67, 300, dtype=dtype, seed=1), data(67, dtype=dtype, seed=2)
+    check(x, w, b if bias else None, kernel="dense", device=device)
+
+
+# Every K and N tail in every dtype; the 4096-class products (16M weights)
+# only in bfloat16 and with one row, for the simulator's time.
+SIZE_CASES = [(n, k, dtype) for n in SIZES for k in SIZES for dtype in DTYPES
+              if n * k <= 2**20 or dtype == torch.bfloat16]
+
+
+@pytest.mark.parametrize("n,k,dtype", SIZE_CASES)
+def test_sizes(device, n, k, dtype):
+    rows = 1 if n * k > 2**20 else 3
+    x, w, b = data(rows, k, dtype=dtype), data(n, k, dtype=dtype, seed=1), data(n, dtype=dtype, seed=2)
+    check(x, w, b, device=device)
+
+
+# (model, layer, out_features, in_features), sized for the simulator where noted.
+MODEL_SHAPES = [
+    ("Llama 3 8B", "q_proj", 4096, 4096),
+    ("Llama 3 8B", "k_proj (GQA)", 1024, 4096),
+    ("Qwen2.5 0.5B", "up_proj", 4864, 896),
+    ("Qwen2.5 0.5B", "down_proj", 896, 4864),
+    ("Qwen3-30B-A3B", "router", 128, 2048),
+    ("DeepSeek-V3", "router (n = 256, k = 7168)", 256, 7168),
+    ("Mixtral 8x7B", "router", 8, 4096),
+    ("Gemma 2 2B", "gate_proj (first 4096 of 9216 rows)", 4096, 2304),
+    ("Qwen2.5 0.5B", "lm_head (first 16384 of 151936 rows)", 16384, 896),
+]
+
+
+@pytest.mark.parametrize("model,layer,n,k", MODEL_SHAPES, ids=[f"{m} {l}" for m, l, _, _ in MODEL_SHAPES])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_model_shapes(device, model, layer, n, k, rows):
+    dtype = torch.bfloat16
+    x, w = data(rows, 1, k, dtype=dtype), data(n, k, dtype=dtype, seed=1) / k**0.5  # [B, 1, K] hidden states
+    # Few rows of W and a long K split K over the SIMD groups of a threadgroup.
+    kernel = "splitk" if n <= 1024 and k >= 2048 else None
+    got = check(x, w, kernel=kernel, device=device)
+    assert got.shape == (rows, 1, n)
+
+
+def test_split_k_for_routers(device):
+    x, w = data(1, 7168), data(128, 7168, seed=1)
+    with mps_ext.trace() as t:
+        check(x, w, device=device)
+    assert t.names == ["gemv_splitk_m1_float"] and t.kernels[0].threadgroup[0] > 32 and t.kernels[0].grid[0] == 32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_input_shapes(device, dtype):
+    w, b = data(50, 64, dtype=dtype, seed=1), data(50, dtype=dtype, seed=2)
+    got = check(data(64, dtype=dtype), w, b, device=device)  # 1-D input
+    assert got.shape == (50,)
+    assert check(data(2, 1, 64, dtype=dtype), w, b, device=device).shape == (2, 1, 50)  # [B, 1, K]
+    assert check(data(2, 2, 2, 64, dtype=dtype), w, device=device).shape == (2, 2, 2, 50)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layouts(device, dtype):
+    x, w, b = data(6, 130, dtype=dtype), data(40, 130, dtype=dtype, seed=1), data(40, dtype=dtype, seed=2)
+    check(x[::2], w, b, device=device)  # rows of x strided
+    check(data(130, 4, dtype=dtype).t(), w, b, device=device)  # x transposed: copied to rows
+    # W rows with a stride (136) != K (130), 16-byte aligned: 16-byte loads, then a K tail.
+    check(x, data(40, 136, dtype=dtype, seed=4)[:, :130], b, device=device)
+    check(x[:, 1:], w[:, 1:], b, device=device)  # odd offsets and stride: element loads
+    check(x[:3], w[::2], b[::2], device=device)  # every other row of W, bias strided
+    wide = data(40 * 128 + 1, dtype=dtype, seed=3)
+    check(data(129, dtype=dtype)[1:], wide[1:].view(40, 128), device=device)  # odd storage offsets, K = 128
+    check(data(2 * 64 + 1, dtype=dtype)[1:].view(2, 64), data(40 * 64 + 3, dtype=dtype)[3:].view(40, 64), device=device)
+
+
+def test_weight_not_row_major_goes_to_torch():
+    x, w = data(2, 64), data(64, 30).t()  # W.t() of a row-major matrix: column-major weight
+    with mps_ext.trace() as t:
+        got = mps_ext.linear(x, w)
+    assert t.kernels == []
+    assert_close(got, F.linear(x, w), scale=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nine_rows_and_empty_go_to_torch(dtype):
+    w = data(20, 33, dtype=dtype, seed=1)
+    for x in (data(9, 33, dtype=dtype), data(3, 3, 33, dtype=dtype), data(0, 33, dtype=dtype)):
+        with mps_ext.trace() as t:
+            got = mps_ext.linear(x, w)
+        assert t.kernels == [] and torch.equal(got, F.linear(x, w))
+    with mps_ext.trace() as t:
+        got = mps_ext.linear(data(2, 0, dtype=dtype), data(5, 0, dtype=dtype), data(5, dtype=dtype))
+    assert t.kernels == [] and torch.equal(got, data(5, dtype=dtype).expand(2, 5))
+
+
+def test_nan_and_inf(device):
+    x, w, b = data(3, 100), data(10, 100, seed=1), data(10, seed=2)
+    x[0, 5] = float("nan")
+    x[1, 7] = float("inf")
+    w[3, 9] = float("inf")
+    got = check(x, w, b, device=device)
+    assert got[0].isnan().all() and got[1].isinf().sum() + got[1].isnan().sum() >= 1
+    assert torch.equal(got.isnan(), F.linear(x, w, b).isnan())
+
+
+def test_errors_like_torch():
+    x, w, b = data(2, 8), data(4, 8), data(4)
+    cases = [
+        ((x, w.half(), None), "weight"),
+        ((x, w, b.half()), "bias"),
+        ((data(2, 7), w, None), "in_features"),
+        ((torch.tensor(1.0), w, None), "at least 1-D"),
+    ]
+    for args, name in cases:
+        with pytest.raises(RuntimeError):
+            F.linear(*args)
+        with pytest.raises(RuntimeError, match=name):
+            mps_ext.linear(*args)
+        with mps_ext.overrides.enabled("cpu"), pytest.raises(RuntimeError):
+            F.linear(*args)  # the override hands invalid calls to torch, which raises
+    # Types the kernels do not take go to torch.
+    xd, wd = x.double(), w.double()
+    with mps_ext.trace() as t:
+        assert torch.equal(mps_ext.linear(xd, wd), F.linear(xd, wd))
+    assert t.kernels == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients(device, dtype):
+    x, w, b = data(2, 1, 40, dtype=dtype), data(12, 40, dtype=dtype, seed=1), data(12, dtype=dtype, seed=2)
+    g = data(2, 1, 12, dtype=dtype, seed=3)
+    ours = [t.to(device).requires_grad_() for t in (x, w, b)]
+    (mps_ext.linear(*ours) * g.to(device)).sum().backward()
+    theirs = [t.detach().float().requires_grad_() for t in (x, w, b)]
+    (F.linear(*theirs) * g.float()).sum().backward()
+    for a, e in zip(ours, theirs):
+        assert_close(a.grad.cpu(), e.grad.to(dtype), scale=4)
+
+
+def test_opcheck():
+    torch.library.opcheck(torch.ops.mps_ext.linear.default, (data(16), data(5, 16, seed=1), None))
+    args = [t.requires_grad_() for t in (data(2, 1, 16), data(5, 16, seed=1), data(5, seed=2))]
+    torch.library.opcheck(torch.ops.mps_ext.linear.default, args)
+
+
+class Block(torch.nn.Module):
+    """A Llama-style decoder block: RMSNorm, attention with grouped KV heads over a
+    cache, gated MLP; projections are nn.Linear (bias on q/k/v as in Qwen2)."""
+
+    def __init__(self, dim=64, heads=4, kv_heads=2, hidden=96):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.q_proj = torch.nn.Linear(dim, dim)
+        self.k_proj = torch.nn.Linear(dim, kv_heads * self.head_dim)
+        self.v_proj = torch.nn.Linear(dim, kv_heads * self.head_dim)
+        self.o_proj = torch.nn.Linear(dim, dim, bias=False)
+        self.gate_proj = torch.nn.Linear(dim, hidden, bias=False)
+        self.up_proj = torch.nn.Linear(dim, hidden, bias=False)
+        self.down_proj = torch.nn.Linear(hidden, dim, bias=False)
+        self.norm1, self.norm2 = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
+
+    def forward(self, h, past_k, past_v):
+        b, s, _ = h.shape
+        x = self.norm1(h)
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
+        rep = self.heads // self.kv_heads
+        a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
+        h = h + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
+        x = self.norm2(h)
+        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls.append((str(func), args))
+        return func(*args, **(kwargs or {}))
+
+
+def block_inputs(batch=2):
+    torch.manual_seed(0)
+    block = Block()
+    h = torch.randn(batch, 1, 64)
+    past = [torch.randn(batch, 2, 5, 16) for _ in range(2)]
+    return block, h, past
+
+
+class TestOverrides:
+    def test_what_a_decoder_block_sends(self):
+        # Without overrides the CPU key decomposes F.linear: every projection
+        # arrives as mm (no bias) or addmm (bias) with the weight as a
+        # transposed view of a row-major matrix, on [B * 1, K] rows.
+        block, h, past = block_inputs()
+        with torch.no_grad(), Recorder() as r:
+            block(h, *past)
+        mms = [(f, a) for f, a in r.calls if f in ("aten.mm.default", "aten.addmm.default")]
+        assert "aten.linear.default" not in [f for f, _ in r.calls]
+        assert sorted(f for f, _ in mms) == ["aten.addmm.default"] * 3 + ["aten.mm.default"] * 4
+        for f, a in mms:
+            mat1, mat2 = a[-2], a[-1]
+            assert mat1.shape[0] == 2 and mat2.stride(0) == 1 and mat2.t().is_contiguous()
+        # With overrides, linear has a CPU kernel and arrives whole.
+        with torch.no_grad(), mps_ext.overrides.enabled("cpu"), Recorder() as r:
+            block(h, *past)
+        assert [f for f, _ in r.calls].count("aten.linear.default") == 7
+
+    def test_decoder_block_output_and_gradients(self):
+        block, h, past = block_inputs()
+        h.requires_grad_()
+        block(h, *past).square().sum().backward()
+        want_out = block(h, *past).detach()
+        want = [h.grad.clone()] + [p.grad.clone() for p in block.parameters()]
+        h.grad = None
+        block.zero_grad()
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            out = block(h, *past)
+            out.square().sum().backward()
+        assert_close(out.detach(), want_out)
+        for got, exp in zip([h.grad] + [p.grad for p in block.parameters()], want):
+            assert_close(got, exp, scale=4)
+        assert sorted(set(t.names)) == ["gemv_dense_m2_float"]
+        assert len(t.names) == 7
+        s = mps_ext.overrides.stats()
+        assert s["aten::linear"] == {"hits": 7, "fallbacks": 0, "reasons": {}}
+
+    def test_nn_linear_gradients_unchanged(self):
+        for shape, bias in (((3, 20), True), ((2, 1, 20), False), ((20,), True), ((12, 20), True)):
+            lin = torch.nn.Linear(20, 9, bias=bias)
+            x = torch.randn(shape, requires_grad=True)
+            lin(x).sin().sum().backward()
+            want = [x.grad.clone()] + [p.grad.clone() for p in lin.parameters()]
+            x.grad = None
+            lin.zero_grad()
+            with mps_ext.overrides.enabled("cpu"):
+                lin(x).sin().sum().backward()
+            for got, exp in zip([x.grad] + [p.grad for p in lin.parameters()], want):
+                assert_close(got, exp, scale=2)
+
+    def test_linear_mm_addmm_run_the_kernels(self):
+        x, w, b = data(3, 64), data(20, 64, seed=1), data(20, seed=2)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = [F.linear(x, w, b), x @ w.T, torch.addmm(b, x, w.t()), torch.addmm(b.expand(3, 20), x, w.t())]
+        assert t.names == ["gemv_dense_m4_float"] * 4
+        for g in got[:1] + got[2:]:
+            assert_close(g, F.linear(x, w, b), scale=2)
+        assert_close(got[1], x @ w.T, scale=2)
+        s = mps_ext.overrides.stats()
+        assert s["aten::linear"]["hits"] == 1 and s["aten::mm"]["hits"] == 1 and s["aten::addmm"]["hits"] == 2
+
+    def test_fallbacks_are_counted(self):
+        x, w, b = data(9, 64), data(20, 64, seed=1), data(20, seed=2)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = [F.linear(x, w, b), x[:2] @ w.T.contiguous(), torch.addmm(b, x[:2], w.t(), beta=2),
+                   F.linear(x[:2].double(), w.double())]
+        assert t.kernels == []
+        assert_close(got[0], F.linear(x, w, b), scale=2)
+        assert_close(got[2], torch.addmm(b, x[:2], w.t(), beta=2), scale=2)
+        s = mps_ext.overrides.stats()
+        assert s["aten::linear"]["reasons"] == {"rows > 8": 1, "dtype Double": 1}
+        assert s["aten::mm"]["reasons"]["mat2 not a transposed row-major matrix"] == 1
+        assert s["aten::addmm"]["reasons"]["beta or alpha != 1"] == 1
+
+    def test_mps_override_runs_the_metal_kernels(self, device):
+        if device != "mps":
+            pytest.skip("needs a usable MPS device")
+        x, w = data(1, 256), data(512, 256, seed=1)
+        with mps_ext.overrides.enabled("mps"), mps_ext.trace() as t:
+            got = F.linear(x.to("mps"), w.to("mps"))
+        assert t.names == ["gemv_dense_m1_float"] and t.kernels[0].backend == "metal"
+        assert_close(got.cpu(), F.linear(x, w), scale=8)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_checked_mode_on_every_variant(dtype):
+    with mps_ext.sim.checked():
+        w, b = data(21, 200, dtype=dtype, seed=1), data(21, dtype=dtype, seed=2)
+        for rows in (1, 2, 3, 7):
+            x = data(rows, 200, dtype=dtype)
+            check(x, w, b, kernel="dense")  # 16-byte loads, K tail
+            check(x[:, 1:], w[:, 1:], kernel="dense")  # element loads
+            check(data(rows, 1100, dtype=dtype), data(5, 1100, dtype=dtype, seed=1), kernel="splitk")
+        check(data(2, 3, dtype=dtype), data(3, 3, dtype=dtype), data(3, dtype=dtype))
