@@ -7,7 +7,10 @@ fallbacks are tested without a Mac. Every case the kernels do not cover goes
 to torch's own kernel, and ``stats()`` counts both.
 
 Overridden: ``aten::_softmax``, ``aten::_log_softmax`` (``torch.softmax``,
-``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...).
+``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...);
+``aten::linalg_lu_factor_ex``, ``aten::linalg_lu_solve``, ``aten::_linalg_solve_ex``,
+``aten::linalg_solve_triangular`` (``torch.linalg.lu_factor``, ``lu_solve``, ``solve``,
+``solve_triangular``...).
 """
 
 from __future__ import annotations

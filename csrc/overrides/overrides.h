@@ -30,5 +30,6 @@ void reset_stats();
 
 // Each op family adds its overrides here (overrides/<family>.cpp).
 void register_softmax(torch::Library& lib);
+void register_linalg(torch::Library& lib);
 
 }  // namespace mps_ext::overrides
