@@ -121,37 +121,32 @@ def _differentiable(inputs, grads, torch_op):
     return tuple(next(it) if d.requires_grad else None for d in detached)
 
 
-def _save_inputs(ctx, inputs, output):
-    ctx.save_for_backward(*[x for x in inputs if isinstance(x, torch.Tensor)])
-    ctx.flags = [x for x in inputs if not isinstance(x, torch.Tensor)]
+def _save_inputs(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.flags = keyword_only_inputs
 
 
 def _lu_factor_ex_backward(ctx, grad_LU, grad_pivots, grad_info):
     (A,) = ctx.saved_tensors
-    pivot, _ = ctx.flags
-    return _differentiable([A], [grad_LU], lambda a: torch.linalg.lu_factor_ex(a, pivot=pivot)[:1]) + (None, None)
+    pivot = ctx.flags["pivot"]
+    return (_differentiable([A], [grad_LU], lambda a: torch.linalg.lu_factor_ex(a, pivot=pivot)[:1])[0],)
 
 
 def _lu_solve_backward(ctx, grad):
     LU, pivots, B = ctx.saved_tensors
-    left, adjoint = ctx.flags
-    gLU, _, gB = _differentiable([LU, pivots, B], [grad],
-                                 lambda lu, p, b: torch.linalg.lu_solve(lu, p, b, left=left, adjoint=adjoint))
-    return gLU, None, gB, None, None
+    gLU, _, gB = _differentiable([LU, pivots, B], [grad], lambda lu, p, b: torch.linalg.lu_solve(lu, p, b, **ctx.flags))
+    return gLU, None, gB
 
 
 def _solve_ex_backward(ctx, grad_result, grad_LU, grad_pivots, grad_info):
     A, B = ctx.saved_tensors
-    left, _ = ctx.flags
-    return _differentiable([A, B], [grad_result],
-                           lambda a, b: torch.ops.aten._linalg_solve_ex(a, b, left=left)[0]) + (None, None)
+    left = ctx.flags["left"]
+    return _differentiable([A, B], [grad_result], lambda a, b: torch.ops.aten._linalg_solve_ex(a, b, left=left)[0])
 
 
 def _solve_triangular_backward(ctx, grad):
     A, B = ctx.saved_tensors
-    upper, left, unitriangular = ctx.flags
-    return _differentiable([A, B], [grad], lambda a, b: torch.linalg.solve_triangular(
-        a, b, upper=upper, left=left, unitriangular=unitriangular)) + (None, None, None)
+    return _differentiable([A, B], [grad], lambda a, b: torch.linalg.solve_triangular(a, b, **ctx.flags))
 
 
 torch.library.register_autograd("mps_ext::lu_factor_ex", _lu_factor_ex_backward, setup_context=_save_inputs)

@@ -23,6 +23,15 @@ def randn(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
 
 
+def well_conditioned(batch, n, dtype=torch.float32, seed=0):
+    """U diag(s) V^H with Gaussian-random orthogonal/unitary U, V and s in [1, 10]: condition number <= 10, so
+    solutions can be compared with a fixed tolerance; the entries (and so the pivots) are still random."""
+    U, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed))
+    V, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed + 1))
+    s = 1 + 9 * torch.rand(batch, 1, n, generator=torch.Generator().manual_seed(seed + 2))
+    return (U * s.to(dtype)) @ V.mH
+
+
 def triangle(batch, n, dtype, upper, unit, seed=0):
     """A well-conditioned triangle (Gaussian triangles are not): small
     off-diagonal entries, diagonal away from zero; garbage in the other half,
@@ -115,7 +124,7 @@ def test_complex_pivots_compare_abs_re_plus_abs_im(n):
     A = randn(4, n, n, dtype=torch.complex64, seed=3) * 0.1
     A[:, 0, 0] = 1 + 1j
     A[:, 1, 0] = 2
-    A[1, 0, 0], A[1, 2, 0] = 0.5 + 0.5j, -1.5 + 0.25j  # |re|+|im|: 1 vs 1.75, |.|: 0.71 vs 1.52
+    A[1, 0, 0], A[1, 1, 0], A[1, 2, 0] = 0.5 + 0.5j, 0.1, -1.5 + 0.25j  # |re|+|im|: 1, 0.1, 1.75
     LU, pivots, _ = mps_ext.lu_factor_ex(A)
     want_LU, want_pivots, _ = torch.linalg.lu_factor_ex(A)
     assert torch.equal(pivots, want_pivots)
@@ -131,7 +140,7 @@ def test_complex_pivots_compare_abs_re_plus_abs_im(n):
 @pytest.mark.parametrize("n", ORDERS)
 def test_solve_matches_torch(n, dtype, left):
     batch = batch_for(n) // (4 if n > 4 else 1)
-    A = randn(batch, n, n, dtype=dtype, seed=n)
+    A = well_conditioned(batch, n, dtype, seed=n)
     B = randn(batch, *((n, 3) if left else (3, n)), dtype=dtype, seed=n + 1)
     with mps_ext.trace() as t:
         X, LU, pivots, info = torch.ops.mps_ext.solve_ex(A, B, left=left)
@@ -152,14 +161,14 @@ def test_solve_matches_torch(n, dtype, left):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_solve_vectors_and_broadcasting(dtype):
-    A = randn(3, 1, 5, 5, dtype=dtype)
+    A = well_conditioned(3, 5, dtype).unsqueeze(1)
     for B in (randn(5, dtype=dtype), randn(3, 1, 5, dtype=dtype), randn(4, 5, 2, dtype=dtype),
               randn(2, 3, 4, 5, 1, dtype=dtype)):
         with mps_ext.trace() as t:
             got = mps_ext.solve(A, B)
         assert t.names[-1] == f"lu_solve_simd_{MTYPE[dtype]}"
         assert_close(got, torch.linalg.solve(A, B), scale=linalg_scale(5))
-    A = randn(2, 3, 3, dtype=dtype)
+    A = well_conditioned(2, 3, dtype)
     got = mps_ext.solve(A, randn(2, 3, dtype=dtype))  # a batch of vectors
     assert_close(got, torch.linalg.solve(A, randn(2, 3, dtype=dtype)))
     # A's batch broadcast over B's: the tiny factor and solve kernels run apart.
@@ -204,7 +213,7 @@ def test_solve_singular_and_near_singular(n):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 40])
 def test_lu_solve_variants(n, dtype, left, adjoint):
-    A = randn(6, n, n, dtype=dtype, seed=n)
+    A = well_conditioned(6, n, dtype, seed=n)
     LU, pivots = torch.linalg.lu_factor(A)  # torch's factors: only the solve is compared
     B = randn(6, *((n, 4) if left else (4, n)), dtype=dtype, seed=2)
     with mps_ext.trace() as t:
@@ -219,7 +228,7 @@ def test_lu_solve_variants(n, dtype, left, adjoint):
 
 
 def test_lu_solve_complex_residual_and_broadcasting():
-    A = randn(2, 1, 12, 12, dtype=torch.complex64, seed=4)
+    A = well_conditioned(2, 12, torch.complex64, seed=4).unsqueeze(1)
     B = randn(3, 12, 5, dtype=torch.complex64, seed=5)
     LU, pivots = mps_ext.lu_factor(A)
     X = mps_ext.lu_solve(LU, pivots, B)
@@ -261,7 +270,7 @@ def test_gated_deltanet_shape():
 
 def test_solve_triangular_broadcasting_and_strides():
     A = triangle((1,), 20, torch.float32, True, False).expand(4, 20, 20)  # one triangle, stride 0
-    B = randn(4, 30, 40)[:, ::1, 5:30:2].transpose(-2, -1)[:, :20]  # non-contiguous (20 x 15)
+    B = randn(4, 15, 50)[:, :, 3:43:2].transpose(-2, -1)  # non-contiguous (20 x 15)
     with mps_ext.trace() as t:
         X = mps_ext.solve_triangular(A, B, upper=True)
     ran(t, "trsm_simd_float")
@@ -272,7 +281,7 @@ def test_solve_triangular_broadcasting_and_strides():
 
 
 def test_non_contiguous_and_conjugated_inputs():
-    A = randn(4, 9, 9, dtype=torch.complex64, seed=2)
+    A = well_conditioned(4, 9, torch.complex64, seed=2)
     B = randn(4, 9, 3, dtype=torch.complex64, seed=3)
     for a in (A.mT, A.conj(), A[:, ::1, :].transpose(1, 2).conj()):
         assert_close(mps_ext.solve(a, B), torch.linalg.solve(a.resolve_conj(), B), scale=linalg_scale(9))
@@ -286,15 +295,19 @@ def test_empty_inputs():
         A = torch.zeros(shape)
         with mps_ext.trace() as t:
             LU, pivots, info = mps_ext.lu_factor_ex(A)
+            X = mps_ext.solve_triangular(A, torch.zeros(*shape[:2], 2), upper=True)
+            Y = mps_ext.lu_solve(LU, pivots, torch.zeros(*shape[:2], 2))
         want = torch.linalg.lu_factor_ex(A)
         assert t.kernels == [] and LU.shape == want[0].shape and pivots.shape == want[1].shape
-        assert torch.equal(info, want[2])
+        assert torch.equal(info, want[2]) and X.shape == Y.shape == (*shape[:2], 2)
+    # No right-hand sides: torch still factors A, and so do the kernels.
     A = randn(2, 3, 3)
-    for B in (torch.zeros(2, 3, 0), torch.zeros(0, 3, 2)):
-        with mps_ext.trace() as t:
-            X = mps_ext.solve(A, B)
-        assert t.kernels == [] and X.shape == torch.linalg.solve(A, B).shape
-        assert mps_ext.solve_triangular(A, B, upper=True).shape == B.shape
+    with mps_ext.trace() as t:
+        X, LU, pivots, info = torch.ops.mps_ext.solve_ex(A, torch.zeros(2, 3, 0))
+    ran(t, "lu_factor_thread_float")
+    want = torch.ops.aten._linalg_solve_ex(A, torch.zeros(2, 3, 0))
+    assert X.shape == want[0].shape and torch.equal(pivots, want[2])
+    assert_close(LU, want[1])
 
 
 BAD_CALLS = [
