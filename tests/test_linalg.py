@@ -440,24 +440,25 @@ def test_gradients_of_the_mps_ext_functions(dtype):
                 assert_close(g, w, scale=linalg_scale(6))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_opcheck(dtype):
-    A = randn(2, 5, 5, dtype=dtype) + 3 * torch.eye(5)
-    B = randn(2, 5, 3, dtype=dtype)
-    LU, pivots = torch.linalg.lu_factor(A)
-    ops = torch.ops.mps_ext
-    for op, args, kwargs in [
-        (ops.lu_factor_ex, (A,), {}),
-        (ops.lu_factor_ex, (A[0, :3, :3],), {}),
-        (ops.lu_solve, (LU, pivots, B), {"adjoint": True}),
-        (ops.lu_solve, (LU, pivots, B.mT), {"left": False}),
-        (ops.solve_ex, (A, B), {}),
-        (ops.solve_ex, (A, B[..., 0]), {}),
-        (ops.solve_ex, (A[0, :3, :3], B[:, :3]), {"left": True}),
-        (ops.solve_triangular, (A, B), {"upper": True}),
-        (ops.solve_triangular, (A, B.mT), {"upper": False, "left": False, "unitriangular": True}),
-    ]:
-        torch.library.opcheck(op, args, kwargs)
+OPCHECK_CASES = {
+    "lu_factor_ex": lambda A, B, LU, p: (torch.ops.mps_ext.lu_factor_ex, (A,), {}),
+    "lu_solve": lambda A, B, LU, p: (torch.ops.mps_ext.lu_solve, (LU, p, B.mT), {"left": False, "adjoint": True}),
+    "solve_ex": lambda A, B, LU, p: (torch.ops.mps_ext.solve_ex, (A, B), {}),
+    "solve_ex vector": lambda A, B, LU, p: (torch.ops.mps_ext.solve_ex, (A, B[..., 0]), {}),
+    "solve_triangular": lambda A, B, LU, p: (torch.ops.mps_ext.solve_triangular, (A, B.mT),
+                                             {"upper": False, "left": False, "unitriangular": True}),
+}
+
+
+@pytest.mark.parametrize("case", OPCHECK_CASES)
+def test_opcheck(case):
+    # Fake kernels give the kernels' shapes and layouts; schema, autograd registration, dynamic shapes.
+    A = randn(2, 5, 5, dtype=torch.complex64) + 3 * torch.eye(5)
+    B = randn(2, 5, 3, dtype=torch.complex64)
+    op, args, kwargs = OPCHECK_CASES[case](A, B, *torch.linalg.lu_factor(A))
+    torch.library.opcheck(op, args, kwargs)
+    args = tuple(a.real.contiguous() if a.is_complex() else a for a in args)  # float32 too
+    torch.library.opcheck(op, args, kwargs, test_utils=("test_faketensor",))
 
 
 def test_checked_mode_on_every_kernel():
@@ -477,6 +478,12 @@ def test_checked_mode_on_every_kernel():
                 assert_close(X, torch.linalg.solve(A, B), scale=linalg_scale(n))
                 assert_close(Y, torch.linalg.lu_solve(LU, pivots, B, adjoint=True), scale=linalg_scale(n))
                 assert_close(Z, torch.linalg.solve_triangular(A, B, upper=True), scale=linalg_scale(n) * 10)
+        # A complex 64 x 64 matrix fills the 32 KiB of threadgroup memory exactly.
+        A = randn(1, 64, 64, dtype=torch.complex64)
+        with mps_ext.trace() as t:
+            LU, pivots = mps_ext.lu_factor(A)
+        ran_kernels.update(t.names)
+        assert torch.equal(pivots, torch.linalg.lu_factor(A)[1])
         T = triangle((2,), 16, torch.float32, False, True)
         with mps_ext.trace() as t:
             mps_ext.solve_triangular(T, randn(2, 16, 9), upper=False, unitriangular=True)
