@@ -229,7 +229,9 @@ kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffe
     }
     const float top = simd_max(best);
     uint piv = simd_min(best == top ? best_row : kMaxN);
-    if (piv >= n) piv = k;  // a column of NaN: keep the row, as LAPACK does
+    // LAPACK's scan starts from row k: when that is NaN nothing compares
+    // greater and row k stays (so does a column without any number).
+    if (piv >= n || isnan(mps_ext::abs1(m[k * n + k]))) piv = k;
     if (lane == 0) pivots[ulong(b) * n + k] = int(piv + 1);
     if (piv != k)
       for (uint j = lane; j < n; j += 32) {

@@ -132,6 +132,23 @@ def test_complex_pivots_compare_abs_re_plus_abs_im(n):
     assert_close(LU, want_LU, scale=linalg_scale(n))
 
 
+@pytest.mark.parametrize("n", [3, 9])
+def test_nan_and_inf(n):
+    A = randn(4, n, n, seed=n)
+    A[0, 1, 1] = float("nan")  # reaches later pivot columns through the updates
+    A[1, 0, 0] = float("inf")
+    A[2, :, 0] = float("nan")
+    B = randn(4, n, 2, seed=1)
+    LU, pivots, info = mps_ext.lu_factor_ex(A)
+    want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
+    assert torch.equal(pivots, want_pivots) and torch.equal(info, want_info)
+    assert torch.equal(LU.isnan(), want_LU.isnan())
+    X, info = mps_ext.solve_ex(A, B)
+    want_X, _ = torch.linalg.solve_ex(A, B)
+    assert torch.equal(X.isnan(), want_X.isnan()) and X[[0, 2]].isnan().all()
+    assert_close(X[3], want_X[3], scale=linalg_scale(n) * 100)  # a Gaussian matrix: no condition bound
+
+
 # --- solve ----------------------------------------------------------------------
 
 
