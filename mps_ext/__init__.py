@@ -11,10 +11,12 @@ import torch  # loads libtorch, which _C links against
 
 from . import _C, overrides, sim
 from ._ops import linear, log_softmax, softmax
+from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
 
 __version__ = "0.1.0"
 
 __all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax", "trace"]
+__all__ += ["lu_factor", "lu_factor_ex", "lu_solve", "solve", "solve_ex", "solve_triangular"]
 
 overrides.enable_on_import()

@@ -85,3 +85,152 @@ def _linear_backward(ctx, grad):
 
 
 torch.library.register_autograd("mps_ext::linear", _linear_backward, setup_context=_linear_setup)
+# Small-matrix linear algebra (torch.linalg semantics). Backward recomputes the
+# forward with torch's differentiable op and differentiates through torch's
+# formulas (with the overrides enabled, that recomputation runs the kernels too).
+
+
+def lu_factor_ex(A: torch.Tensor, *, pivot: bool = True, check_errors: bool = False):
+    """LU factorization with partial pivoting, as ``torch.linalg.lu_factor_ex``.
+
+    Returns ``(LU, pivots, info)``: ``LU`` holds L (unit diagonal, below) and U,
+    ``pivots`` are LAPACK's 1-based int32 row interchanges (the same rows torch
+    picks on the CPU: the first of the largest |a|, |re| + |im| for complex),
+    ``info`` is 0, or k > 0 when U[k-1, k-1] is exactly zero. Runs mps_ext's
+    kernels for float32 and complex64 square matrices of order <= 64 (batches
+    broadcast as in torch); other inputs, and ``pivot=False``, go to torch.
+    """
+    return torch.ops.mps_ext.lu_factor_ex(A, pivot=pivot, check_errors=check_errors)
+
+
+def lu_factor(A: torch.Tensor, *, pivot: bool = True):
+    """``(LU, pivots)`` as ``torch.linalg.lu_factor``; raises for singular matrices. See :func:`lu_factor_ex`."""
+    LU, pivots, info = lu_factor_ex(A, pivot=pivot)
+    torch._linalg_check_errors(info, "torch.linalg.lu_factor", is_matrix=A.dim() == 2)
+    return LU, pivots
+
+
+def lu_solve(LU: torch.Tensor, pivots: torch.Tensor, B: torch.Tensor, *, left: bool = True, adjoint: bool = False):
+    """Solves ``A X = B`` (``X A = B`` when ``left=False``; ``A^H`` when ``adjoint``) from
+    ``lu_factor(A)``, as ``torch.linalg.lu_solve``. float32 and complex64, order <= 64."""
+    return torch.ops.mps_ext.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
+
+
+def solve_ex(A: torch.Tensor, B: torch.Tensor, *, left: bool = True, check_errors: bool = False):
+    """``(result, info)`` as ``torch.linalg.solve_ex``. See :func:`solve`."""
+    result, _, _, info = torch.ops.mps_ext.solve_ex(A, B, left=left, check_errors=check_errors)
+    return result, info
+
+
+def solve(A: torch.Tensor, B: torch.Tensor, *, left: bool = True):
+    """Solves ``A X = B`` (``X A = B`` when ``left=False``) as ``torch.linalg.solve``: B may be
+    a (batch of) vector(s); batches broadcast; a singular A raises ``torch.linalg.LinAlgError``.
+
+    float32 and complex64 of order <= 64 run mps_ext's kernels: up to order 4
+    one thread factors and solves each system in a single dispatch; larger
+    orders factor (one SIMD group per matrix) and then solve (one SIMD group per
+    right-hand side). Other inputs go to torch.
+    """
+    result, _, _, info = torch.ops.mps_ext.solve_ex(A, B, left=left)
+    torch._linalg_check_errors(info, "torch.linalg.solve", is_matrix=A.dim() == 2)
+    return result
+
+
+def solve_triangular(A: torch.Tensor, B: torch.Tensor, *, upper: bool, left: bool = True,
+                     unitriangular: bool = False):
+    """Solves ``A X = B`` (``X A = B`` when ``left=False``) for a triangular A, as
+    ``torch.linalg.solve_triangular`` (only the ``upper`` or lower triangle is read;
+    ``unitriangular`` takes its diagonal as ones).
+
+    float32 and complex64 of order <= 64 run mps_ext's kernels; float32 triangles
+    of order 16, 32 or 64 with at least 8 right-hand sides are inverted once per
+    system and the inverse applied to every column. Other inputs go to torch.
+    """
+    return torch.ops.mps_ext.solve_triangular(A, B, upper=upper, left=left, unitriangular=unitriangular)
+
+
+def _differentiable(inputs, grads, torch_op):
+    """Gradients of ``outputs = torch_op(*inputs)`` through torch's own derivative formulas."""
+    tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
+    with torch.enable_grad():
+        detached = [x.detach().requires_grad_(x.is_floating_point() or x.is_complex()) for x in tensors]
+        outs = torch_op(*detached)
+        outs = outs if isinstance(outs, (tuple, list)) else (outs,)
+        pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and (o.is_floating_point() or o.is_complex())]
+        wrt = [d for d in detached if d.requires_grad]
+        got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
+    it = iter(got)
+    return tuple(next(it) if d.requires_grad else None for d in detached)
+
+
+def _save_inputs(ctx, inputs, keyword_only_inputs, output):
+    ctx.save_for_backward(*inputs)
+    ctx.flags = keyword_only_inputs
+
+
+def _lu_factor_ex_backward(ctx, grad_LU, grad_pivots, grad_info):
+    (A,) = ctx.saved_tensors
+    pivot = ctx.flags["pivot"]
+    return (_differentiable([A], [grad_LU], lambda a: torch.linalg.lu_factor_ex(a, pivot=pivot)[:1])[0],)
+
+
+def _lu_solve_backward(ctx, grad):
+    LU, pivots, B = ctx.saved_tensors
+    gLU, _, gB = _differentiable([LU, pivots, B], [grad], lambda lu, p, b: torch.linalg.lu_solve(lu, p, b, **ctx.flags))
+    return gLU, None, gB
+
+
+def _solve_ex_backward(ctx, grad_result, grad_LU, grad_pivots, grad_info):
+    A, B = ctx.saved_tensors
+    left = ctx.flags["left"]
+    return _differentiable([A, B], [grad_result], lambda a, b: torch.ops.aten._linalg_solve_ex(a, b, left=left)[0])
+
+
+def _solve_triangular_backward(ctx, grad):
+    A, B = ctx.saved_tensors
+    return _differentiable([A, B], [grad], lambda a, b: torch.linalg.solve_triangular(a, b, **ctx.flags))
+
+
+torch.library.register_autograd("mps_ext::lu_factor_ex", _lu_factor_ex_backward, setup_context=_save_inputs)
+torch.library.register_autograd("mps_ext::lu_solve", _lu_solve_backward, setup_context=_save_inputs)
+torch.library.register_autograd("mps_ext::solve_ex", _solve_ex_backward, setup_context=_save_inputs)
+torch.library.register_autograd("mps_ext::solve_triangular", _solve_triangular_backward,
+                                setup_context=_save_inputs)
+
+
+# Fake (meta) kernels: the shapes and layouts the kernels produce (torch's:
+# column-major factors and left solutions; right solutions row-major).
+
+
+def _solution(B, batch, n, k, left):
+    out = B.new_empty(*batch, k, n)
+    return out.mT if left else out
+
+
+@torch.library.register_fake("mps_ext::lu_factor_ex")
+def _lu_factor_ex_fake(A, *, pivot=True, check_errors=False):
+    *batch, m, n = A.shape
+    return (A.new_empty(*batch, n, m).mT, A.new_empty(*batch, min(m, n), dtype=torch.int32),
+            A.new_empty(batch, dtype=torch.int32))
+
+
+@torch.library.register_fake("mps_ext::lu_solve")
+def _lu_solve_fake(LU, pivots, B, *, left=True, adjoint=False):
+    batch = torch.broadcast_shapes(LU.shape[:-2], B.shape[:-2])
+    return _solution(B, batch, LU.shape[-1], B.shape[-1] if left else B.shape[-2], left)
+
+
+@torch.library.register_fake("mps_ext::solve_ex")
+def _solve_ex_fake(A, B, *, left=True, check_errors=False):
+    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
+    B_ = B.unsqueeze(-1) if vector else B
+    batch = torch.broadcast_shapes(A.shape[:-2], B_.shape[:-2])
+    X = _solution(B, batch, A.shape[-1], B_.shape[-1] if left else B_.shape[-2], left)
+    LU, pivots, info = _lu_factor_ex_fake(A)
+    return X.squeeze(-1) if vector else X, LU, pivots, info
+
+
+@torch.library.register_fake("mps_ext::solve_triangular")
+def _solve_triangular_fake(A, B, *, upper, left=True, unitriangular=False):
+    batch = torch.broadcast_shapes(A.shape[:-2], B.shape[:-2])
+    return _solution(B, batch, A.shape[-1], B.shape[-1] if left else B.shape[-2], left)

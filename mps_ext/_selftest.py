@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, linear, log_softmax, softmax, trace
-from .testing import TOLERANCES, max_error, mps_usable, reduction_scale
+from . import _C, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, trace
+from .testing import TOLERANCES, linalg_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -56,8 +56,63 @@ def linear_cases() -> Iterator[Case]:
             yield Case(f"linear {variant} {SHORT[dtype]} {rows}x{k} @ {n}x{k}.T", run)
 
 
+def _flat(*tensors: torch.Tensor) -> torch.Tensor:
+    """Results as one float32 vector (complex as (re, im), pivots as floats: any difference fails)."""
+    parts = [torch.view_as_real(t.cpu()) if t.is_complex() else t.cpu() for t in tensors]
+    return torch.cat([p.flatten().float() for p in parts])
+
+
+def linalg_cases() -> Iterator[Case]:
+    for dtype, short in ((torch.float32, "f32"), (torch.complex64, "c64")):
+        for n, kind in ((3, "thread"), (20, "simd")):
+            def rand(*shape, seed=0, dtype=dtype):
+                return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+            def factor(device, n=n, rand=rand):
+                A = rand(16, n, n)
+                LU, pivots, info = lu_factor_ex(A.to(device))
+                return _flat(LU, pivots, info), _flat(*torch.linalg.lu_factor_ex(A)), linalg_scale(n)
+
+            def solve(device, n=n, rand=rand):
+                A, B = rand(16, n, n), rand(16, n, 2, seed=1)
+                got = solve_ex(A.to(device), B.to(device))
+                return _flat(*got), _flat(*torch.linalg.solve_ex(A, B)), linalg_scale(n)
+
+            def lu_solve_adjoint(device, n=n, rand=rand):
+                A, B = rand(16, n, n), rand(16, n, 2, seed=1)
+                LU, pivots = torch.linalg.lu_factor(A)
+                got = lu_solve(LU.to(device), pivots.to(device), B.to(device), adjoint=True)
+                return _flat(got), _flat(torch.linalg.lu_solve(LU, pivots, B, adjoint=True)), linalg_scale(n)
+
+            def triangular(device, n=n, rand=rand):
+                A = torch.tril(rand(4, n, n) * 0.1) + 2 * torch.eye(n)
+                B = rand(4, n, 3, seed=1)
+                got = solve_triangular(A.to(device), B.to(device), upper=False)
+                return _flat(got), _flat(torch.linalg.solve_triangular(A, B, upper=False)), linalg_scale(n)
+
+            for label, run in (("lu_factor", factor), ("solve", solve), ("lu_solve adjoint", lu_solve_adjoint)):
+                yield Case(f"{label} {kind} {short} {n}x{n}", run)
+            yield Case(f"solve_triangular simd {short} {n}x{n}", triangular)
+            if n <= 4:  # A shared by several right-hand sides: factor and solve run apart
+                def shared(device, n=n, rand=rand):
+                    A, B = rand(n, n), rand(5, n, 2, seed=1)
+                    got, info = solve_ex(A.to(device), B.to(device))
+                    return _flat(got, info), _flat(*torch.linalg.solve_ex(A, B)), linalg_scale(n)
+
+                yield Case(f"solve shared A {kind} {short} {n}x{n}", shared)
+
+    def gated_deltanet(device):
+        A = torch.tril(torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(0)) * 0.05, -1)
+        A += torch.eye(64)
+        B = torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(1))
+        got = solve_triangular(A.to(device), B.to(device), upper=False, unitriangular=True)
+        return got, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), linalg_scale(64)
+
+    yield Case("solve_triangular inverse f32 64x64 unit", gated_deltanet)
+
+
 def cases() -> list[Case]:
-    return list(softmax_cases()) + list(linear_cases())
+    return list(softmax_cases()) + list(linear_cases()) + list(linalg_cases())
 
 
 def run(out=print) -> bool:

@@ -14,6 +14,7 @@ TOLERANCES = {
     torch.float32: (1e-5, 1e-6),
     torch.float16: (9.8e-4, 6e-8),
     torch.bfloat16: (7.9e-3, 1e-30),
+    torch.complex64: (1e-5, 1e-6),  # each part a float32
 }
 
 
@@ -47,6 +48,15 @@ def dot_atol(x: torch.Tensor, w: torch.Tensor) -> float:
     xs, ws = x.detach().cpu().double().reshape(-1, k), w.detach().cpu().double().reshape(-1, k)
     squares = (xs.square() @ ws.square().t()).nan_to_num(0, 0, 0)
     return float(8 * 2.0**-24 * k**0.5 * squares.max().sqrt())
+
+
+def linalg_scale(n: int) -> float:
+    """How much to widen the float32/complex64 tolerance for LU factors and
+    solutions of well-conditioned order-``n`` systems compared with torch's
+    CPU (LAPACK) results: each entry accumulates up to n rounding errors, in
+    another order than LAPACK's blocked algorithm, and the solutions amplify
+    them by the condition number (about n for Gaussian random matrices)."""
+    return max(1.0, n * n / 8)
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0,

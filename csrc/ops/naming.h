@@ -15,6 +15,7 @@ inline const char* metal_type(at::ScalarType t) {
     case at::kFloat: return "float";
     case at::kHalf: return "half";
     case at::kBFloat16: return "bfloat";
+    case at::kComplexFloat: return "float2";  // (re, im): MSL has no complex type
     default: TORCH_CHECK(false, "mps_ext: no Metal type for ", t);
   }
 }

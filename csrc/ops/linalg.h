@@ -1,0 +1,41 @@
+// Small-matrix linear algebra with torch.linalg semantics: LU factorization,
+// LU solve, solve and triangular solve for batches of float or complex64
+// systems of order n <= 64. The kernels are in metal/linalg.metal.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace mps_ext::ops {
+
+// Each *_unsupported says why the kernels cannot run this call (device,
+// dtype, order above 64, inputs torch would reject...), or nullopt when they
+// can; each *_kernels runs them (requires the matching *_unsupported to be
+// nullopt) with the semantics of the aten op of the same name.
+std::optional<std::string> lu_factor_ex_unsupported(const at::Tensor& A, bool pivot);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex_kernels(const at::Tensor& A, bool check_errors);
+
+std::optional<std::string> lu_solve_unsupported(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B,
+                                                 bool left);
+at::Tensor lu_solve_kernels(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left,
+                            bool adjoint);
+
+std::optional<std::string> solve_ex_unsupported(const at::Tensor& A, const at::Tensor& B, bool left);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(const at::Tensor& A, const at::Tensor& B,
+                                                                            bool left, bool check_errors);
+
+std::optional<std::string> solve_triangular_unsupported(const at::Tensor& A, const at::Tensor& B, bool left);
+at::Tensor solve_triangular_kernels(const at::Tensor& A, const at::Tensor& B, bool upper, bool left,
+                                    bool unitriangular);
+
+// The mps_ext:: ops: the kernels where they apply, torch's ops otherwise.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A, bool pivot, bool check_errors);
+at::Tensor lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint);
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Tensor& A, const at::Tensor& B,
+                                                                    bool left, bool check_errors);
+at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular);
+
+}  // namespace mps_ext::ops

@@ -1,0 +1,122 @@
+// aten::linalg_lu_factor_ex, linalg_lu_solve, _linalg_solve_ex and
+// linalg_solve_triangular. Below autograd: torch's derivative formulas keep
+// working (they call these ops again, so backward runs the kernels too).
+#include <ATen/ATen.h>
+#include <ATen/ops/_linalg_solve_ex_cpu_dispatch.h>
+#include <ATen/ops/linalg_lu_factor_ex_cpu_dispatch.h>
+#include <ATen/ops/linalg_lu_solve_cpu_dispatch.h>
+#include <ATen/ops/linalg_solve_triangular_cpu_dispatch.h>
+#if defined(MPS_EXT_METAL)
+#include <ATen/ops/_linalg_solve_ex_mps_dispatch.h>
+#include <ATen/ops/linalg_lu_factor_ex_mps_dispatch.h>
+#include <ATen/ops/linalg_solve_triangular_mps_dispatch.h>
+#include <torch/version.h>
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#include <ATen/ops/linalg_lu_solve_mps_dispatch.h>
+#define MPS_EXT_HAS_MPS_LU_SOLVE 1
+#endif
+#endif
+
+#include "ops/linalg.h"
+#include "overrides/overrides.h"
+
+namespace mps_ext::overrides {
+
+namespace {
+
+// torch's own kernels for the tensors' device, called directly: going
+// through the dispatcher would come back here.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> original_lu_factor_ex(const at::Tensor& A, bool pivot,
+                                                                     bool check_errors) {
+#if defined(MPS_EXT_METAL)
+  if (A.device().is_mps()) return at::mps::linalg_lu_factor_ex(A, pivot, check_errors);
+#endif
+  return at::cpu::linalg_lu_factor_ex(A, pivot, check_errors);
+}
+
+at::Tensor original_lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left,
+                             bool adjoint) {
+#if defined(MPS_EXT_METAL)
+  if (LU.device().is_mps()) {
+#if defined(MPS_EXT_HAS_MPS_LU_SOLVE)
+    return at::mps::linalg_lu_solve(LU, pivots, B, left, adjoint);
+#else
+    // torch 2.13 has no MPS kernel for it: solve on the CPU, bring the result back.
+    return at::cpu::linalg_lu_solve(LU.cpu(), pivots.cpu(), B.cpu(), left, adjoint).to(B.device());
+#endif
+  }
+#endif
+  return at::cpu::linalg_lu_solve(LU, pivots, B, left, adjoint);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> original_solve_ex(const at::Tensor& A, const at::Tensor& B,
+                                                                             bool left, bool check_errors) {
+#if defined(MPS_EXT_METAL)
+  if (A.device().is_mps()) return at::mps::_linalg_solve_ex(A, B, left, check_errors);
+#endif
+  return at::cpu::_linalg_solve_ex(A, B, left, check_errors);
+}
+
+at::Tensor original_solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left,
+                                     bool unitriangular) {
+#if defined(MPS_EXT_METAL)
+  if (A.device().is_mps()) return at::mps::linalg_solve_triangular(A, B, upper, left, unitriangular);
+#endif
+  return at::cpu::linalg_solve_triangular(A, B, upper, left, unitriangular);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A, bool pivot, bool check_errors) {
+  constexpr const char* op = "aten::linalg_lu_factor_ex";
+  if (auto why = ops::lu_factor_ex_unsupported(A, pivot)) {
+    fallback(op, *why);
+    return original_lu_factor_ex(A, pivot, check_errors);
+  }
+  auto out = ops::lu_factor_ex_kernels(A, check_errors);
+  hit(op);
+  return out;
+}
+
+at::Tensor lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint) {
+  constexpr const char* op = "aten::linalg_lu_solve";
+  if (auto why = ops::lu_solve_unsupported(LU, pivots, B, left)) {
+    fallback(op, *why);
+    return original_lu_solve(LU, pivots, B, left, adjoint);
+  }
+  at::Tensor out = ops::lu_solve_kernels(LU, pivots, B, left, adjoint);
+  hit(op);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Tensor& A, const at::Tensor& B,
+                                                                    bool left, bool check_errors) {
+  constexpr const char* op = "aten::_linalg_solve_ex";
+  if (auto why = ops::solve_ex_unsupported(A, B, left)) {
+    fallback(op, *why);
+    return original_solve_ex(A, B, left, check_errors);
+  }
+  auto out = ops::solve_ex_kernels(A, B, left, check_errors);
+  hit(op);
+  return out;
+}
+
+at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
+  constexpr const char* op = "aten::linalg_solve_triangular";
+  if (auto why = ops::solve_triangular_unsupported(A, B, left)) {
+    fallback(op, *why);
+    return original_solve_triangular(A, B, upper, left, unitriangular);
+  }
+  at::Tensor out = ops::solve_triangular_kernels(A, B, upper, left, unitriangular);
+  hit(op);
+  return out;
+}
+
+}  // namespace
+
+void register_linalg(torch::Library& lib) {
+  lib.impl("linalg_lu_factor_ex", TORCH_FN(lu_factor_ex));
+  lib.impl("linalg_lu_solve", TORCH_FN(lu_solve));
+  lib.impl("_linalg_solve_ex", TORCH_FN(solve_ex));
+  lib.impl("linalg_solve_triangular", TORCH_FN(solve_triangular));
+}
+
+}  // namespace mps_ext::overrides
