@@ -362,7 +362,7 @@ kernel void trsm_simd(device const T* a [[buffer(0)]], device const T* rhs [[buf
   T v[kSlots];
   for (uint slot = 0; slot < kSlots; ++slot) {
     const uint i = lane + 32 * slot;
-    v[slot] = i < p.n ? col[i * p.b_rs] : T(0.0f);
+    v[slot] = i < p.n ? T(col[i * p.b_rs]) : T(0.0f);
   }
   const bool upper = (p.flags & mps_ext::kLinalgUpper) != 0, unit = (p.flags & mps_ext::kLinalgUnit) != 0;
   substitute(v, Triangle<T>{a + ulong(b) * p.a_bs, p.a_rs, p.a_cs, false, unit}, p.n, upper, lane);
