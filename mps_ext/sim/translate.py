@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -98,7 +99,7 @@ def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defin
     with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
         for name in _METAL_HEADERS:
             Path(stubs, name).write_text("")
-        cmd = [cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
+        cmd = [*shlex.split(cxx), "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", f"-D__METAL_VERSION__={METAL_VERSION}",
                "-D__METAL_MACOS__=1", "-D__HAVE_BFLOAT__=1", "-D__MTLSIM__=1", "-I", stubs]
         for d in include_dirs:
             cmd += ["-I", str(d)]
