@@ -36,6 +36,18 @@ kernel void forever(device float* x [[buffer(0)]], constant uint& n [[buffer(1)]
     for (uint b = 0; b < n; ++b) acc = acc * 0.5f + x[b & 3];
   x[i] = acc;
 }
+// Thread 0 writes far out of bounds; the others run for ever.
+kernel void fault_or_forever(device float* x [[buffer(0)]], constant uint& n [[buffer(1)]],
+                             uint i [[thread_position_in_grid]]) {
+  if (i == 0) {
+    x[1 << 20] = 1.0f;
+    return;
+  }
+  float acc = 0.0f;
+  for (uint a = 0; a < n; ++a)
+    for (uint b = 0; b < n; ++b) acc = acc * 0.5f + x[b & 3];
+  x[i] = acc;
+}
 kernel void tg_sum(device float* x [[buffer(0)]], threadgroup float* a [[threadgroup(0)]],
                    threadgroup float* b [[threadgroup(1)]], uint i [[thread_position_in_grid]],
                    uint t [[thread_position_in_threadgroup]]) {
@@ -141,6 +153,12 @@ def test_checked_timeout_stops_a_kernel_that_never_finishes(lib):
     assert torch.equal(x, torch.ones(4))
     lib.fill(x, 3.0)  # the simulator is usable again
     assert torch.equal(x, torch.full((4,), 3.0))
+
+
+def test_a_fault_stops_the_other_workers(lib):
+    # Every threadgroup but the first runs for ever: the fault must end the dispatch without a timeout.
+    with pytest.raises(SimulatorError, match=r"out-of-bounds write of buffer\(0\) at byte offset 4194304"):
+        lib.fault_or_forever(torch.ones(4), UNTIL_FOREVER, arg_casts="int32", threads=8, group_size=1)
 
 
 def test_timeout_from_the_environment(lib, monkeypatch):

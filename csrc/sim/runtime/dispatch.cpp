@@ -140,8 +140,9 @@ class Pool {
         }
       }
       // GPU threads never yield in a loop without barriers or atomics: a
-      // signal makes their worker abandon them.
-      if (stopping)
+      // signal makes their worker abandon them (also when another GPU
+      // thread's fault failed the job).
+      if (stopping || job.aborted)
         for (size_t i = 0; i < active; ++i) pthread_kill(workers_[i]->thread(), stop_signal());
     }
     job_ = nullptr;
