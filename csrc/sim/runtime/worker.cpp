@@ -468,7 +468,6 @@ void Worker::report_fault() {
 
 namespace {
 
-constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE};
 // Default action: ignore, so a stop signal that arrives after the dispatch
 // (when the handlers are restored) is harmless.
 constexpr int kStopSignal = SIGURG;
