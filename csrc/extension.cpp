@@ -49,12 +49,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   m.def("_override_reset_stats", &ov::reset_stats);
 
-  m.def("_trace_begin", &mps_ext::trace::begin);
+  m.def("_trace_begin", &mps_ext::trace::begin, py::arg("max_records"));
   m.def("_trace_end", [](uint64_t id) {
+    auto [records, dropped] = mps_ext::trace::end(id);
     py::list out;
-    for (const auto& r : mps_ext::trace::end(id))
+    for (const auto& r : records)
       out.append(py::make_tuple(r.name, py::make_tuple(r.grid.x, r.grid.y, r.grid.z),
                                 py::make_tuple(r.threadgroup.x, r.threadgroup.y, r.threadgroup.z), r.backend));
-    return out;
+    return py::make_tuple(out, dropped);
   });
+  m.def("_trace_open_count", &mps_ext::trace::open_count);
 }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 import torch
 
@@ -42,16 +43,32 @@ def is_enabled(device: str = "mps") -> bool:
     return _C._overrides_is_enabled(device)
 
 
+# Open `enabled()` blocks per device, and whether the overrides were on before the first one.
+_blocks_lock = threading.Lock()
+_blocks: dict[str, list] = {}
+
+
 @contextlib.contextmanager
 def enabled(device: str = "mps"):
-    """Enable the overrides on ``device`` inside a ``with`` block, then restore the previous state."""
-    was = is_enabled(device)
-    enable(device)
+    """Enable the overrides on ``device`` inside a ``with`` block, then restore the previous state.
+
+    Blocks may be open on several threads at once (the overrides are process-wide): they stay on until
+    the last open block exits.
+    """
+    with _blocks_lock:
+        was = is_enabled(device)
+        entry = _blocks.setdefault(torch.device(device).type, [0, False])
+        if entry[0] == 0:
+            entry[1] = was
+        enable(device)
+        entry[0] += 1
     try:
         yield
     finally:
-        if not was:
-            disable(device)
+        with _blocks_lock:
+            entry[0] -= 1
+            if entry[0] == 0 and not entry[1]:
+                disable(device)
 
 
 def stats() -> dict[str, dict]:

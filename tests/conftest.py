@@ -35,3 +35,16 @@ def device(request):
         if not usable:
             pytest.skip(why)
     return request.param
+
+
+def run_python(code: str, env: dict | None = None, timeout: float = 120, **popen):
+    """Runs `code` in a fresh interpreter from the repository root (for what must start a new process:
+    environment read once, crashes, hangs, signals); returns the CompletedProcess."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    full_env = {**os.environ, "PYTHONPATH": str(root), **(env or {})}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=full_env, capture_output=True, text=True,
+                          timeout=timeout, **popen)

@@ -6,6 +6,7 @@
 #include <ATen/WrapDimUtils.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -110,8 +111,14 @@ at::Tensor softmax_kernels(const at::Tensor& self, int64_t dim, at::ScalarType o
   const at::Tensor input = self.contiguous();
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(out_dtype));
   if (p.steps.empty()) return out;
-  // 4-wide loads need rows that start 4-element aligned (the output is new: aligned).
-  p.params.vectorized = p.params.inner == 1 && p.params.cols % 4 == 0 && input.storage_offset() % 4 == 0;
+  // 4-wide loads need rows that start 4-element aligned (the output is new:
+  // aligned). What counts is the address: a CPU tensor's storage may itself
+  // start misaligned (numpy views); an MPS buffer's contents are page-aligned,
+  // so there the byte offset is the address modulo the vector size.
+  const uintptr_t address = input.is_cpu() ? reinterpret_cast<uintptr_t>(input.const_data_ptr())
+                                           : uintptr_t(input.storage_offset()) * input.element_size();
+  p.params.vectorized =
+      p.params.inner == 1 && p.params.cols % 4 == 0 && address % (4 * input.element_size()) == 0;
   if (p.steps.size() == 1) {
     const Step& s = p.steps[0];
     dispatch(Launch{s.kernel, {}, s.grid, s.threads}.tensor(input).tensor(out).bytes(p.params));

@@ -3,6 +3,8 @@
 #include <memory>
 #include <mutex>
 
+#include "sim/runtime/fork.h"
+
 namespace mps_ext::overrides {
 
 namespace {
@@ -10,6 +12,7 @@ namespace {
 std::mutex mu;
 std::map<c10::DeviceType, std::unique_ptr<torch::Library>> libraries;
 std::map<std::string, OpStats> op_stats;
+const bool fork_safe = (mtlsim::fork_protect(mu, mtlsim::ForkRank::Overrides), true);
 
 c10::DispatchKey key_for(c10::DeviceType device) {
   TORCH_CHECK_VALUE(device == c10::DeviceType::MPS || device == c10::DeviceType::CPU,

@@ -45,19 +45,36 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
   launch.grid = mtlsim::Dim3{grid[0], grid[1], grid[2]};
   launch.threadgroup = mtlsim::Dim3{threadgroup[0], threadgroup[1], threadgroup[2]};
   launch.grid_in_threads = grid_in_threads;
-  auto groups = [&](uint32_t g, uint32_t t) { return grid_in_threads ? (g + t - 1) / t : g; };
+  mtlsim::Report report;
+  {
+    py::gil_scoped_release release;
+    report = mtlsim::dispatch(launch, mtlsim::default_options());
+  }
+  // Recorded once it ran (dispatch validated the threadgroup size).
+  auto groups = [&](uint32_t g, uint32_t t) { return grid_in_threads ? uint32_t((uint64_t(g) + t - 1) / t) : g; };
   mps_ext::trace::record({kernel,
                           {groups(grid[0], threadgroup[0]), groups(grid[1], threadgroup[1]),
                            groups(grid[2], threadgroup[2])},
                           {threadgroup[0], threadgroup[1], threadgroup[2]},
                           "simulator"});
-  const mtlsim::Options options = mtlsim::default_options();
-  mtlsim::Report report;
-  {
-    py::gil_scoped_release release;
-    report = mtlsim::dispatch(launch, options);
-  }
   return report.warnings;
+}
+
+// A KeyboardInterrupt (or any exception a Python signal handler raised)
+// pending on the main thread, taken out of Python to stop a dispatch with.
+// Python runs signal handlers on its main thread only.
+unsigned long python_main_thread = 0;
+
+std::exception_ptr python_interrupt() {
+#if PY_VERSION_HEX >= 0x030D0000
+  const bool finalizing = Py_IsFinalizing();
+#else
+  const bool finalizing = _Py_IsFinalizing();
+#endif
+  if (PyThread_get_thread_ident() != python_main_thread || !Py_IsInitialized() || finalizing) return nullptr;
+  py::gil_scoped_acquire gil;
+  if (PyErr_CheckSignals() == 0) return nullptr;
+  return std::make_exception_ptr(py::error_already_set());
 }
 
 }  // namespace
@@ -82,6 +99,8 @@ void register_sim_bindings(py::module_& m) {
     }
     return names;
   });
-  m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"));
-  m.def("_sim_pop_checked", &mtlsim::pop_checked);
+  m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"), py::arg("timeout"));
+  m.def("_sim_pop_checked", &mtlsim::pop_checked, py::arg("token"));
+  python_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  mtlsim::set_interrupt_check(&python_interrupt);
 }

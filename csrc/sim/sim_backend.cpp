@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "sim/builtin_modules.h"
+#include "sim/runtime/fork.h"
 
 namespace mps_ext {
 
@@ -21,6 +22,8 @@ namespace {
 
 class SimBackend final : public Backend {
  public:
+  SimBackend() { mtlsim::fork_protect(mu_, mtlsim::ForkRank::Backend); }
+
   const char* name() const override { return "simulator"; }
 
   std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {

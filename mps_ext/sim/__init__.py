@@ -17,6 +17,7 @@ accesses (``MPS_EXT_SIM_CHECK=1`` does so for the whole process).
 from __future__ import annotations
 
 import contextlib
+import operator
 import warnings
 from collections.abc import Sequence
 
@@ -33,6 +34,8 @@ __all__ = [
 
 SimulatorError = _C.SimulatorError
 MAX_THREADS_PER_THREADGROUP = 1024
+MAX_THREADGROUP_MEMORY = 32 * 1024
+MAX_BUFFER_SLOTS = 31
 THREAD_EXECUTION_WIDTH = 32
 
 
@@ -41,7 +44,7 @@ class DivergenceWarning(RuntimeWarning):
 
 
 @contextlib.contextmanager
-def checked(compare_schedules: bool = True):
+def checked(compare_schedules: bool = True, timeout: float | None = None):
     """Run every kernel dispatched inside the block in checked mode.
 
     Checked mode runs each dispatch three times, with the GPU threads of a
@@ -55,27 +58,59 @@ def checked(compare_schedules: bool = True):
 
     ``compare_schedules=False`` runs one schedule and keeps the other checks,
     for kernels whose results legitimately depend on thread order (slots
-    handed out by an atomic counter, float atomics). Divergent SIMD-group
-    functions and barriers are reported as ``DivergenceWarning`` in every
-    mode. Applies to all threads of the process; the innermost block decides
-    ``compare_schedules``.
+    handed out by an atomic counter, float atomics). ``timeout`` (seconds)
+    stops a dispatch that runs longer with a ``SimulatorError`` (overriding
+    ``MPS_EXT_SIM_TIMEOUT``). Divergent SIMD-group functions and barriers are
+    reported as ``DivergenceWarning`` in every mode.
+
+    Blocks nest and may be open on several threads at once: a thread's
+    dispatches follow its own innermost block; threads with none open
+    (autograd's, for instance) follow the most recently opened one.
     """
-    _C._sim_push_checked(compare_schedules)
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(f"timeout must be a number of seconds, got {type(timeout).__name__}")
+        if not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout}")
+    token = _C._sim_push_checked(bool(compare_schedules), float(timeout or 0))
     try:
         yield
     finally:
-        _C._sim_pop_checked()
+        _C._sim_pop_checked(token)
 
 
-def _as_tuple(value, what: str) -> tuple[int, ...]:
-    if isinstance(value, int):
-        value = (value,)
-    value = tuple(int(v) for v in value)
-    if not 1 <= len(value) <= 3:
-        raise ValueError(f"{what} must have 1 to 3 dimensions, got {len(value)}")
-    if any(v < 0 for v in value):
-        raise ValueError(f"{what} must not be negative, got {value}")
-    return value
+def _as_tuple(value, what: str, smallest: int = 0) -> tuple[int, ...]:
+    try:
+        values = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        if any(isinstance(v, bool) for v in values):
+            raise TypeError
+        values = tuple(operator.index(v) for v in values)
+    except TypeError:
+        raise TypeError(f"{what} must be an int or a tuple of 1 to 3 ints, got {value!r}") from None
+    if not 1 <= len(values) <= 3:
+        raise ValueError(f"{what} must have 1 to 3 dimensions, got {len(values)}")
+    if any(v < smallest or v >= 2 ** 32 for v in values):
+        raise ValueError(f"{what} must be between {smallest} and 2**32 - 1 in every dimension, got {values}")
+    return values
+
+
+def _threadgroup_lengths(memory) -> list[int]:
+    """``{index: bytes}`` as the 31 lengths of Metal's threadgroup argument table."""
+    lengths = [0] * MAX_BUFFER_SLOTS
+    for index, length in dict(memory or {}).items():
+        if isinstance(index, bool) or not isinstance(index, int) or isinstance(length, bool) or \
+                not isinstance(length, int):
+            raise TypeError(f"threadgroup_memory must map int indices to int byte counts, got {index!r}: {length!r}")
+        if not 0 <= index < MAX_BUFFER_SLOTS:
+            raise ValueError(f"threadgroup_memory: index {index} is outside Metal's table (0 to "
+                             f"{MAX_BUFFER_SLOTS - 1})")
+        if not 0 <= length <= MAX_THREADGROUP_MEMORY:
+            raise ValueError(f"threadgroup_memory: {length} bytes at index {index}; Metal allows 0 to "
+                             f"{MAX_THREADGROUP_MEMORY} bytes of threadgroup memory")
+        lengths[index] = length
+    if sum(lengths) > MAX_THREADGROUP_MEMORY:
+        raise ValueError(f"threadgroup_memory: {sum(lengths)} bytes in all; Metal allows {MAX_THREADGROUP_MEMORY}")
+    return lengths
 
 
 def _dim3(value: tuple[int, ...]) -> tuple[int, int, int]:
@@ -149,14 +184,11 @@ class Kernel:
         threads = _as_tuple(threads, "threads")
         if group_size is None:
             group_size = (min(max(threads[0], 1), self.max_threads_per_threadgroup),) + (1,) * (len(threads) - 1)
-        group_size = _as_tuple(group_size, "group_size")
+        group_size = _as_tuple(group_size, "group_size", smallest=1)
         if len(group_size) != len(threads):
             raise ValueError(f"group_size {group_size} and threads {threads} must have the same number of dimensions")
-        tg_lengths = [0] * 31
-        for index, length in (threadgroup_memory or {}).items():
-            tg_lengths[int(index)] = int(length)
-        dispatch(self._library, self.name, buffers, _dim3(threads), _dim3(group_size), tg_lengths,
-                 grid_in_threads=True)
+        dispatch(self._library, self.name, buffers, _dim3(threads), _dim3(group_size),
+                 _threadgroup_lengths(threadgroup_memory), grid_in_threads=True)
 
 
 def dispatch(library: Library, kernel: str, buffers: Sequence, grid, threadgroup, threadgroup_lengths=(),
@@ -166,7 +198,10 @@ def dispatch(library: Library, kernel: str, buffers: Sequence, grid, threadgroup
     ``grid_in_threads`` selects ``dispatchThreads`` (grid counts threads) over
     ``dispatchThreadgroups`` (grid counts threadgroups).
     """
-    lengths = list(threadgroup_lengths) + [0] * (31 - len(threadgroup_lengths))
+    if len(threadgroup_lengths) > MAX_BUFFER_SLOTS:
+        raise ValueError(f"threadgroup_lengths: Metal's table has {MAX_BUFFER_SLOTS} entries, got "
+                         f"{len(threadgroup_lengths)}")
+    lengths = list(threadgroup_lengths) + [0] * (MAX_BUFFER_SLOTS - len(threadgroup_lengths))
     for message in _C._sim_dispatch(library._handle, kernel, list(buffers), tuple(grid), tuple(threadgroup),
                                     lengths, grid_in_threads):
         warnings.warn(message, DivergenceWarning, stacklevel=3)
@@ -197,10 +232,14 @@ def compile_shader(source: str, *, name: str = "shader", include_dirs=(), consta
     kernel host name. Raises :class:`CompileError` with the compiler's
     diagnostics when it does not compile, or naming the MSL rule a source
     breaks; they and the simulator's reports name lines of
-    ``<cache>/<name>-<hash>.metal``, a copy of ``source``. ``constants``
-    (``{name or index: bool, int or float}``) gives the values of the source's
-    ``[[function_constant(i)]]`` constants, as ``MTLFunctionConstantValues``
-    does; each set of values is compiled (and cached) separately.
+    ``<cache>/<name>-<hash>.metal``, a copy of ``source`` (``name`` must be a
+    plain file name). ``constants`` (``{name or index: bool, int or float}``)
+    gives the values of the source's ``[[function_constant(i)]]`` constants, as
+    ``MTLFunctionConstantValues`` does; each set of values is compiled (and
+    cached) separately.
+
+    The kernels are compiled to native code and run inside this process with
+    its privileges: never pass source you would not run as a program.
     """
     return Library(compiler.compile_source(source, name, include_dirs, constants))
 

@@ -1,8 +1,11 @@
 """Compile .metal sources into simulator modules (shared libraries), cached on disk.
 
 The cache key is the translated C++ (so edits to included headers count), the
-simulator headers it includes, the compiler and the flags. Writes are atomic
-renames, so concurrent test processes can share the cache.
+simulator headers it includes, the compiler and the flags. A library is
+loaded only from a directory that no other user can write, and only if its
+bytes match the SHA-256 recorded when this user built it; otherwise it is
+rebuilt. Writes are atomic renames, so concurrent test processes can share
+the cache.
 """
 
 from __future__ import annotations
@@ -10,10 +13,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import os
 import platform
 import re
+import shlex
 import shutil
+import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -21,7 +28,8 @@ from pathlib import Path
 
 from .translate import TranslateError, translate
 
-__all__ = ["CompileError", "Toolchain", "cache_dir", "compile_file", "compile_source", "shim_include_dir", "toolchain"]
+__all__ = ["CompileError", "Toolchain", "cache_dir", "compile_file", "compile_source", "shim_include_dir", "source_digest",
+           "toolchain"]
 
 def _cpu_flags() -> str:
     try:
@@ -43,6 +51,10 @@ _FLAGS = ("-O2", "-g", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-a
 ADDRESS_SPACE_FLAGS = ("-std=c++2b", "-DMTLSIM_ADDRESS_SPACES=1")
 _ERASED_FLAGS = ("-std=c++17",)
 
+# A name= becomes part of a file name in the cache, nothing more.
+_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+_LIBRARY_SUFFIX = ".dylib" if sys.platform == "darwin" else ".so"
+
 
 class CompileError(RuntimeError):
     """A kernel source failed to translate or compile; the message holds the compiler's diagnostics."""
@@ -57,13 +69,34 @@ def shim_include_dir() -> Path:
     raise CompileError("the simulator's headers (mtlsim/prelude.h) are missing from this installation")
 
 
+def _private_dir(path: Path) -> None:
+    """Creates `path` (mode 0700) or checks that only this user can write it: libraries loaded from a
+    directory another user can write would run their code in this process."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = path.stat()
+    except OSError as e:
+        raise CompileError(f"cannot create the simulator's cache directory {path}: {e}") from None
+    if st.st_uid != os.geteuid():
+        raise CompileError(f"the simulator's cache directory {path} is owned by uid {st.st_uid}, not by this user "
+                           f"(uid {os.geteuid()}); set MPS_EXT_CACHE_DIR to a directory of your own")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise CompileError(f"the simulator's cache directory {path} is writable by other users (mode "
+                           f"{stat.S_IMODE(st.st_mode):o}); make it private (chmod 700) or set MPS_EXT_CACHE_DIR")
+
+
 def cache_dir() -> Path:
-    """``$MPS_EXT_CACHE_DIR`` or ``$XDG_CACHE_HOME/mps_ext`` (default ``~/.cache/mps_ext``), plus ``sim``."""
+    """``$MPS_EXT_CACHE_DIR`` or ``$XDG_CACHE_HOME/mps_ext`` (default ``~/.cache/mps_ext``), plus ``sim``.
+
+    Both are created private (0700); ones owned by another user or writable by group or others are
+    refused with :class:`CompileError`.
+    """
     root = os.environ.get("MPS_EXT_CACHE_DIR")
     if not root:
         root = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "mps_ext")
     path = Path(root) / "sim"
-    path.mkdir(parents=True, exist_ok=True)
+    _private_dir(Path(root))
+    _private_dir(path)
     return path
 
 
@@ -97,12 +130,57 @@ def _clang_candidates() -> list[str]:
     return found
 
 
+def _env_limit(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    try:
+        limit = float(value)
+    except ValueError:
+        limit = math.nan
+    if not (limit > 0 and math.isfinite(limit)):
+        raise CompileError(f"{name}={value!r}: expected a positive number")
+    return limit
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Ends the compiler and what it started (cc1plus, as...): they share its session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
+    """Runs a compiler command with a time limit (``MPS_EXT_SIM_COMPILE_TIMEOUT`` seconds, default 600)
+    and, on Linux, an address-space limit (``MPS_EXT_SIM_COMPILE_MEMORY_MB``, default 8192)."""
+    timeout = _env_limit("MPS_EXT_SIM_COMPILE_TIMEOUT", 600)
+    memory_mb = _env_limit("MPS_EXT_SIM_COMPILE_MEMORY_MB", 8192)
+    if sys.platform == "linux":
+        cmd = ["/bin/sh", "-c", f'ulimit -v {int(memory_mb * 1024)} && exec "$@"', "sh", *cmd]
+    try:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, start_new_session=True)
+    except OSError as e:
+        raise CompileError(f"cannot run the C++ compiler for {what} ({cmd[0]!r}): {e}") from None
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        raise CompileError(f"{what} timed out after {timeout:g} s (MPS_EXT_SIM_COMPILE_TIMEOUT)") from None
+    except BaseException:
+        _kill(proc)
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 @functools.lru_cache(maxsize=None)
 def _keeps_address_spaces(cxx: str) -> bool:
     """Whether ``cxx`` compiles the shim's address-space header in strict mode."""
     probe = '#include "mtlsim/address_space.h"\nvoid f(MTLSIM_DEVICE float* p) { mtlsim::as_generic(*p) = 0; }\n'
     try:
-        proc = subprocess.run([cxx, *ADDRESS_SPACE_FLAGS, "-fsyntax-only", "-x", "c++", "-I", str(shim_include_dir()), "-"],
+        proc = subprocess.run([*shlex.split(cxx), *ADDRESS_SPACE_FLAGS, "-fsyntax-only", "-x", "c++", "-I", str(shim_include_dir()), "-"],
                               input=probe, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -140,25 +218,52 @@ def toolchain() -> Toolchain:
 def _toolchain_digest(tc: Toolchain) -> str:
     h = hashlib.sha256()
     h.update(" ".join(tc.flags).encode())
-    h.update(subprocess.run([tc.cxx, "--version"], capture_output=True, text=True).stdout.encode())
+    version = _run([*shlex.split(tc.cxx), "--version"], f"asking {tc.cxx!r} for its version")
+    if version.returncode != 0:
+        raise CompileError(f"the C++ compiler {tc.cxx!r} does not run: {version.stderr.strip()}")
+    h.update(version.stdout.encode())
     for header in sorted((shim_include_dir() / "mtlsim").glob("*.h")):
         h.update(header.name.encode())
         h.update(header.read_bytes())
     return h.hexdigest()
 
 
-def _write_atomically(path: Path, data: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
-    with os.fdopen(fd, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
+def _write_atomically(path: Path, data: str | bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _digest_path(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sha256")
+
+
+def _verified(lib: Path) -> bool:
+    """Whether `lib` holds exactly the bytes this user's build recorded (not truncated, replaced or empty)."""
+    try:
+        return hashlib.sha256(lib.read_bytes()).hexdigest() == _digest_path(lib).read_text().strip()
+    except OSError:
+        return False
+
+
+def source_digest(source: str) -> str:
+    """The part of a cached copy's file name that identifies ``source``."""
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
 def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None) -> Path:
     """Compile MSL ``source`` text; it is stored as ``<cache>/<name>-<hash>.metal`` for diagnostics."""
-    metal = cache_dir() / f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:16]}.metal"
-    if not metal.exists():
-        _write_atomically(metal, source)
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"name must be a plain file name (letters, digits, '_', '.', '-', not starting with '.', "
+                         f"at most 64 characters), got {name!r}")
+    metal = cache_dir() / f"{name}-{source_digest(source)}.metal"
+    # Always the caller's text: never compile what another process left under this name.
+    _write_atomically(metal, source)
     return compile_file(metal, include_dirs, constants)
 
 
@@ -173,20 +278,32 @@ def compile_file(metal, include_dirs=(), constants=None) -> Path:
         tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants)
     except TranslateError as e:
         raise CompileError(str(e)) from None
+    except OSError as e:
+        raise CompileError(f"cannot preprocess {metal} with {tc.cxx!r}: {e}") from None
     if not tr.kernels:
         raise CompileError(f"{metal}: no kernel functions found")
     key = hashlib.sha256((tr.cpp + _toolchain_digest(tc)).encode()).hexdigest()[:20]
-    lib = cache / f"{metal.stem}-{key}{'.dylib' if sys.platform == 'darwin' else '.so'}"
-    if lib.exists():
-        return lib
-    cpp = cache / f"{metal.stem}-{key}.cpp"
-    _write_atomically(cpp, tr.cpp)
-    fd, tmp = tempfile.mkstemp(dir=cache, prefix=lib.name + ".", suffix=".tmp")
-    os.close(fd)
-    cmd = [tc.cxx, *tc.flags, "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        os.unlink(tmp)
-        raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
-    os.replace(tmp, lib)
+    lib = cache / f"{metal.stem}-{key}{_LIBRARY_SUFFIX}"
+    if not _verified(lib):
+        _build(tr.cpp, lib, metal, tc)
     return lib
+
+
+def _build(cpp_text: str, lib: Path, metal: Path, tc: Toolchain) -> None:
+    cpp = lib.with_suffix(".cpp")
+    _write_atomically(cpp, cpp_text)
+    fd, tmp = tempfile.mkstemp(dir=lib.parent, prefix=lib.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        cmd = [*shlex.split(tc.cxx), *tc.flags, "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
+        proc = _run(cmd, f"compiling {metal} for the simulator")
+        if proc.returncode != 0:
+            raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+        os.chmod(tmp, 0o700)  # the linker creates its output with the umask's mode
+        data = Path(tmp).read_bytes()
+        if not data:
+            raise CompileError(f"compiling {metal} for the simulator produced an empty library")
+        _write_atomically(_digest_path(lib), hashlib.sha256(data).hexdigest())
+        os.replace(tmp, lib)
+    finally:
+        Path(tmp).unlink(missing_ok=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import subprocess
 import tempfile
 from pathlib import Path
@@ -127,7 +128,7 @@ def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defin
     with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
         for name in _METAL_HEADERS:
             Path(stubs, name).write_text(_STDLIB_MACROS)
-        cmd = [cxx, "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
+        cmd = [*shlex.split(cxx), "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
                *(f"-D{k}={v}" for k, v in PREDEFINED.items())]
         for d in include_dirs:
             cmd += ["-I", str(d)]

@@ -14,7 +14,7 @@ void* api_threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site* 
   return Worker::current()->threadgroup_alloc(id, size, align, *site);
 }
 void api_yield() { Worker::current()->yield(); }
-const ThreadCtx* api_current() { return Worker::current()->thread(); }
+const ThreadCtx* api_current() { return Worker::current()->current_thread(); }
 void api_fail(const char* message, const Site* site) { Worker::current()->fail(message, *site); }
 
 }  // namespace

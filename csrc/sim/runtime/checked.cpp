@@ -3,9 +3,9 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <sstream>
 
 #include "fiber.h"
@@ -15,6 +15,7 @@ namespace mtlsim {
 namespace {
 
 constexpr unsigned char kCanary = 0xA5;
+constexpr size_t kTrailingGuard = size_t(64) << 20;
 
 size_t natural_alignment(const void* p) {
   const auto a = reinterpret_cast<uintptr_t>(p);
@@ -53,14 +54,21 @@ GuardedBuffers::GuardedBuffers(const Launch& launch) {
   const size_t page = page_size();
   for (Region& r : regions_) {
     const size_t data_pages = (r.size + page - 1) / page;
-    // [guard][data pages][guard]
-    r.mapping_bytes = (data_pages + 2) * page;
-    void* m = mmap(nullptr, r.mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANON, -1, 0);
-    if (m == MAP_FAILED) throw std::bad_alloc();
+    // [guard][data pages][guard]: a long guard after the data (address space
+    // only) also catches indices far past the end.
+    r.mapping_bytes = (data_pages + 1) * page + kTrailingGuard;
+    void* m = mmap(nullptr, r.mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANON | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED || (data_pages && mprotect(static_cast<char*>(m) + page, data_pages * page,
+                                                   PROT_READ | PROT_WRITE) != 0)) {
+      const std::string why = std::strerror(errno);
+      if (m != MAP_FAILED) munmap(m, r.mapping_bytes);
+      for (Region& done : regions_)
+        if (done.mapping) munmap(done.mapping, done.mapping_bytes);
+      throw SimError("cannot map a copy of " + slots_of(r) + " (" + std::to_string(r.size) + " bytes): " + why);
+    }
     r.mapping = static_cast<char*>(m);
     r.page_start = r.mapping + page;
     r.page_end = r.page_start + data_pages * page;
-    if (data_pages) mprotect(r.page_start, data_pages * page, PROT_READ | PROT_WRITE);
     r.data = r.page_end - r.size;
     r.data -= reinterpret_cast<uintptr_t>(r.data) % natural_alignment(r.host);
   }
@@ -80,6 +88,19 @@ void GuardedBuffers::load() {
     std::memset(r.page_start, kCanary, size_t(r.data - r.page_start));
     if (r.size) std::memcpy(r.data, r.host, r.size);
     std::memset(r.data + r.size, kCanary, size_t(r.page_end - (r.data + r.size)));
+  }
+}
+
+void GuardedBuffers::store() const {
+  const size_t block = page_size();
+  for (const Region& r : regions_) {
+    // The caller's memory is writable wherever a kernel may write: bytes
+    // buffers are the bindings' own copies, tensors are writable.
+    auto* host = const_cast<char*>(r.host);
+    for (size_t at = 0; at < r.size; at += block) {
+      const size_t n = std::min(block, r.size - at);
+      if (std::memcmp(host + at, r.data + at, n) != 0) std::memcpy(host + at, r.data + at, n);
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Checked mode's copies of a dispatch's buffers, each ending at a guard page.
+// The copies of a dispatch's buffers that kernels run on (in every mode),
+// each ending at a guard page.
 //
 // A buffer's end sits exactly on an inaccessible page when its size allows
 // the alignment the kernel may rely on (up to 16 bytes, never more than the
@@ -29,6 +30,9 @@ class GuardedBuffers {
   void* data(uint32_t slot) const;
   // Copies the caller's buffers in and re-arms the canaries.
   void load();
+  // Copies the results back to the caller's buffers (only the pages that
+  // changed: a buffer the kernel only read is not written).
+  void store() const;
   // The bytes of every bound slot, for comparing schedules.
   std::vector<std::vector<unsigned char>> contents() const;
   // A description of damaged canaries, or "".

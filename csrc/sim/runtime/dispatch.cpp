@@ -1,15 +1,23 @@
 #include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "checked.h"
+#include "fork.h"
 #include "runtime.h"
 #include "worker.h"
 
@@ -17,12 +25,43 @@ namespace mtlsim {
 
 namespace {
 
-unsigned env_unsigned(const char* name, unsigned fallback) {
+using Clock = std::chrono::steady_clock;
+constexpr auto kPoll = std::chrono::milliseconds(50);
+
+// An integer from the environment in [lo, hi]; anything else is an error
+// rather than a guess.
+unsigned env_count(const char* name, unsigned fallback, unsigned lo, unsigned hi) {
   const char* v = std::getenv(name);
   if (!v || !*v) return fallback;
   char* end = nullptr;
-  const unsigned long n = std::strtoul(v, &end, 10);
-  return (end && *end == 0 && n > 0) ? unsigned(n) : fallback;
+  errno = 0;
+  const long long n = std::strtoll(v, &end, 10);
+  if (errno || end == v || *end || n < lo || n > hi)
+    throw SimError(std::string(name) + "=" + v + ": expected an integer from " + std::to_string(lo) + " to " +
+                   std::to_string(hi));
+  return unsigned(n);
+}
+
+unsigned usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// The memory mappings fiber stacks may take: half of Linux's per-process
+// limit, leaving the rest to everything else in the process.
+size_t mapping_budget() {
+  size_t limit = 65530;
+#if defined(__linux__)
+  if (FILE* f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+    unsigned long n = 0;
+    if (std::fscanf(f, "%lu", &n) == 1 && n > 0) limit = n;
+    std::fclose(f);
+  }
+#endif
+  return limit / 2;
 }
 
 uint64_t product(Dim3 d) { return uint64_t(d.x) * d.y * d.z; }
@@ -33,14 +72,32 @@ std::string str(Dim3 d) {
   return s.str();
 }
 
+std::string seconds(double s) {
+  std::ostringstream o;
+  o << s;
+  return o.str();
+}
+
 uint32_t ceil_div(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) + b - 1) / b); }
+
+std::atomic<InterruptCheck> interrupt_check{nullptr};
+
+std::exception_ptr poll_interrupt() {
+  const InterruptCheck check = interrupt_check.load();
+  return check ? check() : nullptr;
+}
 
 // Worker threads, each with its own fiber stacks; one dispatch at a time.
 class Pool {
  public:
+  // Throws SimError when the environment asks for an invalid pool; the next
+  // dispatch reads it again.
   static Pool& instance() {
     static std::once_flag once;
-    std::call_once(once, [] { pthread_atfork(nullptr, nullptr, [] { pool = nullptr; }); });
+    std::call_once(once, [] {
+      fork_protect(create_mu, ForkRank::Pool);
+      pthread_atfork(nullptr, nullptr, [] { pool = nullptr; });
+    });
     std::lock_guard<std::mutex> lock(create_mu);
     // Leaked on purpose: detached workers must not see the pool destroyed
     // by static destructors at exit. A forked child starts a new pool.
@@ -50,28 +107,95 @@ class Pool {
 
   size_t size() const { return workers_.size(); }
 
-  void run(Job& job, size_t workers) {
-    std::lock_guard<std::mutex> serial(dispatch_mu_);
+  void run(Job& job, size_t requested, const Options& options) {
+    std::unique_lock<std::timed_mutex> serial(dispatch_mu_, std::defer_lock);
+    while (!serial.try_lock_for(kPoll))
+      if (std::exception_ptr e = poll_interrupt()) std::rethrow_exception(e);
+    const Clock::time_point start = Clock::now();
+    SignalHandlers handlers;
+    const size_t active = prepare_workers(job, requested);
+
     std::unique_lock<std::mutex> lock(mu_);
     job_ = &job;
-    active_ = remaining_ = std::max<size_t>(1, std::min({workers, workers_.size(), job.order.size()}));
+    active_ = remaining_ = active;
     ++generation_;
     start_cv_.notify_all();
-    done_cv_.wait(lock, [&] { return remaining_ == 0; });
+    std::exception_ptr interrupted;
+    bool stopping = false;
+    while (!done_cv_.wait_for(lock, kPoll, [&] { return remaining_ == 0; })) {
+      if (!stopping) {
+        const std::string kernel = "kernel '" + std::string(job.launch.kernel->host_name) + "' ";
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        if (options.timeout_s > 0 && elapsed > options.timeout_s) {
+          job.fail(kernel + "timed out after " + seconds(options.timeout_s) + " s (" + options.timeout_source + ")");
+          stopping = true;
+        } else {
+          lock.unlock();
+          interrupted = poll_interrupt();
+          lock.lock();
+          if (interrupted) {
+            job.fail(kernel + "interrupted");
+            stopping = true;
+          }
+        }
+      }
+      // GPU threads never yield in a loop without barriers or atomics: a
+      // signal makes their worker abandon them (also when another GPU
+      // thread's fault failed the job).
+      if (stopping || job.aborted)
+        for (size_t i = 0; i < active; ++i) pthread_kill(workers_[i]->thread(), stop_signal());
+    }
     job_ = nullptr;
+    if (interrupted) std::rethrow_exception(interrupted);
   }
 
  private:
   Pool() {
-    const unsigned n = env_unsigned("MPS_EXT_SIM_THREADS", std::max(1u, std::thread::hardware_concurrency()));
-    const size_t stack_bytes = size_t(env_unsigned("MPS_EXT_SIM_STACK_KB", 64)) * 1024;
-    for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(stack_bytes));
-    for (unsigned i = 0; i < n; ++i) std::thread([this, i] { loop(i); }).detach();
+    const unsigned n = env_count("MPS_EXT_SIM_THREADS", std::min(usable_cpus(), kDefaultMaxWorkers), 1, kMaxWorkers);
+    stack_bytes_ = size_t(env_count("MPS_EXT_SIM_STACK_KB", 64, kMinStackKB, kMaxStackKB)) * 1024;
+    budget_ = mapping_budget();
+    for (unsigned i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>(stack_bytes_));
+    for (unsigned i = 0; i < n; ++i) {
+      try {
+        std::thread([this, i] { loop(i); }).detach();
+      } catch (const std::system_error&) {
+        // The system gives no more threads: run with those it gave.
+        if (i == 0) throw SimError("cannot start a simulator worker thread");
+        workers_.resize(i);
+        break;
+      }
+    }
+    // Wait until every worker has its thread id (the stop signal needs it).
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return attached_count_ == workers_.size(); });
+  }
+
+  // Stacks for the workers that run `job`, within the mapping budget; the
+  // number of workers to run it on. Workers are idle here.
+  size_t prepare_workers(const Job& job, size_t requested) {
+    const size_t threads = product(job.launch.threadgroup);
+    size_t active = std::max<size_t>(1, std::min({requested, workers_.size(), job.order.size()}));
+    active = std::min(active, std::max<size_t>(1, budget_ / (2 * Worker::stacks_for(threads) + 1)));
+    try {
+      for (size_t i = 0; i < active; ++i) workers_[i]->reserve_stacks(threads);
+    } catch (const std::exception& e) {
+      throw SimError(std::string(e.what()) + " (MPS_EXT_SIM_STACK_KB, MPS_EXT_SIM_THREADS)");
+    }
+    size_t total = 0;
+    for (const auto& w : workers_) total += w->mappings();
+    if (total > budget_)
+      for (size_t i = active; i < workers_.size(); ++i) workers_[i]->release_stacks();
+    return active;
   }
 
   void loop(size_t index) {
     Worker& w = *workers_[index];
     w.attach();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++attached_count_;
+    }
+    done_cv_.notify_all();
     uint64_t seen = 0;
     for (;;) {
       std::unique_lock<std::mutex> lock(mu_);
@@ -90,15 +214,36 @@ class Pool {
   static inline Pool* pool = nullptr;
   static inline std::mutex create_mu;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::mutex dispatch_mu_, mu_;
+  size_t stack_bytes_ = 0, budget_ = 0, attached_count_ = 0;
+  std::timed_mutex dispatch_mu_;
+  std::mutex mu_;
   std::condition_variable start_cv_, done_cv_;
   Job* job_ = nullptr;
   size_t active_ = 0, remaining_ = 0;
   uint64_t generation_ = 0;
 };
 
+struct CheckedBlock {
+  uint64_t token;
+  std::thread::id thread;
+  bool compare_schedules;
+  double timeout_s;
+};
 std::mutex checked_mu;
-std::vector<bool> checked_stack;  // compare_schedules of each open `with checked()`
+uint64_t next_token = 0;
+std::vector<CheckedBlock> checked_blocks;  // in the order they were opened
+const bool fork_safe = (fork_protect(checked_mu, ForkRank::Checked), true);
+
+// MPS_EXT_SIM_TIMEOUT in seconds, 0 when unset.
+double env_timeout() {
+  const char* v = std::getenv("MPS_EXT_SIM_TIMEOUT");
+  if (!v || !*v) return 0;
+  char* end = nullptr;
+  const double t = std::strtod(v, &end);
+  if (end == v || *end || !(t > 0) || !std::isfinite(t))
+    throw SimError(std::string("MPS_EXT_SIM_TIMEOUT=") + v + ": expected a positive number of seconds");
+  return t;
+}
 
 void validate(const Launch& l) {
   if (!l.module || !l.kernel) throw SimError("dispatch without a kernel");
@@ -119,24 +264,24 @@ void validate(const Launch& l) {
     if (len % 16)
       throw SimError(k + "threadgroup memory length " + std::to_string(len) + " at index " + std::to_string(i) +
                      " is not a multiple of 16, as Metal requires");
-    dynamic += len;
+    // Each length is bounded before the sum, which therefore cannot wrap.
+    if (len > kMaxThreadgroupMemory || (dynamic += len) > kMaxThreadgroupMemory)
+      throw SimError(k + "threadgroup memory of " + std::to_string(len) + " bytes at index " + std::to_string(i) +
+                     " brings the total over Metal's limit of " + std::to_string(kMaxThreadgroupMemory) + " bytes");
   }
-  if (dynamic > kMaxThreadgroupMemory)
-    throw SimError(k + std::to_string(dynamic) + " bytes of threadgroup memory requested; Metal allows " +
-                   std::to_string(kMaxThreadgroupMemory));
   const uint64_t groups = l.grid_in_threads ? uint64_t(ceil_div(l.grid.x, t.x)) * ceil_div(l.grid.y, t.y) *
                                                   ceil_div(l.grid.z, t.z)
                                             : product(l.grid);
   if (groups > (uint64_t(1) << 31)) throw SimError(k + "grid " + str(l.grid) + " has too many threadgroups");
 }
 
-void prepare(Job& job, const GuardedBuffers* guards) {
+void prepare(Job& job, const GuardedBuffers& guards) {
   const Launch& l = job.launch;
   for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
-    job.buffers[i] = guards && l.buffers[i].data ? guards->data(i) : l.buffers[i].data;
+    job.buffers[i] = l.buffers[i].data ? guards.data(i) : nullptr;
     job.sizes[i] = l.buffers[i].size;
   }
-  job.guards = guards;
+  job.guards = &guards;
   const Dim3 t = l.threadgroup;
   job.view.buffers = job.buffers.data();
   job.view.buffer_sizes = job.sizes.data();
@@ -170,7 +315,7 @@ void prepare(Job& job, const GuardedBuffers* guards) {
 
 std::vector<std::string> run(Job& job, const Options& options) {
   Pool& pool = Pool::instance();
-  pool.run(job, options.workers ? options.workers : pool.size());
+  pool.run(job, options.workers ? options.workers : pool.size(), options);
   const std::string error = job.error();
   if (!error.empty()) throw SimError(error);
   return job.warnings();
@@ -217,27 +362,22 @@ std::string compare(const std::vector<std::vector<unsigned char>>& a, const std:
 Report dispatch(const Launch& l, const Options& options) {
   validate(l);
   if (!product(l.grid)) return {};
-  install_fault_handlers();
 
-  Report report;
-  if (!options.checked) {
-    Job job(l, Schedule::Forward, options.seed);
-    prepare(job, nullptr);
-    report.warnings = run(job, options);
-    return report;
-  }
-
-  // Checked: run on guarded copies under several schedules; every run must
-  // produce the same bytes.
+  // Every mode runs on copies of the buffers that end at guard pages, so an
+  // out-of-bounds access is an error instead of damage to the process; the
+  // copies go back to the caller's memory only when the dispatch succeeded.
   GuardedBuffers guards(l);
+  Report report;
+  // Checked mode runs under several schedules; every run must produce the same bytes.
   std::vector<std::vector<unsigned char>> reference;
   const std::vector<Schedule> schedules =
-      options.compare_schedules ? std::vector<Schedule>{Schedule::Forward, Schedule::Reverse, Schedule::Random}
-                                : std::vector<Schedule>{Schedule::Forward};
+      options.checked && options.compare_schedules
+          ? std::vector<Schedule>{Schedule::Forward, Schedule::Reverse, Schedule::Random}
+          : std::vector<Schedule>{Schedule::Forward};
   for (Schedule s : schedules) {
     guards.load();
     Job job(l, s, options.seed);
-    prepare(job, &guards);
+    prepare(job, guards);
     try {
       append(report.warnings, run(job, options));
     } catch (const SimError& e) {
@@ -246,6 +386,7 @@ Report dispatch(const Launch& l, const Options& options) {
     }
     const std::string canaries = guards.check_canaries();
     if (!canaries.empty()) throw SimError("kernel '" + std::string(l.kernel->host_name) + "': " + canaries);
+    if (schedules.size() == 1) break;
     if (reference.empty()) {
       reference = guards.contents();
       continue;
@@ -253,19 +394,26 @@ Report dispatch(const Launch& l, const Options& options) {
     const std::string diff = compare(reference, guards.contents(), s, *l.kernel);
     if (!diff.empty()) throw SimError(diff);
   }
-  for (uint32_t i = 0; i < kMaxBufferSlots; ++i)
-    if (l.buffers[i].data && l.buffers[i].size) std::memcpy(l.buffers[i].data, reference[i].data(), l.buffers[i].size);
+  guards.store();
   return report;
 }
 
-void push_checked(bool compare_schedules) {
+void set_interrupt_check(InterruptCheck check) { interrupt_check = check; }
+
+uint64_t push_checked(bool compare_schedules, double timeout_s) {
   std::lock_guard<std::mutex> lock(checked_mu);
-  checked_stack.push_back(compare_schedules);
+  checked_blocks.push_back(CheckedBlock{++next_token, std::this_thread::get_id(), compare_schedules, timeout_s});
+  return next_token;
 }
 
-void pop_checked() {
+void pop_checked(uint64_t token) {
   std::lock_guard<std::mutex> lock(checked_mu);
-  if (!checked_stack.empty()) checked_stack.pop_back();
+  for (auto it = checked_blocks.begin(); it != checked_blocks.end(); ++it) {
+    if (it->token == token) {
+      checked_blocks.erase(it);
+      return;
+    }
+  }
 }
 
 Options default_options() {
@@ -273,10 +421,22 @@ Options default_options() {
     const char* v = std::getenv("MPS_EXT_SIM_CHECK");
     return v && *v && std::strcmp(v, "0") != 0;
   }();
-  std::lock_guard<std::mutex> lock(checked_mu);
   Options o;
-  o.checked = env || !checked_stack.empty();
-  o.compare_schedules = checked_stack.empty() || checked_stack.back();
+  o.timeout_s = env_timeout();
+  o.timeout_source = "MPS_EXT_SIM_TIMEOUT";
+  std::lock_guard<std::mutex> lock(checked_mu);
+  const CheckedBlock* block = nullptr;
+  for (auto it = checked_blocks.rbegin(); it != checked_blocks.rend() && !block; ++it)
+    if (it->thread == std::this_thread::get_id()) block = &*it;
+  if (!block && !checked_blocks.empty()) block = &checked_blocks.back();
+  o.checked = env || block;
+  if (block) {
+    o.compare_schedules = block->compare_schedules;
+    if (block->timeout_s > 0) {
+      o.timeout_s = block->timeout_s;
+      o.timeout_source = "checked(timeout=...)";
+    }
+  }
   return o;
 }
 

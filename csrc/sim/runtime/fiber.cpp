@@ -3,9 +3,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <new>
+#include <stdexcept>
+#include <string>
 
 #if defined(__APPLE__)
 #define MTLSIM_SYM(name) "_" #name
@@ -150,10 +152,20 @@ size_t page_size() {
 StackPool::StackPool(size_t count, size_t stack_bytes) : count_(count), guard_(page_size()) {
   const size_t page = page_size();
   stride_ = (stack_bytes + page - 1) / page * page + guard_;
-  void* p = mmap(nullptr, count_ * stride_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANON, -1, 0);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  auto refuse = [&](const char* what) {
+    return std::runtime_error(std::string(what) + " for " + std::to_string(count_) + " GPU-thread stacks of " +
+                              std::to_string(stack_bytes / 1024) + " KiB: " + std::strerror(errno));
+  };
+  void* p = mmap(nullptr, count_ * stride_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANON | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) throw refuse("cannot map address space");
   base_ = static_cast<char*>(p);
-  for (size_t i = 0; i < count_; ++i) mprotect(base_ + i * stride_, guard_, PROT_NONE);
+  for (size_t i = 0; i < count_; ++i) {
+    if (mprotect(base_ + i * stride_, guard_, PROT_NONE) != 0) {
+      const auto error = refuse("cannot protect the guard pages (too many memory mappings?)");
+      munmap(base_, count_ * stride_);
+      throw error;
+    }
+  }
 }
 
 StackPool::~StackPool() { munmap(base_, count_ * stride_); }

@@ -40,7 +40,10 @@ void make_context(Context& ctx, char* stack, size_t size, FiberEntry entry, void
 void switch_context(Context& from, Context& to);
 
 // Fiber stacks with a guard page below each, so an overflow faults instead of
-// silently corrupting the neighbouring stack.
+// silently corrupting the neighbouring stack. One mapping whose guard pages
+// split it into 2 * count + 1 areas (vm.max_map_count bounds them on Linux);
+// address space only: pages are committed when a fiber touches them. Throws
+// std::runtime_error when the system refuses.
 class StackPool {
  public:
   StackPool(size_t count, size_t stack_bytes);
@@ -48,6 +51,7 @@ class StackPool {
   StackPool(const StackPool&) = delete;
   StackPool& operator=(const StackPool&) = delete;
 
+  size_t count() const { return count_; }
   char* stack(size_t i) const { return base_ + i * stride_ + guard_; }
   size_t stack_bytes() const { return stride_ - guard_; }
   // Which stack's guard page `addr` falls in, or -1.

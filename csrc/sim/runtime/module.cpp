@@ -6,6 +6,7 @@
 #include <mutex>
 
 #include "api.h"
+#include "fork.h"
 #include "runtime.h"
 
 namespace mtlsim {
@@ -13,6 +14,7 @@ namespace mtlsim {
 namespace {
 
 std::mutex modules_mu;
+const bool fork_safe = (fork_protect(modules_mu, ForkRank::Modules), true);
 
 std::map<std::string, std::unique_ptr<Module>>& modules() {
   static std::map<std::string, std::unique_ptr<Module>> m;

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -54,22 +55,45 @@ struct Options {
   // whose results legitimately depend on thread order (atomic counters
   // handing out slots, float atomics) run under one schedule instead.
   bool compare_schedules = true;
-  unsigned workers = 0;  // 0: MPS_EXT_SIM_THREADS or the CPU count
+  unsigned workers = 0;  // 0: all the pool's (see Limits)
   uint64_t seed = 0x5eed;
+  // Stops a dispatch that runs longer (0: no limit); `timeout_source` names
+  // where the limit came from, for the error message.
+  double timeout_s = 0;
+  const char* timeout_source = "";
 };
+
+// The simulator's resource limits, from the environment when the worker pool
+// starts (at the first dispatch): MPS_EXT_SIM_THREADS workers (default: the
+// CPUs this process may use, at most kDefaultMaxWorkers; at most
+// kMaxWorkers), each with up to 1024 fiber stacks of MPS_EXT_SIM_STACK_KB
+// (kMinStackKB to kMaxStackKB, default 64). Stacks are mapped as a dispatch
+// needs them; a dispatch runs on fewer workers when its stacks would
+// otherwise take more than half of the process's memory-mapping limit.
+constexpr unsigned kDefaultMaxWorkers = 64, kMaxWorkers = 256;
+constexpr unsigned kMinStackKB = 16, kMaxStackKB = 64 * 1024;
 
 struct Report {
   std::vector<std::string> warnings;  // divergent collectives and barriers
 };
 
-// Runs the kernel to completion; throws SimError.
+// Runs the kernel to completion; throws SimError, or what the interrupt
+// check returned.
 Report dispatch(const Launch& launch, const Options& options);
 
-// `with mps_ext.sim.checked()` blocks (the innermost decides
-// compare_schedules); MPS_EXT_SIM_CHECK=1 in the environment checks every
-// dispatch. Process-wide, because autograd runs kernels on its own threads.
-void push_checked(bool compare_schedules);
-void pop_checked();
+// Polled about every 50 ms while a dispatch runs or waits for another one: a
+// non-null result stops the dispatch, which then throws it (the Python
+// bindings return a pending KeyboardInterrupt). Called without locks held.
+using InterruptCheck = std::exception_ptr (*)();
+void set_interrupt_check(InterruptCheck check);
+
+// `with mps_ext.sim.checked()` blocks; MPS_EXT_SIM_CHECK=1 in the environment
+// checks every dispatch, MPS_EXT_SIM_TIMEOUT (seconds) limits each. A
+// thread's dispatches follow its own innermost open block; threads with none
+// (autograd runs kernels on its own threads) follow the most recently opened
+// one. timeout_s 0: the environment's.
+uint64_t push_checked(bool compare_schedules, double timeout_s);
+void pop_checked(uint64_t token);
 Options default_options();
 
 }  // namespace mtlsim

@@ -7,6 +7,7 @@
 #include <ucontext.h>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -114,25 +115,50 @@ Worker* Worker::current() { return tls_worker; }
 
 void Worker::attach() {
   tls_worker = this;
+  thread_ = pthread_self();
   // Faults are handled on their own stack: a fiber that overflowed its stack
   // has none left.
   const size_t size = 64 * 1024;
   alt_stack_ = std::malloc(size);
-  stack_t ss{};
-  ss.ss_sp = alt_stack_;
-  ss.ss_size = size;
-  sigaltstack(&ss, nullptr);
+  if (alt_stack_) {
+    stack_t ss{};
+    ss.ss_sp = alt_stack_;
+    ss.ss_size = size;
+    sigaltstack(&ss, nullptr);
+  }
+  // Signals meant for the process (Ctrl-C, timers, children) are handled by
+  // the other threads; a worker takes only its faults and the stop signal.
+  sigset_t others;
+  sigfillset(&others);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGABRT, stop_signal()}) sigdelset(&others, sig);
+  pthread_sigmask(SIG_BLOCK, &others, nullptr);
+}
+
+size_t Worker::stacks_for(size_t threads) {
+  size_t count = kSimdWidth;
+  while (count < threads) count *= 2;
+  return std::min<size_t>(count, kMaxThreadsPerThreadgroup);
+}
+
+void Worker::reserve_stacks(size_t threads) {
+  const size_t count = stacks_for(threads);
+  if (stacks_ && stacks_->count() >= count) return;
+  stacks_.reset();
+  stacks_ = std::make_unique<StackPool>(count, stack_bytes_);
 }
 
 void Worker::process(Job& job, size_t first, size_t stride) {
   job_ = &job;
-  if (!stacks_) stacks_ = std::make_unique<StackPool>(kMaxThreadsPerThreadgroup, stack_bytes_);
   if (sigsetjmp(escape_, 1)) {
     in_kernel_ = false;
-    report_fault();
+    if (fault_.kind != FaultKind::Stopped) report_fault();
     return;
   }
-  for (size_t k = first; k < job.order.size() && !job.aborted; k += stride) run_group(job, job.order[k]);
+  try {
+    for (size_t k = first; k < job.order.size() && !job.aborted; k += stride) run_group(job, job.order[k]);
+  } catch (const std::exception& e) {
+    job.fail(std::string("simulator error: ") + e.what());
+  }
 }
 
 void Worker::start_fibers(Job& job, uint32_t linear_group) {
@@ -380,6 +406,8 @@ void Worker::barrier(const Site& site) {
 }
 
 void* Worker::threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site& site) {
+  // Runtime code (allocations, locks): a stop signal must not escape from it.
+  in_kernel_ = false;
   if (id >= site_offset_.size()) fail("threadgroup declaration id out of range (stale module?)", site);
   if (site_offset_[id] < 0) {
     const size_t offset = (arena_used_ + align - 1) / align * align;
@@ -395,14 +423,16 @@ void* Worker::threadgroup_alloc(uint32_t id, size_t size, size_t align, const Si
     site_offset_[id] = int64_t(offset);
     arena_used_ = offset + size;
   }
+  in_kernel_ = true;
   return arena_.data() + site_offset_[id];
 }
 
 void Worker::yield() { suspend(State::Runnable); }
 
-const ThreadCtx* Worker::thread() const { return &fibers_[running_].thread; }
+const ThreadCtx* Worker::current_thread() const { return &fibers_[running_].thread; }
 
 void Worker::fail(const char* message, const Site& site) {
+  in_kernel_ = false;
   job_->fail(std::string(message) + " — kernel '" + job_->launch.kernel->host_name + "', " + where(running_, &site));
   aborted_group_ = true;
   switch_context(fibers_[running_].ctx, scheduler_);
@@ -438,12 +468,20 @@ void Worker::report_fault() {
 
 namespace {
 
-constexpr int kFaultSignals[] = {SIGSEGV, SIGBUS, SIGFPE};
-struct sigaction previous[3];
+// Default action: ignore, so a stop signal that arrives after the dispatch
+// (when the handlers are restored) is harmless.
+constexpr int kStopSignal = SIGURG;
+constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGFPE, kStopSignal};
+constexpr int kNumSignals = 4;
+
+struct sigaction previous[kNumSignals];
+bool installed[kNumSignals];
+// Whether a fault that is not a GPU thread's was handed on since install.
+std::atomic<bool> chained[kNumSignals];
 
 int signal_slot(int sig) {
-  for (int i = 0; i < 3; ++i)
-    if (kFaultSignals[i] == sig) return i;
+  for (int i = 0; i < kNumSignals; ++i)
+    if (kSignals[i] == sig) return i;
   return 0;
 }
 
@@ -474,26 +512,72 @@ FaultKind fault_kind(int sig, void* context) {
 #endif
 }
 
-void on_fault(int sig, siginfo_t* info, void* context) {
+bool is_handler(const struct sigaction& a, void (*fn)(int, siginfo_t*, void*)) {
+  return (a.sa_flags & SA_SIGINFO) && a.sa_sigaction == fn;
+}
+
+// Hands a signal that is not the simulator's to the handler installed before.
+void chain(int sig, siginfo_t* info, void* context) {
+  const int slot = signal_slot(sig);
+  const struct sigaction& prev = previous[slot];
+  const bool is_fault = sig != kStopSignal;
+  // A fault handed on once already (or a handler that hands it back here):
+  // the default action, when the instruction faults again.
+  if (is_fault && chained[slot].exchange(true)) {
+    signal(sig, SIG_DFL);
+    return;
+  }
+  if (prev.sa_flags & SA_SIGINFO) {
+    if (prev.sa_sigaction) prev.sa_sigaction(sig, info, context);
+  } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+  } else if (is_fault) {
+    signal(sig, SIG_DFL);
+  }
+}
+
+void on_signal(int sig, siginfo_t* info, void* context) {
   Worker* w = Worker::current();
-  if (w && w->in_kernel()) w->escape_from_fault(Fault{info->si_addr, fault_pc(context), fault_kind(sig, context)});
-  // Not a GPU thread: let the previous handler (or the default action) see
-  // the fault when the instruction re-executes.
-  sigaction(sig, &previous[signal_slot(sig)], nullptr);
+  if (sig == kStopSignal) {
+    if (w) {
+      if (w->in_kernel() && w->job_stopped()) w->escape_from_fault(Fault{nullptr, nullptr, FaultKind::Stopped});
+      return;
+    }
+  } else if (w && w->in_kernel()) {
+    w->escape_from_fault(Fault{info->si_addr, fault_pc(context), fault_kind(sig, context)});
+  }
+  chain(sig, info, context);
 }
 
 }  // namespace
 
-void install_fault_handlers() {
-  for (int i = 0; i < 3; ++i) {
+int stop_signal() { return kStopSignal; }
+
+SignalHandlers::SignalHandlers() {
+  for (int i = 0; i < kNumSignals; ++i) {
     struct sigaction current {};
-    sigaction(kFaultSignals[i], nullptr, &current);
-    if ((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_fault) continue;
+    sigaction(kSignals[i], nullptr, &current);
+    if (is_handler(current, on_signal)) continue;
     struct sigaction mine {};
-    mine.sa_sigaction = on_fault;
-    mine.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    mine.sa_sigaction = on_signal;
+    mine.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
     sigemptyset(&mine.sa_mask);
-    sigaction(kFaultSignals[i], &mine, &previous[i]);
+    chained[i] = false;
+    sigaction(kSignals[i], &mine, &previous[i]);
+    installed[i] = true;
+  }
+}
+
+SignalHandlers::~SignalHandlers() {
+  for (int i = 0; i < kNumSignals; ++i) {
+    if (!installed[i]) continue;
+    struct sigaction current {};
+    sigaction(kSignals[i], nullptr, &current);
+    // Someone installed a handler over ours meanwhile: it may hand signals
+    // to ours, which stays (and keeps handing them on).
+    if (!is_handler(current, on_signal)) continue;
+    sigaction(kSignals[i], &previous[i], nullptr);
+    installed[i] = false;
   }
 }
 

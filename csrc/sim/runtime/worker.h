@@ -2,6 +2,8 @@
 // thread switches between them at barriers and SIMD-group functions.
 #pragma once
 
+#include <pthread.h>
+
 #include <array>
 #include <atomic>
 #include <csetjmp>
@@ -18,17 +20,32 @@ namespace mtlsim {
 enum class Schedule { Forward, Reverse, Random };
 const char* schedule_name(Schedule s);
 
-enum class FaultKind { Read, Write, Access, DivideByZero };
+// Stopped: the dispatch was stopped (timeout, interrupt) while this GPU
+// thread ran; the reason is the job's error already.
+enum class FaultKind { Read, Write, Access, DivideByZero, Stopped };
 struct Fault {
   void* addr;
   void* pc;
   FaultKind kind;
 };
 
-// Routes SIGSEGV/SIGBUS/SIGFPE raised by a GPU thread to its worker, which
-// turns them into a dispatch error; other faults go to the previous handler.
-// Re-installed at every dispatch in case someone replaced it.
-void install_fault_handlers();
+// For the duration of a dispatch: routes SIGSEGV/SIGBUS/SIGFPE raised by a
+// GPU thread to its worker, which turns them into a dispatch error, and the
+// stop signal to a worker running a GPU thread of a stopped job. Other
+// signals go to the handler installed before (called once; a second fault
+// gets the default action, so handlers that hand faults back to this one
+// cannot loop). The previous handlers are restored at the end unless
+// someone replaced these meanwhile.
+class SignalHandlers {
+ public:
+  SignalHandlers();
+  ~SignalHandlers();
+  SignalHandlers(const SignalHandlers&) = delete;
+  SignalHandlers& operator=(const SignalHandlers&) = delete;
+};
+
+// Sent to a worker to make it abandon a stopped job's GPU thread.
+int stop_signal();
 
 class GuardedBuffers;
 
@@ -66,13 +83,25 @@ class Worker {
   explicit Worker(size_t stack_bytes);
   ~Worker();
 
-  // Runs the threadgroups order[first], order[first + stride], ...
+  // Runs the threadgroups order[first], order[first + stride], ...; never throws.
   void process(Job& job, size_t first, size_t stride);
+
+  // Fiber stacks for threadgroups of `threads` threads; called by the
+  // dispatching thread while this worker is idle. Throws std::runtime_error.
+  void reserve_stacks(size_t threads);
+  // How many stacks that reserves: whole powers of two, so that dispatches of
+  // varying sizes do not remap every time.
+  static size_t stacks_for(size_t threads);
+  void release_stacks() { stacks_.reset(); }
+  // Memory mappings the stacks take.
+  size_t mappings() const { return stacks_ ? 2 * stacks_->count() + 1 : 0; }
 
   // The calling worker thread's Worker, if it is one.
   static Worker* current();
   // Called on the worker thread once, before it runs anything.
   void attach();
+  // The worker's thread, once attached.
+  pthread_t thread() const { return thread_; }
 
   // RuntimeAPI, for the fiber currently running on this worker.
   void collective(CollectiveFn fn, const void* in, void* out, const Site& site);
@@ -80,10 +109,12 @@ class Worker {
   void* threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site& site);
   void yield();
   [[noreturn]] void fail(const char* message, const Site& site);
-  const ThreadCtx* thread() const;
+  const ThreadCtx* current_thread() const;
 
-  // Signal handler support: is a GPU thread running, and where to escape to.
+  // Signal handler support: is a GPU thread running (outside the runtime's
+  // own code), has its job been stopped, and where to escape to.
   bool in_kernel() const { return in_kernel_; }
+  bool job_stopped() const { return job_ && job_->aborted; }
   [[noreturn]] void escape_from_fault(const Fault& fault);
 
  private:
@@ -125,7 +156,8 @@ class Worker {
   std::vector<uint32_t> simd_live_, simd_waiting_;
   uint32_t running_ = 0;
   uint64_t arrivals_ = 0, idle_yields_ = 0;
-  bool in_kernel_ = false, aborted_group_ = false;
+  volatile bool in_kernel_ = false;
+  bool aborted_group_ = false;
   const Site* collective_ = nullptr;  // the SIMD-group function being completed
   // Threadgroup memory: offsets of each declaration site in this group.
   std::vector<unsigned char> arena_;
@@ -135,6 +167,7 @@ class Worker {
   sigjmp_buf escape_;
   Fault fault_{};
   void* alt_stack_ = nullptr;
+  pthread_t thread_{};
 };
 
 }  // namespace mtlsim

@@ -1,0 +1,151 @@
+"""The simulator's disk cache: what it loads is what this process compiled from the caller's text, in
+directories only this user can write, and the compiler subprocess is bounded."""
+
+import os
+import shutil
+import signal
+import stat
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import mps_ext.sim
+from mps_ext.sim import CompileError, compiler
+
+FILL = """
+kernel void fill(device float* x [[buffer(0)]], uint i [[thread_position_in_grid]]) { x[i] = %s; }
+"""
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MPS_EXT_CACHE_DIR", str(root))
+    return root
+
+
+def run_fill(lib) -> float:
+    x = torch.zeros(4)
+    lib.fill(x)
+    return x[0].item()
+
+
+def library_path(source: str, name: str = "shader") -> Path:
+    return compiler.compile_source(source, name)
+
+
+def test_cache_directories_are_private_whatever_the_umask(cache):
+    old = os.umask(0)
+    try:
+        library_path(FILL % "1.0f")
+    finally:
+        os.umask(old)
+    for d in (cache, cache / "sim"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, oct(d.stat().st_mode)
+    for f in (cache / "sim").iterdir():
+        assert stat.S_IMODE(f.stat().st_mode) & 0o022 == 0, f
+
+
+@pytest.mark.parametrize("which", ["root", "sim"])
+def test_cache_directory_others_can_write_is_refused(cache, which):
+    (cache / "sim").mkdir(parents=True)
+    os.chmod(cache / "sim", 0o700)
+    os.chmod(cache, 0o700)
+    os.chmod(cache if which == "root" else cache / "sim", 0o777)
+    with pytest.raises(CompileError, match="writable by other users"):
+        mps_ext.sim.compile_shader(FILL % "1.0f")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a directory to another user")
+def test_cache_directory_of_another_user_is_refused(cache):
+    (cache / "sim").mkdir(parents=True, mode=0o700)
+    os.chmod(cache, 0o700)
+    os.chown(cache / "sim", 12345, 12345)
+    with pytest.raises(CompileError, match="owned by"):
+        mps_ext.sim.compile_shader(FILL % "1.0f")
+
+
+def test_planted_source_is_not_compiled(cache):
+    source = FILL % "1.0f"
+    metal = library_path(FILL % "9.0f").parent / f"shader-{compiler.source_digest(source)}.metal"
+    metal.write_text(FILL % "666.0f")  # what someone else left under the expected name
+    assert run_fill(mps_ext.sim.compile_shader(source)) == 1.0
+
+
+def test_planted_library_is_not_loaded(cache):
+    source = FILL % "2.0f"
+    mine, other = library_path(source, "planted"), library_path(FILL % "666.0f", "other")
+    shutil.copyfile(other, mine)
+    assert run_fill(mps_ext.sim.compile_shader(source, name="planted")) == 2.0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "empty", "garbage"])
+def test_damaged_library_is_rebuilt(cache, damage):
+    source = FILL % f"{len(damage)}.0f"
+    lib = library_path(source, damage)
+    data = lib.read_bytes()
+    lib.write_bytes({"truncate": data[: len(data) // 10], "empty": b"", "garbage": os.urandom(len(data))}[damage])
+    assert run_fill(mps_ext.sim.compile_shader(source, name=damage)) == float(len(damage))
+    assert lib.read_bytes() != b""
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".hidden", "", "x\0y", "/abs"])
+def test_name_stays_inside_the_cache(cache, name):
+    with pytest.raises(ValueError, match="name"):
+        mps_ext.sim.compile_shader(FILL % "1.0f", name=name)
+
+
+def fake_compiler(tmp_path: Path, body: str) -> str:
+    script = tmp_path / "fake-cxx"
+    # Preprocesses with the real compiler (the translator's step), then does `body` instead of compiling.
+    script.write_text(f'''#!/bin/sh
+case " $* " in *" -E "*) exec c++ "$@";; esac
+if [ "$1" = --version ]; then echo fake 1.0; exit 0; fi
+{body}
+''')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_interrupted_compile_leaves_no_temporary_files(cache, tmp_path, monkeypatch):
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("Ctrl-C reaches the main thread only")
+    monkeypatch.setenv("CXX", fake_compiler(tmp_path, "sleep 60"))
+    timer = threading.Timer(3.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            mps_ext.sim.compile_shader(FILL % "3.0f", name="interrupted")
+    finally:
+        timer.cancel()
+    left = sorted(p.name for p in (cache / "sim").iterdir())
+    assert all(n.endswith((".metal", ".cpp")) for n in left), left
+
+
+def test_cxx_with_arguments(cache, monkeypatch):
+    monkeypatch.setenv("CXX", f"{shutil.which('c++') or 'c++'} -DMPS_EXT_UNUSED_DEFINE=1")
+    assert run_fill(mps_ext.sim.compile_shader(FILL % "4.0f")) == 4.0
+
+
+def test_missing_compiler_is_a_compile_error(cache, monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    with pytest.raises(CompileError, match="/nonexistent/c\\+\\+"):
+        mps_ext.sim.compile_shader(FILL % "5.0f")
+
+
+def test_compiler_time_limit(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", fake_compiler(tmp_path, "sleep 60"))
+    monkeypatch.setenv("MPS_EXT_SIM_COMPILE_TIMEOUT", "1")
+    with pytest.raises(CompileError, match="timed out after 1 s.*MPS_EXT_SIM_COMPILE_TIMEOUT"):
+        mps_ext.sim.compile_shader(FILL % "6.0f")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the memory limit is an address-space rlimit")
+def test_compiler_memory_limit(cache, tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", fake_compiler(tmp_path, 'echo "limit $(ulimit -v)" >&2; exit 1'))
+    monkeypatch.setenv("MPS_EXT_SIM_COMPILE_MEMORY_MB", "700")
+    with pytest.raises(CompileError, match=f"limit {700 * 1024}"):
+        mps_ext.sim.compile_shader(FILL % "7.0f")
