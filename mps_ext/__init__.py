@@ -12,9 +12,11 @@ import torch  # loads libtorch, which _C links against
 from . import _C, overrides, sim
 from ._ops import log_softmax, softmax
 from ._trace import KernelRecord, trace
+from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
 
 __version__ = "0.1.0"
 
 __all__ = ["KernelRecord", "log_softmax", "overrides", "sim", "softmax", "trace"]
+__all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream"]
 
 overrides.enable_on_import()
