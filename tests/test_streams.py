@@ -4,6 +4,7 @@ simulator a non-default stream runs its work on a thread of its own, and
 mps_ext.streams.hold() stops a stream deterministically, so each ordering test
 fails when the ordering is missing."""
 
+import os
 import threading
 import time
 import weakref
@@ -415,3 +416,33 @@ def test_torch_ops_inside_an_op_see_its_kernels():
     t.join()
     assert tr.names == ["softmax_block_float_float"]
     assert_close(y, torch.softmax(x, 0), scale=reduction_scale(torch.float32, 300, signed_terms=False))
+
+
+def test_divergence_warnings_of_async_kernels_come_from_synchronize(kernels):
+    bugs = kernels("planted_bugs")
+    x, y = torch.arange(64, dtype=torch.float32), torch.empty(64)
+    s = mps_ext.Stream("cpu")
+    with mps_ext.stream(s):
+        bugs.divergent_simd_sum(x, y, group_size=64)  # enqueued: no warning yet
+    with pytest.warns(mps_ext.sim.DivergenceWarning, match="planted_bugs.metal"):
+        s.synchronize()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_streams_work_in_a_forked_child(lib):
+    s = mps_ext.Stream("cpu")
+    with mps_ext.stream(s):
+        pid = os.fork()
+        if pid == 0:  # the child: the parent's stream threads are gone
+            code = 1
+            try:
+                out = torch.zeros(4)
+                child_stream = mps_ext.Stream("cpu")
+                with mps_ext.stream(child_stream):
+                    lib.fill(out, 1.0)
+                child_stream.synchronize()
+                code = 0 if out.tolist() == [1.0] * 4 and mps_ext.current_stream("cpu").stream_id == 0 else 2
+            finally:
+                os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

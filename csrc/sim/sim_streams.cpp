@@ -1,5 +1,7 @@
 #include "sim/sim_streams.h"
 
+#include <pthread.h>
+
 #include <array>
 #include <chrono>
 #include <condition_variable>
@@ -179,9 +181,25 @@ class SimEvent final : public Event {
   std::shared_ptr<Mark> last_;
 };
 
+// A forked child has none of the parent's threads: it starts a new pool (the
+// old streams are leaked, their work is the parent's).
+void forget_streams_in_child() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    pthread_atfork([] { pool_mu.lock(); }, [] { pool_mu.unlock(); },
+                   [] {
+                     pool.fill(nullptr);
+                     handed_out = 0;
+                     current_stream = 0;
+                     pool_mu.unlock();
+                   });
+  });
+}
+
 }  // namespace
 
 int64_t new_stream() {
+  forget_streams_in_child();
   std::lock_guard<std::mutex> lock(pool_mu);
   const int64_t index = handed_out++ % kPoolSize;
   if (!pool[index]) pool[index] = new Stream();
