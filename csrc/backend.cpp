@@ -42,4 +42,8 @@ void dispatch(const Launch& launch) {
   trace::record({launch.kernel, launch.threadgroups, launch.threads_per_threadgroup, backend->name()});
 }
 
+void before_torch_ops(const c10::Device& device) {
+  if (Backend* backend = backend_for(device)) backend->before_torch_ops();
+}
+
 }  // namespace mps_ext

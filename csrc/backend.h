@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -49,6 +50,22 @@ struct Launch {
   c10::Device device() const;
 };
 
+// A marker in a stream's work (mps_ext.Event): reached once everything
+// enqueued on the stream before the record has run. Records replace each other.
+class Event {
+ public:
+  virtual ~Event() = default;
+  virtual void record(int64_t stream) = 0;
+  // Work enqueued on `stream` from now on waits for the last record (no wait
+  // if there was none).
+  virtual void block(int64_t stream) = 0;
+  virtual bool query() = 0;
+  virtual void synchronize() = 0;
+  // When the last record was reached, in seconds on the backend's clock (the
+  // GPU's on Metal, the host's in the simulator); valid once synchronized.
+  virtual double seconds() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -57,7 +74,28 @@ class Backend {
   // to compile, its pipeline allows fewer threads...), or nullopt. Failures
   // are remembered: asking again is cheap.
   virtual std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads_per_threadgroup) = 0;
+  // Enqueues `launch` on the calling thread's current stream. On a stream
+  // other than the default it may run after this returns: the launch keeps
+  // its tensors alive until then.
   virtual void dispatch(const Launch& launch) = 0;
+
+  // Streams: 0 is the device's default stream (torch's); new_stream() hands
+  // out others (from a pool, as torch does). The current stream is per thread.
+  virtual int64_t new_stream() = 0;
+  virtual int64_t current_stream() = 0;
+  virtual void set_current_stream(int64_t stream) = 0;
+  // Waits until the stream's work has run; raises the first error of a kernel
+  // that ran on it asynchronously.
+  virtual void synchronize(int64_t stream) = 0;
+  virtual bool query(int64_t stream) = 0;
+  virtual std::unique_ptr<Event> new_event() = 0;
+  // The memory of `t` is not reused before the work enqueued on `stream` so
+  // far has run.
+  virtual void record_tensor(const at::Tensor& t, int64_t stream) = 0;
+  // Where torch ops do not follow the current stream (the simulator, Metal
+  // with torch 2.13), waits until it has run its kernels; otherwise, and on
+  // the default stream, returns at once.
+  virtual void before_torch_ops() = 0;
 };
 
 // The backend for tensors on `device` (the simulator for CPU, Metal for
@@ -66,6 +104,10 @@ Backend* backend_for(const c10::Device& device, std::string* why = nullptr);
 
 // Runs `launch` on its tensors' device and records it for mps_ext.trace().
 void dispatch(const Launch& launch);
+
+// Ops that run torch ops on their kernels' results call this in between, so
+// the torch ops see the results wherever the kernels were enqueued.
+void before_torch_ops(const c10::Device& device);
 
 // The Metal backend, when this build has one (macOS with an MPS-enabled torch).
 Backend* metal_backend();

@@ -13,10 +13,12 @@ from . import _C, overrides, sim
 from ._ops import linear, log_softmax, softmax
 from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
+from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
 
 __version__ = "0.1.0"
 
 __all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax", "trace"]
 __all__ += ["lu_factor", "lu_factor_ex", "lu_solve", "solve", "solve_ex", "solve_triangular"]
+__all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream"]
 
 overrides.enable_on_import()

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, trace
+from . import _C, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, streams, trace
 from .testing import TOLERANCES, linalg_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -111,8 +111,24 @@ def linalg_cases() -> Iterator[Case]:
     yield Case("solve_triangular inverse f32 64x64 unit", gated_deltanet)
 
 
+def stream_cases() -> Iterator[Case]:
+    def run(device):
+        # Kernels on a side stream ordered with the default stream by events both ways.
+        x = torch.randn(4, 300, generator=torch.Generator().manual_seed(0))
+        side, default = streams.Stream(device), streams.current_stream(device)
+        side.wait_stream(default)
+        with streams.stream(side):
+            got = log_softmax(softmax(x.to(device), -1), -1)
+        done = side.record_event()
+        default.wait_event(done)
+        done.synchronize()
+        return got, torch.log_softmax(torch.softmax(x, -1), -1), reduction_scale(torch.float32, 300, signed_terms=True)
+
+    yield Case("streams: side stream and events (4, 300)", run)
+
+
 def cases() -> list[Case]:
-    return list(softmax_cases()) + list(linear_cases()) + list(linalg_cases())
+    return list(softmax_cases()) + list(linear_cases()) + list(linalg_cases()) + list(stream_cases())
 
 
 def run(out=print) -> bool:

@@ -47,7 +47,7 @@ def check_planted(tmp_path: Path, old: str, new: str, torch: str, sdk: str = "15
 @pytest.mark.parametrize("torch", ["2.13.0", "2.14.1", "2.15.0"])
 def test_torch_function_missing_in_one_version(tmp_path, torch):
     # getStreamFromPool() exists since torch 2.14.
-    result = check_planted(tmp_path, "at::mps::getCurrentMPSStream()", "at::mps::getStreamFromPool()", torch)
+    result = check_planted(tmp_path, "at::mps::getDefaultMPSStream()", "at::mps::getStreamFromPool()", torch)
     if torch == "2.13.0":
         assert result.returncode == 1
         assert "no member named 'getStreamFromPool' in namespace 'at::mps'" in result.stdout

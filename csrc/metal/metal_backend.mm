@@ -1,7 +1,8 @@
 // The Metal backend: compiles the embedded .metal sources on first use,
-// caches compute pipelines, and encodes kernels on torch's current MPS stream
-// inside its dispatch queue, with its shared (coalesced) encoder. It never
-// ends that encoder and never commits: torch commits at its sync points.
+// caches compute pipelines, and encodes kernels on the current stream
+// (metal_streams.h: torch's, or on torch 2.13 one of mps_ext's own) inside its
+// dispatch queue, with its shared (coalesced) encoder. It never ends that
+// encoder and never commits: torch commits at its sync points.
 //
 // Built without ARC: torch's MPS headers call retain/release themselves.
 // Objects created here with new/alloc are released here, except pipelines
@@ -15,6 +16,7 @@
 
 #include "backend.h"
 #include "metal/metal_backend.h"
+#include "metal/metal_streams.h"
 #include "metal/sources.h"
 
 namespace mps_ext {
@@ -75,8 +77,10 @@ class MetalBackend final : public Backend {
     const uint64_t per_group = uint64_t(threads.x) * threads.y * threads.z;
     TORCH_CHECK(per_group <= pipeline.maxTotalThreadsPerThreadgroup, "mps_ext: kernel '", launch.kernel, "' runs ",
                 per_group, " threads per threadgroup; this GPU allows ", pipeline.maxTotalThreadsPerThreadgroup);
+    metal_streams::free_released();
     const Launch* l = &launch;  // dispatch_sync runs the block before returning
-    at::mps::MPSStream* stream = at::mps::getCurrentMPSStream();
+    at::mps::MPSStream* stream = metal_streams::current();
+    const bool keep_tensors = stream != at::mps::getDefaultMPSStream();
     at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
       // Drains what Metal autoreleases here on threads that have no pool of their own.
       @autoreleasepool {
@@ -95,9 +99,26 @@ class MetalBackend final : public Backend {
         }
         [encoder dispatchThreadgroups:MTLSizeMake(groups.x, groups.y, groups.z)
                 threadsPerThreadgroup:MTLSizeMake(threads.x, threads.y, threads.z)];
+        // Off the default stream, torch's allocator could hand the memory to
+        // other work before this kernel ran: the launch holds its tensors.
+        if (keep_tensors) {
+          std::vector<at::Tensor> tensors;
+          for (const Arg& a : l->args)
+            if (a.is_tensor()) tensors.push_back(a.tensor);
+          metal_streams::keep_until_completed(stream, std::move(tensors));
+        }
       }
     });
   }
+
+  int64_t new_stream() override { return metal_streams::new_stream(); }
+  int64_t current_stream() override { return metal_streams::current_id(); }
+  void set_current_stream(int64_t stream) override { metal_streams::set_current(stream); }
+  void synchronize(int64_t stream) override { metal_streams::synchronize(stream); }
+  bool query(int64_t stream) override { return metal_streams::query(stream); }
+  std::unique_ptr<Event> new_event() override { return metal_streams::new_event(device_); }
+  void record_tensor(const at::Tensor& t, int64_t stream) override { metal_streams::record_tensor(t, stream); }
+  void before_torch_ops() override { metal_streams::before_torch_ops(); }
 
   id<MTLDevice> device() const { return device_; }
 

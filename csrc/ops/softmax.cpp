@@ -106,7 +106,9 @@ at::Tensor softmax_kernels(const at::Tensor& self, int64_t dim, at::ScalarType o
   Plan p = plan(self, dim, out_dtype, log);
   if (p.move_dim_last) {
     const at::Tensor moved = self.movedim(p.dim, -1);
-    return softmax_kernels(moved, -1, out_dtype, log).movedim(-1, p.dim).contiguous();
+    const at::Tensor out = softmax_kernels(moved, -1, out_dtype, log).movedim(-1, p.dim);
+    before_torch_ops(out.device());  // the copy reads what the kernels wrote
+    return out.contiguous();
   }
   const at::Tensor input = self.contiguous();
   at::Tensor out = at::empty(input.sizes(), input.options().dtype(out_dtype));

@@ -1,5 +1,6 @@
 // Python access to the simulator: load modules, dispatch with CPU tensors and
 // scalar bytes as buffers.
+#include <pybind11/functional.h>
 #include <torch/extension.h>
 
 #include <string>
@@ -7,6 +8,7 @@
 
 #include "sim/builtin_modules.h"
 #include "sim/sim_backend.h"
+#include "sim/sim_streams.h"
 #include "sim/runtime/runtime.h"
 #include "trace.h"
 
@@ -14,10 +16,19 @@ namespace py = pybind11;
 
 namespace {
 
+// What a dispatch from Python binds, kept until its kernel has run (on a
+// non-default stream, after _sim_dispatch returned).
+struct PyLaunch {
+  mtlsim::Launch launch;
+  std::vector<at::Tensor> tensors;
+  std::vector<std::string> scalars;  // owned copies: kernels get writable memory, Python bytes are not
+};
+
 std::vector<std::string> dispatch(const mtlsim::Module& module, const std::string& kernel, const py::list& buffers,
                                   std::array<uint32_t, 3> grid, std::array<uint32_t, 3> threadgroup,
                                   const std::vector<size_t>& threadgroup_lengths, bool grid_in_threads) {
-  mtlsim::Launch launch;
+  auto pending = std::make_shared<PyLaunch>();
+  mtlsim::Launch& launch = pending->launch;
   launch.module = &module;
   launch.kernel = module.find(kernel);
   if (!launch.kernel) throw py::attribute_error("no kernel named '" + kernel + "' in " + module.name);
@@ -25,9 +36,7 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
                     " buffers can be bound, got ", buffers.size());
   TORCH_CHECK_VALUE(threadgroup_lengths.size() == mtlsim::kMaxBufferSlots, "expected ", mtlsim::kMaxBufferSlots,
                     " threadgroup memory lengths");
-  std::vector<std::string> scalars;  // owned copies: kernels get writable memory, Python bytes are not
-  scalars.reserve(buffers.size());
-  std::vector<at::Tensor> tensors;
+  pending->scalars.reserve(buffers.size());  // no reallocation: buffers point into the strings
   for (size_t i = 0; i < buffers.size(); ++i) {
     py::handle b = buffers[i];
     if (b.is_none()) continue;
@@ -35,29 +44,38 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
       at::Tensor t = THPVariable_Unpack(b.ptr());
       TORCH_CHECK_VALUE(t.device().is_cpu(), "buffer ", i, " must be a CPU tensor, got one on ", t.device());
       launch.buffers[i] = mps_ext::sim_buffer(t);
-      tensors.push_back(std::move(t));
+      pending->tensors.push_back(std::move(t));
     } else {
-      scalars.push_back(b.cast<std::string>());
-      launch.buffers[i] = mtlsim::Buffer{scalars.back().data(), scalars.back().size()};
+      std::string& bytes = pending->scalars.emplace_back(b.cast<std::string>());
+      launch.buffers[i] = mtlsim::Buffer{bytes.data(), bytes.size()};
     }
   }
   for (size_t i = 0; i < mtlsim::kMaxBufferSlots; ++i) launch.threadgroup_lengths[i] = threadgroup_lengths[i];
   launch.grid = mtlsim::Dim3{grid[0], grid[1], grid[2]};
   launch.threadgroup = mtlsim::Dim3{threadgroup[0], threadgroup[1], threadgroup[2]};
   launch.grid_in_threads = grid_in_threads;
-  mtlsim::Report report;
+  auto groups = [&](uint32_t g, uint32_t t) { return grid_in_threads ? uint32_t((uint64_t(g) + t - 1) / t) : g; };
+  auto record = [&] {
+    mps_ext::trace::record({kernel,
+                            {groups(grid[0], threadgroup[0]), groups(grid[1], threadgroup[1]),
+                             groups(grid[2], threadgroup[2])},
+                            {threadgroup[0], threadgroup[1], threadgroup[2]},
+                            "simulator"});
+  };
+  // The default stream runs the kernel now: it is recorded once it ran. On
+  // another stream it runs later and is recorded when enqueued; its errors
+  // and warnings come from that stream's synchronize().
+  const bool runs_now = mps_ext::sim_streams::current() == 0;
+  if (!runs_now) record();
+  const mtlsim::Options options = mtlsim::default_options();
+  std::vector<std::string> warnings;
   {
     py::gil_scoped_release release;
-    report = mtlsim::dispatch(launch, mtlsim::default_options());
+    warnings = mps_ext::sim_streams::submit(
+        [pending, options] { return mtlsim::dispatch(pending->launch, options).warnings; });
   }
-  // Recorded once it ran (dispatch validated the threadgroup size).
-  auto groups = [&](uint32_t g, uint32_t t) { return grid_in_threads ? uint32_t((uint64_t(g) + t - 1) / t) : g; };
-  mps_ext::trace::record({kernel,
-                          {groups(grid[0], threadgroup[0]), groups(grid[1], threadgroup[1]),
-                           groups(grid[2], threadgroup[2])},
-                          {threadgroup[0], threadgroup[1], threadgroup[2]},
-                          "simulator"});
-  return report.warnings;
+  if (runs_now) record();
+  return warnings;
 }
 
 // A KeyboardInterrupt (or any exception a Python signal handler raised)
@@ -101,6 +119,8 @@ void register_sim_bindings(py::module_& m) {
   });
   m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"), py::arg("timeout"));
   m.def("_sim_pop_checked", &mtlsim::pop_checked, py::arg("token"));
+  m.def("_sim_stream_warnings", &mps_ext::sim_streams::take_warnings, py::arg("stream"));
+  m.def("_sim_stream_hold", &mps_ext::sim_streams::hold, py::arg("stream"));
   python_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   mtlsim::set_interrupt_check(&python_interrupt);
 }

@@ -1,5 +1,5 @@
 // The simulator as a backend: CPU tensors, the kernel modules compiled into
-// this extension.
+// this extension, streams from sim_streams.
 #include "sim/sim_backend.h"
 
 #include <mutex>
@@ -7,6 +7,7 @@
 
 #include "sim/builtin_modules.h"
 #include "sim/runtime/fork.h"
+#include "sim/sim_streams.h"
 
 namespace mps_ext {
 
@@ -37,10 +38,33 @@ class SimBackend final : public Backend {
   }
 
   void dispatch(const Launch& launch) override {
-    mtlsim::Launch l;
-    l.kernel = find(launch.kernel, &l.module);
-    TORCH_CHECK(l.kernel, "mps_ext: no kernel named '", launch.kernel, "' in this build");
+    const mtlsim::Module* module = nullptr;
+    const mtlsim::KernelInfo* kernel = find(launch.kernel, &module);
+    TORCH_CHECK(kernel, "mps_ext: no kernel named '", launch.kernel, "' in this build");
     TORCH_CHECK(launch.args.size() <= mtlsim::kMaxBufferSlots, "too many kernel arguments");
+    // The copy of the launch keeps its tensors alive until the kernel has run;
+    // checked mode is what it is now, when the kernel is enqueued.
+    sim_streams::submit([launch, module, kernel, options = mtlsim::default_options()] {
+      run(launch, module, kernel, options);
+      return std::vector<std::string>{};
+    });
+  }
+
+  int64_t new_stream() override { return sim_streams::new_stream(); }
+  int64_t current_stream() override { return sim_streams::current(); }
+  void set_current_stream(int64_t stream) override { sim_streams::set_current(stream); }
+  void synchronize(int64_t stream) override { sim_streams::synchronize(stream); }
+  bool query(int64_t stream) override { return sim_streams::query(stream); }
+  std::unique_ptr<Event> new_event() override { return sim_streams::new_event(); }
+  void record_tensor(const at::Tensor& t, int64_t stream) override { sim_streams::keep_alive(stream, t.storage()); }
+  void before_torch_ops() override { sim_streams::synchronize(sim_streams::current()); }
+
+ private:
+  static void run(const Launch& launch, const mtlsim::Module* module, const mtlsim::KernelInfo* kernel,
+                  const mtlsim::Options& options) {
+    mtlsim::Launch l;
+    l.module = module;
+    l.kernel = kernel;
     for (size_t i = 0; i < launch.args.size(); ++i) {
       const Arg& a = launch.args[i];
       if (a.is_tensor()) {
@@ -53,7 +77,6 @@ class SimBackend final : public Backend {
     l.grid = mtlsim::Dim3{launch.threadgroups.x, launch.threadgroups.y, launch.threadgroups.z};
     const Size3 t = launch.threads_per_threadgroup;
     l.threadgroup = mtlsim::Dim3{t.x, t.y, t.z};
-    const mtlsim::Options options = mtlsim::default_options();
     mtlsim::Report report;
     try {
       report = mtlsim::dispatch(l, options);
@@ -64,7 +87,6 @@ class SimBackend final : public Backend {
     TORCH_CHECK(report.warnings.empty(), "mps_ext simulator: ", report.warnings.front());
   }
 
- private:
   const mtlsim::KernelInfo* find(const std::string& name, const mtlsim::Module** module) {
     std::lock_guard<std::mutex> lock(mu_);
     if (index_.empty()) {

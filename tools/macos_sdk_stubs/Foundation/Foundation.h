@@ -14,6 +14,8 @@
 #define NS_ASSUME_NONNULL_BEGIN _Pragma("clang assume_nonnull begin")
 #define NS_ASSUME_NONNULL_END _Pragma("clang assume_nonnull end")
 
+typedef double CFTimeInterval;  // CoreFoundation's CFDate.h, which Foundation brings
+
 NS_ASSUME_NONNULL_BEGIN
 
 @interface NSString : NSObject

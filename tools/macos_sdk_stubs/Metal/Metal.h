@@ -75,17 +75,23 @@ API_AVAILABLE(macos(10.11), ios(8.0))
 - (void)dispatchThreadgroups:(MTLSize)threadgroupsPerGrid threadsPerThreadgroup:(MTLSize)threadsPerThreadgroup;
 @end
 
-// MTLCommandBuffer.h, MTLCommandQueue.h, MTLEvent.h
-@protocol MTLCommandBuffer <NSObject>
-@end
-typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
-
-@protocol MTLCommandQueue <NSObject>
-@end
-
+// MTLEvent.h, MTLCommandBuffer.h, MTLCommandQueue.h
 @protocol MTLEvent <NSObject>
 @end
 @protocol MTLSharedEvent <MTLEvent>
+@end
+
+@protocol MTLCommandBuffer;
+typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
+
+@protocol MTLCommandBuffer <NSObject>
+@property(readonly) CFTimeInterval GPUEndTime API_AVAILABLE(macos(10.15), ios(10.3));
+- (void)addCompletedHandler:(MTLCommandBufferHandler)block;
+- (void)encodeSignalEvent:(id<MTLEvent>)event value:(uint64_t)value API_AVAILABLE(macos(10.14), ios(12.0));
+- (void)encodeWaitForEvent:(id<MTLEvent>)event value:(uint64_t)value API_AVAILABLE(macos(10.14), ios(12.0));
+@end
+
+@protocol MTLCommandQueue <NSObject>
 @end
 
 // MTLDevice.h
@@ -105,6 +111,7 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
                                           error:(__autoreleasing NSError**)error;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                                       error:(__autoreleasing NSError**)error;
+- (nullable id<MTLSharedEvent>)newSharedEvent API_AVAILABLE(macos(10.14), ios(12.0));
 @end
 
 NS_ASSUME_NONNULL_END

@@ -1,0 +1,247 @@
+#include "metal/metal_streams.h"
+
+#include <ATen/mps/MPSDevice.h>
+#include <torch/headeronly/version.h>
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#define MPS_EXT_TORCH_AT_LEAST(minor) \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= (minor)))
+
+namespace mps_ext::metal_streams {
+
+namespace {
+
+using at::mps::MPSStream;
+using at::mps::SyncType;
+
+std::mutex mu;
+std::vector<std::shared_ptr<void>> released;  // guarded by mu
+
+void release_later(std::shared_ptr<void> kept) {
+  std::lock_guard<std::mutex> lock(mu);
+  released.push_back(std::move(kept));
+}
+
+#if MPS_EXT_TORCH_AT_LEAST(15)
+
+MPSStream* by_id(int64_t stream_id) { return at::mps::getStreamByID(stream_id); }
+void remember(MPSStream*) {}
+
+#elif MPS_EXT_TORCH_AT_LEAST(14)
+
+// 2.14 cannot look streams up by id: those handed out or seen current are remembered.
+constexpr int64_t kPoolSize = 32;  // torch's pool: ids 1..32, 0 is the default stream
+std::array<MPSStream*, kPoolSize + 1> known{};  // guarded by mu
+
+MPSStream* by_id(int64_t stream_id) {
+  if (stream_id == 0) return at::mps::getDefaultMPSStream();
+  std::lock_guard<std::mutex> lock(mu);
+  TORCH_CHECK(stream_id >= 1 && stream_id <= kPoolSize && known[stream_id], "mps_ext: no MPS stream with id ",
+              stream_id);
+  return known[stream_id];
+}
+
+void remember(MPSStream* stream) {
+  const int64_t stream_id = stream->unwrap().id();
+  TORCH_CHECK(stream_id >= 0 && stream_id <= kPoolSize, "mps_ext: unexpected MPS stream id ", stream_id);
+  std::lock_guard<std::mutex> lock(mu);
+  known[stream_id] = stream;
+}
+
+#else
+
+constexpr int64_t kPoolSize = 32;  // as torch's pool (2.14+): ids 1..32, 0 is the default stream
+std::array<MPSStream*, kPoolSize> own{};  // guarded by mu; leaked on purpose, as torch's pool is
+int64_t handed_out = 0;
+thread_local MPSStream* current_own = nullptr;
+
+MPSStream* by_id(int64_t stream_id) {
+  if (stream_id == 0) return at::mps::getDefaultMPSStream();
+  std::lock_guard<std::mutex> lock(mu);
+  TORCH_CHECK(stream_id >= 1 && stream_id <= kPoolSize && own[stream_id - 1], "mps_ext: no MPS stream with id ",
+              stream_id);
+  return own[stream_id - 1];
+}
+
+#endif
+
+// Where an event's signals have got to, updated by command buffer completion
+// handlers (on Metal's threads; buffers of different streams complete in any
+// order).
+struct Progress {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t reached = 0;
+  double gpu_seconds = 0;
+
+  void reach(uint64_t value, double seconds) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (value <= reached) return;
+      reached = value;
+      gpu_seconds = seconds;
+    }
+    cv.notify_all();
+  }
+};
+
+class MetalEvent final : public Event {
+ public:
+  explicit MetalEvent(id<MTLDevice> device) : event_([device newSharedEvent]) {}
+  ~MetalEvent() override { [event_ release]; }
+
+  void record(int64_t stream_id) override {
+    MPSStream* stream = by_id(stream_id);
+    const uint64_t value = ++recorded_;
+    std::shared_ptr<Progress> progress = progress_;
+    id<MTLSharedEvent> event = event_;
+    at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+      @autoreleasepool {
+        stream->endKernelCoalescing();
+        MPSCommandBuffer* buffer = stream->commandBuffer();
+        [buffer encodeSignalEvent:event value:value];
+        // GPUEndTime of the buffer that ends with the signal: when it was reached.
+        [buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+          progress->reach(value, done.GPUEndTime);
+        }];
+        // Committed now, so the signal comes even if nothing else commits this stream.
+        stream->synchronize(SyncType::COMMIT);
+      }
+    });
+  }
+
+  void block(int64_t stream_id) override {
+    const uint64_t value = recorded_.load();
+    if (value == 0) return;
+    MPSStream* stream = by_id(stream_id);
+    id<MTLSharedEvent> event = event_;
+    at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+      @autoreleasepool {
+        stream->endKernelCoalescing();
+        [stream->commandBuffer() encodeWaitForEvent:event value:value];
+      }
+    });
+  }
+
+  bool query() override {
+    std::lock_guard<std::mutex> lock(progress_->mu);
+    return progress_->reached >= recorded_;
+  }
+
+  void synchronize() override {
+    {
+      std::unique_lock<std::mutex> lock(progress_->mu);
+      progress_->cv.wait(lock, [&] { return progress_->reached >= recorded_; });
+    }
+    free_released();
+  }
+
+  double seconds() override {
+    std::lock_guard<std::mutex> lock(progress_->mu);
+    return progress_->gpu_seconds;
+  }
+
+ private:
+  id<MTLSharedEvent> event_;
+  std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
+  std::atomic<uint64_t> recorded_{0};  // the value of the last signal encoded
+};
+
+}  // namespace
+
+MPSStream* current() {
+#if MPS_EXT_TORCH_AT_LEAST(14)
+  return at::mps::getCurrentMPSStream();
+#else
+  return current_own ? current_own : at::mps::getDefaultMPSStream();
+#endif
+}
+
+int64_t current_id() {
+  MPSStream* stream = current();
+#if MPS_EXT_TORCH_AT_LEAST(14)
+  remember(stream);  // it may have been set by other code
+#endif
+  return stream->unwrap().id();
+}
+
+void set_current(int64_t stream_id) {
+  MPSStream* stream = by_id(stream_id);
+#if MPS_EXT_TORCH_AT_LEAST(14)
+  at::mps::setCurrentMPSStream(stream);
+#else
+  current_own = stream == at::mps::getDefaultMPSStream() ? nullptr : stream;
+#endif
+}
+
+int64_t new_stream() {
+#if MPS_EXT_TORCH_AT_LEAST(14)
+  MPSStream* stream = at::mps::getStreamFromPool();
+  remember(stream);
+  return stream->unwrap().id();
+#else
+  std::lock_guard<std::mutex> lock(mu);
+  const int64_t index = handed_out++ % kPoolSize;
+  if (!own[index])
+    own[index] = new MPSStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::MPS, 0), index + 1));
+  return index + 1;
+#endif
+}
+
+void synchronize(int64_t stream_id) {
+  MPSStream* stream = by_id(stream_id);
+  at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+    stream->synchronize(SyncType::COMMIT_AND_WAIT);
+  });
+  free_released();
+}
+
+// A queue cannot be asked whether it is idle: a signal after the work so far
+// (which commits that work) can.
+bool query(int64_t stream_id) {
+  MetalEvent probe(at::mps::MPSDevice::getInstance()->device());
+  probe.record(stream_id);
+  return probe.query();
+}
+
+std::unique_ptr<Event> new_event(id<MTLDevice> device) { return std::make_unique<MetalEvent>(device); }
+
+void record_tensor(const at::Tensor& t, int64_t stream_id) {
+  MPSStream* stream = by_id(stream_id);
+#if MPS_EXT_TORCH_AT_LEAST(15)
+  t.record_stream(stream->unwrap());  // torch's allocator tracks streams since 2.15
+#else
+  at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+    keep_until_completed(stream, {t});
+  });
+#endif
+}
+
+void before_torch_ops() {
+#if !MPS_EXT_TORCH_AT_LEAST(14)
+  if (current_own) synchronize(current_own->unwrap().id());
+#endif
+}
+
+void keep_until_completed(MPSStream* stream, std::vector<at::Tensor> tensors) {
+  // Owned by the handler until it hands it over; a plain pointer, so the last
+  // reference is never dropped on Metal's thread when the block goes.
+  auto* kept = new std::vector<at::Tensor>(std::move(tensors));
+  [stream->commandBuffer() addCompletedHandler:^(id<MTLCommandBuffer>) {
+    release_later(std::shared_ptr<void>(kept, [](void* p) { delete static_cast<std::vector<at::Tensor>*>(p); }));
+  }];
+}
+
+void free_released() {
+  std::vector<std::shared_ptr<void>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done.swap(released);
+  }
+}
+
+}  // namespace mps_ext::metal_streams
