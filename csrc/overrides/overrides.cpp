@@ -25,6 +25,7 @@ void enable(c10::DeviceType device) {
   if (libraries.count(device)) return;
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   register_softmax(*lib);
+  register_fp8(*lib, device);
   libraries[device] = std::move(lib);
 }
 

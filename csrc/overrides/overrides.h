@@ -30,5 +30,6 @@ void reset_stats();
 
 // Each op family adds its overrides here (overrides/<family>.cpp).
 void register_softmax(torch::Library& lib);
+void register_fp8(torch::Library& lib, c10::DeviceType device);
 
 }  // namespace mps_ext::overrides
