@@ -117,6 +117,7 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     (per output channel), or ``(ceil(N / bn), ceil(K / bk))`` with
     ``block_size=(bn, bk)`` (block-wise, as FP8 checkpoints' ``weight_scale_inv``).
     Inputs with at most 8 rows run a GEMV kernel reading each weight byte once.
+    Differentiable in ``input`` and ``bias`` (the weight is frozen).
     """
     return torch.ops.mps_ext.fp8_linear(input, weight, weight_scale, bias,
                                         list(block_size) if block_size is not None else None)
@@ -152,6 +153,33 @@ def _holds_fp8_weights(module: torch.nn.Module) -> bool:
     w = getattr(module, "weight", None)
     return (isinstance(w, torch.Tensor) and w.dtype in (torch.float8_e4m3fn, torch.uint8) and w.dim() == 2
             and isinstance(getattr(module, "weight_scale_inv", None), torch.Tensor) and hasattr(module, "block_size"))
+
+
+def _dequantized_weight(weight, weight_scale, block_size, dtype):
+    if block_size is not None:
+        return dequantize(weight, weight_scale, dtype, block=block_size)
+    return dequantize(weight, weight_scale.reshape(()) if weight_scale.numel() == 1 else weight_scale.reshape(-1, 1),
+                      dtype)
+
+
+def _linear_setup(ctx, inputs, output):
+    input, weight, weight_scale, bias, block_size = inputs
+    ctx.save_for_backward(weight, weight_scale)
+    ctx.block_size = block_size
+    ctx.bias_dtype = bias.dtype if bias is not None else None
+
+
+def _linear_backward(ctx, grad):
+    weight, weight_scale = ctx.saved_tensors
+    grad_input = grad_bias = None
+    if ctx.needs_input_grad[0]:
+        grad_input = grad @ _dequantized_weight(weight, weight_scale, ctx.block_size, grad.dtype)
+    if ctx.needs_input_grad[3]:
+        grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
+    return grad_input, None, None, grad_bias, None
+
+
+torch.library.register_autograd("mps_ext::fp8_linear", _linear_backward, setup_context=_linear_setup)
 
 
 def _fake_storage(x: torch.Tensor) -> torch.dtype:

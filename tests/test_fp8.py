@@ -205,6 +205,22 @@ class TestScaledMmOverride:
         assert s["hits"] == 1 and s["fallbacks"] == 3
         assert s["reasons"]["output dtype Float8_e4m3fn"] == 1 and s["reasons"]["dtypes Float8_e5m2 x Float8_e4m3fn"] == 1
 
+    def test_f_scaled_mm_runs_the_kernels(self):
+        st = F.ScalingType
+        mps_ext.overrides.reset_stats()
+        for recipe, m in ((st.TensorWise, 3), (st.RowWise, 40)):
+            a, b, sa, sb = fp8_operands(m, 96, 48, recipe == st.RowWise, seed=m)
+            bias = torch.randn(48).bfloat16()
+            want = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias)
+            with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+                got = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias)
+                f32_bias = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias.float())  # torch decides
+            ran(t, f"scaled_mm_{'gemv' if m <= 8 else 'tiled'}_fp8_bfloat")
+            assert_close_dot(got, want, magnitude(a, b, sa, sb), 96)
+            assert f32_bias.dtype == torch.bfloat16
+        s = mps_ext.overrides.stats()["aten::_scaled_mm_v2"]
+        assert s["hits"] == 2 and s["reasons"] == {"bias dtype differs from the output's": 2}
+
     def test_disabled_is_torch(self):
         a, b, sa, sb = fp8_operands(2, 32, 16, False, seed=8)
         with mps_ext.trace() as t:
@@ -268,6 +284,18 @@ def test_fp8_linear_bits_strides_and_errors():
         mps_ext.fp8_linear(x, q, torch.ones(2, 2), block_size=(128, 128))
     with pytest.raises(ValueError, match="bias must have shape"):
         mps_ext.fp8_linear(x, q, s, torch.ones(3))
+
+
+def test_fp8_linear_gradients():
+    q, s, block, deq = weight_and_scale(40, 64, "block16x48", seed=21)
+    x = torch.randn(2, 5, 64, generator=gen(22), requires_grad=True)
+    bias = torch.randn(40, requires_grad=True)
+    w = torch.randn(2, 5, 40, generator=gen(23))
+    (mps_ext.fp8_linear(x, q, s, bias, block_size=block) * w).sum().backward()
+    xr, br = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
+    (F.linear(xr, deq, br) * w).sum().backward()
+    assert_close_dot(x.grad, xr.grad, w.abs() @ deq.abs(), 40)
+    assert_close_dot(bias.grad, br.grad, w.abs().sum((0, 1)), 10)
 
 
 # ---------------------------------------------------------- modules, convert
@@ -348,18 +376,18 @@ def test_checked_mode_on_every_kernel():
             mps_ext.fp8_linear(xs[:, 1:71], q[:, 1:71], torch.tensor(0.5))  # unaligned rows
 
 
-def test_opcheck():
+@pytest.mark.parametrize("op", ["fp8_quantize", "fp8_dequantize", "scaled_mm", "fp8_linear"])
+def test_opcheck(op):
     # e4m3fn operands as uint8 bits: opcheck's schema test compares inputs
     # with arithmetic torch does not implement for float8.
     x = torch.randn(20, 48, generator=gen(19))
     q, s = fp8.quantize(x, block=(16, 16))
     q = bits(q)
     a, b, sa, sb = (bits(t) for t in fp8_operands(4, 48, 24, True, seed=20))
-    cases = [
-        (torch.ops.mps_ext.fp8_quantize.default, (x, 16, 16)),
-        (torch.ops.mps_ext.fp8_dequantize.default, (q, s, 16, 16, torch.bfloat16)),
-        (torch.ops.mps_ext.scaled_mm.default, (a, b, sa, sb, torch.randn(24), torch.float16)),
-        (torch.ops.mps_ext.fp8_linear.default, (torch.randn(3, 48), q, s, None, [16, 16])),
-    ]
-    for op, args in cases:
-        torch.library.opcheck(op, args)
+    args = {
+        "fp8_quantize": (x, 16, 16),
+        "fp8_dequantize": (q, s, 16, 16, torch.bfloat16),
+        "scaled_mm": (a, b, sa, sb, torch.randn(24), torch.float16),
+        "fp8_linear": (torch.randn(3, 48, requires_grad=True), q, s, None, [16, 16]),
+    }[op]
+    torch.library.opcheck(getattr(torch.ops.mps_ext, op).default, args)

@@ -24,7 +24,7 @@ inline float fp8_to_float(uchar b) {
   const uint sign = uint(b & 0x80) << 24;
   const uint exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
   if (fp8_is_nan(b)) return metal::as_type<float>(sign | 0x7FF00000u);
-  if (exponent == 0) return metal::as_type<float>(sign | metal::as_type<uint>(float(mantissa) * 0x1p-9f));
+  if (exponent == 0) return metal::as_type<float>(sign | metal::as_type<uint>(float(mantissa) * 0.001953125f));
   return metal::as_type<float>(sign | ((exponent + 120) << 23) | (mantissa << 20));
 }
 
