@@ -8,11 +8,12 @@
 //   block (per tensor, per row, or 128 x 128 blocks as in FP8 checkpoints).
 //
 // Two kernels each:
-// - gemv (m <= 8, decode): one SIMD group per row of w; each lane reads 16
-//   bytes of the row per step (a SIMD group 512 contiguous bytes), decodes
-//   them once with the shift trick of mps_ext/fp8.h and uses them for every
-//   row of a (from cache: a is small). Each weight byte is read once per
-//   call. The 256 the trick divides by is folded in once per dot product.
+// - gemv (m <= 8, decode): the decode GEMV loop of mps_ext/gemv.h with an
+//   e4m3fn weight policy: one SIMD group per four rows of w; each lane reads
+//   16 bytes of each row per step (a SIMD group 512 contiguous bytes),
+//   decodes them once with the shift trick of mps_ext/fp8.h and uses them for
+//   every row of a (from cache: a is small). Each weight byte is read once
+//   per call. The 256 the trick divides by is folded in once per dot product.
 // - tiled: 32 x 32 output tiles (mps_ext/mma.h), fp8 decoded exactly to
 //   float in threadgroup memory, float accumulation.
 //
@@ -23,6 +24,7 @@
 #include <metal_stdlib>
 
 #include "mps_ext/fp8.h"
+#include "mps_ext/gemv.h"
 #include "mps_ext/mma.h"
 #include "mps_ext/params.h"
 
@@ -117,50 +119,83 @@ inline float load16_factor(fp8) { return 256.0f; }
 template <typename T>
 inline float load16_factor(T) { return 1.0f; }
 
-// Scales and bias of a finished dot product out[m, n].
+// The activation scale and the bias of a finished (weight-scaled) dot product out[m, n].
 inline float epilogue(constant Fp8MatmulParams& p, float dot, uint m, uint n, device const float* a_scale,
-                      device const float* w_scale, device const float* bias) {
+                      device const float* bias) {
   float v = dot;
-  if (p.scale_in_epilogue) v *= w_scale[(n / p.block_n) * p.scale_cols];
   if (p.has_a_scale) v *= a_scale[m * p.a_scale_stride];
   if (p.has_bias) v += bias[n];
   return v;
 }
 
-constant constexpr uint kGemvRows = 8;  // rows of a the gemv serves
+// e4m3fn weights for gemv.h's loop: 16 bytes of a row per lane and step as
+// x / 256 (scale() gives the 256 back, with the row's scale when there is
+// one block along k), NaN codes as NaN; block scales that change along k
+// multiply each chunk (block_k % 16 == 0: a chunk is inside one block).
+struct Fp8Weights {
+  enum : uint { kPerLane = 16 };
+  device const fp8* w;
+  ulong row_stride;
+  bool vectorized;
+  device const float* scales;
+  uint block_n, block_k, scale_cols;
+  bool per_chunk;
 
+  void load(uint row, uint k, uint end, thread float4* out) const {
+    const bool nan = load16(w + row * row_stride, k, end, vectorized, out);
+    const float s = nan ? NAN : (per_chunk && k < end) ? scales[(row / block_n) * scale_cols + k / block_k] : 1.0f;
+    for (uint c = 0; c < 4; ++c) out[c] *= s;
+  }
+  float scale(uint row) const { return per_chunk ? 256.0f : 256.0f * scales[(row / block_n) * scale_cols]; }
+};
+
+// e4m3fn rows of a (scaled_mm) for gemv.h's loop: like gemv.h's XRows
+// (rows past m read row m - 1), 16 bytes per step, as x / 256.
+struct Fp8XRows {
+  device const fp8* x;
+  ulong row_stride;
+  uint m;
+  bool vectorized;
+
+  template <uint Count>
+  void load(uint i, uint k, uint end, thread float4* out) const {
+    if (load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out))
+      for (uint c = 0; c < 4; ++c) out[c] = float4(NAN);
+  }
+};
+
+template <typename T>
+struct RowsOf {
+  typedef mps_ext::XRows<T> type;
+};
+template <>
+struct RowsOf<fp8> {
+  typedef Fp8XRows type;
+};
+
+// M: the rows of a the kernel is built for (1, 2, 4, 8); it serves any m <= M.
 // a_scale is bound to any buffer when there is none (it is not read).
-template <typename In, typename Out>
+template <typename In, typename Out, uint M>
 kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buffer(1)]],
                      device const float* a_scale [[buffer(2)]], device const float* w_scale [[buffer(3)]],
                      device const float* bias [[buffer(4)]], device Out* out [[buffer(5)]],
                      constant Fp8MatmulParams& p [[buffer(6)]], uint group [[threadgroup_position_in_grid]],
                      uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
                      uint lane [[thread_index_in_simdgroup]]) {
-  const uint n = group * simdgroups + sg;
-  if (n >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
-  device const fp8* row = w + ulong(n) * p.w_stride;
-  device const float* scales = w_scale + (n / p.block_n) * p.scale_cols;
-  float acc[kGemvRows];
-  for (uint i = 0; i < kGemvRows; ++i) acc[i] = 0.0f;
-  bool nan_w = false;
-  for (uint k0 = lane * 16; k0 < p.k; k0 += 32 * 16) {
-    float4 wv[4];
-    nan_w |= load16(row, k0, p.k, p.w_vectorized != 0, wv);
-    const float s = p.scale_in_epilogue ? 1.0f : scales[k0 / p.block_k];
-    for (uint i = 0; i < kGemvRows && i < p.m; ++i) {
-      float4 av[4];
-      const bool nan_a = load16(a + ulong(i) * p.a_stride, k0, p.k, p.a_vectorized != 0, av);
-      const float d = dot(wv[0], av[0]) + dot(wv[1], av[1]) + dot(wv[2], av[2]) + dot(wv[3], av[3]);
-      acc[i] += nan_a ? NAN : s * d;
+  constexpr uint R = mps_ext::kRowsPerSimdGroup;
+  const uint first = (group * simdgroups + sg) * R;
+  if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
+  const Fp8Weights weights{w,       p.w_stride, p.w_vectorized != 0, w_scale, p.block_n, p.block_k, p.scale_cols,
+                           p.scale_in_epilogue == 0};
+  const typename RowsOf<In>::type rows{a, p.a_stride, p.m, p.a_vectorized != 0};
+  const mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, 0, 1, lane);
+  const float unfold = load16_factor(In());
+  for (uint r = 0; r < R; ++r)
+    for (uint i = 0; i < M; ++i) {
+      const uint n = first + r;
+      if (lane == r * M + i && n < p.n && i < p.m)
+        out[ulong(i) * p.out_stride + n] = Out(epilogue(p, t.v[r][i] * weights.scale(n) * unfold, i, n, a_scale, bias));
     }
-  }
-  const float unfold = 256.0f * load16_factor(In());
-  for (uint i = 0; i < kGemvRows; ++i) {
-    const float total = simd_sum(nan_w ? NAN : acc[i]);
-    if (lane == i && i < p.m)
-      out[ulong(i) * p.out_stride + n] = Out(epilogue(p, total * unfold, i, n, a_scale, w_scale, bias));
-  }
 }
 
 inline float element(device const fp8* p, ulong i) { return mps_ext::fp8_to_float(p[i]); }
@@ -211,20 +246,28 @@ kernel void fp8_tiled(device const In* a [[buffer(0)]], device const fp8* w [[bu
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint e = tid; e < mps_ext::kTileM * mps_ext::kTileN; e += mps_ext::kTileThreads) {
     const uint m = m0 + e / mps_ext::kTileN, n = n0 + e % mps_ext::kTileN;
-    if (m < p.m && n < p.n) out[ulong(m) * p.out_stride + n] = Out(epilogue(p, c_tile[e], m, n, a_scale, w_scale, bias));
+    if (m >= p.m || n >= p.n) continue;
+    const float w_factor = p.scale_in_epilogue ? w_scale[(n / p.block_n) * p.scale_cols] : 1.0f;
+    out[ulong(m) * p.out_stride + n] = Out(epilogue(p, c_tile[e] * w_factor, m, n, a_scale, bias));
   }
 }
 
 // Host names, built by the host from the same parts (csrc/ops/fp8.cpp):
-// fp8_<kernel>_<type>, scaled_mm_<kernel>_fp8_<out type>,
-// fp8_linear_<kernel>_<input type>.
+// fp8_<kernel>_<type>, scaled_mm_{gemv_m<M>,tiled}_fp8_<out type>,
+// fp8_linear_{gemv_m<M>,tiled}_<input type>.
 #define MPS_EXT_FP8_CONVERT(T)                                                                                 \
   template [[host_name("fp8_amax_" #T)]] [[kernel]] decltype(fp8_amax<T>) fp8_amax<T>;                         \
   template [[host_name("fp8_quantize_" #T)]] [[kernel]] decltype(fp8_quantize<T>) fp8_quantize<T>;             \
   template [[host_name("fp8_dequantize_" #T)]] [[kernel]] decltype(fp8_dequantize<T>) fp8_dequantize<T>;
 
+#define MPS_EXT_FP8_GEMV(op, In, Out, M, name)                                                                 \
+  template [[host_name(#op "_gemv_m" #M "_" name)]] [[kernel]] decltype(fp8_gemv<In, Out, M>) fp8_gemv<In, Out, M>;
+
 #define MPS_EXT_FP8_MATMUL(op, In, Out, name)                                                                  \
-  template [[host_name(#op "_gemv_" name)]] [[kernel]] decltype(fp8_gemv<In, Out>) fp8_gemv<In, Out>;          \
+  MPS_EXT_FP8_GEMV(op, In, Out, 1, name)                                                                       \
+  MPS_EXT_FP8_GEMV(op, In, Out, 2, name)                                                                       \
+  MPS_EXT_FP8_GEMV(op, In, Out, 4, name)                                                                       \
+  MPS_EXT_FP8_GEMV(op, In, Out, 8, name)                                                                       \
   template [[host_name(#op "_tiled_" name)]] [[kernel]] decltype(fp8_tiled<In, Out>) fp8_tiled<In, Out>;
 
 #define MPS_EXT_FP8_TYPES(T)                       \

@@ -88,10 +88,10 @@ def fp8_cases() -> Iterator[Case]:
         t = SHORT[dtype]
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
         yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
-        yield Case(f"scaled_mm gemv fp8->{t} 3x72x40", scaled_mm)
-        yield Case(f"scaled_mm tiled fp8->{t} 33x72x40", lambda d, f=scaled_mm: f(d, m=33))
-        yield Case(f"fp8_linear gemv {t} 3x72x40", linear)
-        yield Case(f"fp8_linear tiled {t} 33x72x40", lambda d, f=linear: f(d, m=33))
+        for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
+            kind = "tiled" if m > 8 else "gemv"
+            yield Case(f"scaled_mm {kind} fp8->{t} {m}x72x40", lambda d, f=scaled_mm, m=m: f(d, m=m))
+            yield Case(f"fp8_linear {kind} {t} {m}x72x40", lambda d, f=linear, m=m: f(d, m=m))
 
 
 def cases() -> list[Case]:

@@ -27,6 +27,11 @@ def gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def gemv(m: int) -> str:
+    """The gemv kernel variant serving m rows (built for 1, 2, 4, 8)."""
+    return f"gemv_m{1 << (m - 1).bit_length()}"
+
+
 def ran(t, *names):
     """The trace holds exactly these kernels, run in the simulator."""
     assert t.names == list(names) and all(k.backend == "simulator" for k in t.kernels), t.names
@@ -130,7 +135,7 @@ def test_scaled_mm_matches_torch(m, recipe, out_dtype):
     bias = torch.randn(n, generator=gen(m)).to(out_dtype) if (m + k) % 2 else None
     with mps_ext.trace() as t:
         got = mps_ext.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
-    ran(t, f"scaled_mm_{'gemv' if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}")
+    ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}")
     want = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
     assert got.dtype == want.dtype == out_dtype
     assert_close_dot(got, want, magnitude(a, b, sa, sb), k)
@@ -197,7 +202,7 @@ class TestScaledMmOverride:
             e5m2 = torch._scaled_mm(a.to(torch.float8_e5m2), b, sa, sb, out_dtype=torch.float32)
             with pytest.raises(ValueError, match="Invalid scaling configuration"):
                 torch._scaled_mm(a, b, sa, torch.tensor(1.0), out_dtype=torch.float32)
-        ran(t, "scaled_mm_gemv_fp8_half")
+        ran(t, "scaled_mm_gemv_m8_fp8_half")
         assert_close_dot(got, want, magnitude(a, b, sa, sb), 128)
         assert default.dtype == F8 and torch.equal(bits(default), bits(torch._scaled_mm(a, b, sa, sb)))
         assert e5m2.dtype == torch.float32
@@ -215,7 +220,7 @@ class TestScaledMmOverride:
             with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
                 got = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias)
                 f32_bias = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias.float())  # torch decides
-            ran(t, f"scaled_mm_{'gemv' if m <= 8 else 'tiled'}_fp8_bfloat")
+            ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_bfloat")
             assert_close_dot(got, want, magnitude(a, b, sa, sb), 96)
             assert f32_bias.dtype == torch.bfloat16
         s = mps_ext.overrides.stats()["aten::_scaled_mm_v2"]
@@ -255,7 +260,7 @@ def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype):
         got = mps_ext.fp8_linear(x, q, s, bias, block_size=block)
     rows = math.prod(lead)
     few = rows <= 8 and granularity != "block8x40"  # block_k % 16 != 0: tiled, which scales per element
-    ran(t, f"fp8_linear_{'gemv' if few else 'tiled'}_{MT[dtype]}")
+    ran(t, f"fp8_linear_{gemv(rows) if few else 'tiled'}_{MT[dtype]}")
     want = F.linear(x.float(), deq, bias.float() if bias is not None else None).to(dtype)
     assert got.shape == (*lead, n) and got.dtype == dtype
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
@@ -339,7 +344,7 @@ def test_convert_a_small_mlp_and_an_fp8_checkpoint_layer():
         with mps_ext.trace() as t:
             got = mlp(x)
     assert isinstance(mlp[0], mps_ext.nn.FP8Linear) and isinstance(mlp[2], mps_ext.nn.FP8Linear)
-    ran(t, "fp8_linear_gemv_float", "fp8_linear_gemv_float")
+    ran(t, "fp8_linear_gemv_m4_float", "fp8_linear_gemv_m4_float")
     assert ((got - want).norm() / want.norm()).item() < 0.05
 
     w = torch.randn(300, 260, generator=gen(15)) * 0.02

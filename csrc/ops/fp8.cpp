@@ -21,6 +21,7 @@ namespace {
 
 constexpr uint32_t kAmaxThreads = 256, kGemvSimdGroups = 4, kTileThreads = 128, kTile = 32;
 constexpr int64_t kGemvMaxRows = 8;          // fp8_gemv serves up to this many rows of a
+constexpr uint32_t kGemvRowsPerSimdGroup = 4;  // rows of w per SIMD group (mps_ext/gemv.h)
 constexpr int64_t kAmaxElementsPerGroup = 16384;  // what one amax threadgroup reduces at most
 constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 
@@ -162,13 +163,15 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   p.w_vectorized = w.stride(0) % 16 == 0 && w.storage_offset() % 16 == 0;
 
   const bool few_rows = m <= kGemvMaxRows && (p.scale_in_epilogue || p.block_k % 16 == 0);
+  // The gemv kernels are built for 1, 2, 4 or 8 rows of a (mps_ext/gemv.h).
+  const std::string variant = few_rows ? "gemv_m" + std::to_string(m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8) : "tiled";
   const bool fp8_a = fp8_bits(a);
-  const std::string kernel = fp8_a ? host_name("scaled_mm", few_rows ? "gemv" : "tiled",
-                                               {at::kFloat8_e4m3fn, out.scalar_type()})
-                                   : host_name("fp8_linear", few_rows ? "gemv" : "tiled", {a.scalar_type()});
+  const std::string kernel = fp8_a ? host_name("scaled_mm", variant.c_str(), {at::kFloat8_e4m3fn, out.scalar_type()})
+                                   : host_name("fp8_linear", variant.c_str(), {a.scalar_type()});
   const uint32_t threads = few_rows ? 32 * kGemvSimdGroups : kTileThreads;
   check_backend(op, a.device(), kernel, threads);
-  const Size3 grid = few_rows ? Size3{ceil_div(n, kGemvSimdGroups)} : Size3{ceil_div(n, kTile), ceil_div(m, kTile)};
+  const Size3 grid = few_rows ? Size3{ceil_div(n, kGemvSimdGroups * kGemvRowsPerSimdGroup)}
+                              : Size3{ceil_div(n, kTile), ceil_div(m, kTile)};
   dispatch(Launch{kernel, {}, grid, {threads}}
                .tensor(fp8_a ? bytes_of(a) : a)
                .tensor(bytes_of(w))
