@@ -16,6 +16,7 @@ inline const char* metal_type(at::ScalarType t) {
     case at::kHalf: return "half";
     case at::kBFloat16: return "bfloat";
     case at::kComplexFloat: return "float2";  // (re, im): MSL has no complex type
+    case at::kFloat8_e4m3fn: return "fp8";  // bytes: metal/fp8.metal
     default: TORCH_CHECK(false, "mps_ext: no Metal type for ", t);
   }
 }

@@ -30,6 +30,7 @@ void enable(c10::DeviceType device) {
   register_softmax(*lib);
   register_linear(*lib, device);
   register_linalg(*lib);
+  register_fp8(*lib, device);
   libraries[device] = std::move(lib);
 }
 
