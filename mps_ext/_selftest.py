@@ -56,8 +56,62 @@ def linear_cases() -> Iterator[Case]:
             yield Case(f"linear {variant} {SHORT[dtype]} {rows}x{k} @ {n}x{k}.T", run)
 
 
+def fp8_cases() -> Iterator[Case]:
+    # Integer operands (exact in e4m3fn up to 16) and power-of-two scales: every
+    # product and sum is exact in float32, so results must match exactly.
+    from . import fp8
+
+    f8 = torch.float8_e4m3fn
+
+    def ints(*shape, seed):
+        return torch.randint(-16, 17, shape, generator=torch.Generator().manual_seed(seed)).float()
+
+    def codes(q):  # e4m3fn values on the CPU, whatever the storage dtype
+        q = q.cpu()
+        return (q.view(f8) if q.dtype == torch.uint8 else q).float()
+
+    for dtype in SHORT:
+        def quantize(device, dtype=dtype):
+            x = torch.randn(37, 70, generator=torch.Generator().manual_seed(1)).to(dtype)
+            q, _ = fp8.quantize(x.to(device), block=(16, 32))
+            padded = torch.zeros(48, 96)
+            padded[:37, :70] = x.float().abs()
+            amax = padded.view(3, 16, 3, 32).amax((1, 3))
+            scale = torch.where(amax == 0, 1.0, amax / 448).repeat_interleave(16, 0).repeat_interleave(32, 1)
+            return codes(q), (x.float() / scale[:37, :70]).to(f8).float(), 1.0
+
+        def dequantize(device, dtype=dtype):
+            q = ints(9, 40, seed=2).to(f8)
+            s = torch.tensor([[0.5], [2.0], [0.25]])
+            got = fp8.dequantize(q.to(device) if device == "cpu" else q.view(torch.uint8).to(device), s.to(device),
+                                 dtype=dtype, block=(3, 40))
+            return got, (q.float() * s.repeat_interleave(3, 0)).to(dtype), 1.0
+
+        def scaled_mm(device, dtype=dtype, m=3):
+            a, w = ints(m, 72, seed=3).to(f8), ints(40, 72, seed=4).to(f8)
+            sa, sb = torch.full((m, 1), 0.5), torch.full((1, 40), 2.0)
+            dev = [t.view(torch.uint8).to(device) for t in (a, w)]
+            got = fp8.scaled_mm(dev[0], dev[1].t(), sa.to(device), sb.to(device), out_dtype=dtype)
+            return got, ((a.float() * sa) @ (w.float().t() * sb)).to(dtype), 1.0
+
+        def linear(device, dtype=dtype, m=3):
+            x, w = ints(m, 72, seed=5).to(dtype), ints(40, 72, seed=6).to(f8)
+            s = torch.tensor([[0.5, 2.0, 0.25], [1.0, 4.0, 0.5]])
+            got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), s.to(device), block_size=(32, 32))
+            full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:40, :72]
+            return got, (x.float() @ (w.float() * full).t()).to(dtype), 1.0
+
+        t = SHORT[dtype]
+        yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
+        yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
+        yield Case(f"scaled_mm gemv fp8->{t} 3x72x40", scaled_mm)
+        yield Case(f"scaled_mm tiled fp8->{t} 33x72x40", lambda d, f=scaled_mm: f(d, m=33))
+        yield Case(f"fp8_linear gemv {t} 3x72x40", linear)
+        yield Case(f"fp8_linear tiled {t} 33x72x40", lambda d, f=linear: f(d, m=33))
+
+
 def cases() -> list[Case]:
-    return list(softmax_cases()) + list(linear_cases())
+    return list(softmax_cases()) + list(linear_cases()) + list(fp8_cases())
 
 
 def run(out=print) -> bool:

@@ -88,3 +88,22 @@ def mps_usable() -> tuple[bool, str]:
     if got != 4096 * 4095:
         return False, f"MPS is reported but computes wrong results ({got} != {4096 * 4095})"
     return True, "usable"
+
+
+def assert_close_dot(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, k: int):
+    """Results of length-``k`` dot products accumulated in float32 in any order,
+    against a reference computed the same way but in another order.
+
+    The two float32 sums differ by at most about ``k * 2^-24`` times the sum of
+    the terms' magnitudes (``magnitude``, e.g. ``|a| @ |b|``), and that difference
+    can move the rounding to a half or bfloat16 output by one unit: the bound
+    is that plus the output dtype's tolerance. NaNs compare equal.
+    """
+    rtol, atol = TOLERANCES[actual.dtype]
+    got, want = actual.detach().cpu().double(), expected.detach().cpu().double()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    bound = rtol * want.abs() + atol + max(k, 1) * 2.0**-24 * magnitude.detach().cpu().double()
+    same = (got == want) | (got.isnan() & want.isnan())
+    bad = ~same & ~((got - want).abs() <= bound)
+    assert not bad.any(), (f"{int(bad.sum())} of {got.numel()} differ; first at {bad.nonzero()[0].tolist()}: "
+                           f"{got[bad][0].item()} vs {want[bad][0].item()}")

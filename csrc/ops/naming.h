@@ -15,6 +15,7 @@ inline const char* metal_type(at::ScalarType t) {
     case at::kFloat: return "float";
     case at::kHalf: return "half";
     case at::kBFloat16: return "bfloat";
+    case at::kFloat8_e4m3fn: return "fp8";  // bytes: metal/fp8.metal
     default: TORCH_CHECK(false, "mps_ext: no Metal type for ", t);
   }
 }

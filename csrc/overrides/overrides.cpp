@@ -26,6 +26,7 @@ void enable(c10::DeviceType device) {
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   register_softmax(*lib);
   register_linear(*lib, device);
+  register_fp8(*lib, device);
   libraries[device] = std::move(lib);
 }
 

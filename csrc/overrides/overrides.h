@@ -32,5 +32,6 @@ void reset_stats();
 void register_softmax(torch::Library& lib);
 // Some need to know the device (a derivative torch has for one key only).
 void register_linear(torch::Library& lib, c10::DeviceType device);
+void register_fp8(torch::Library& lib, c10::DeviceType device);
 
 }  // namespace mps_ext::overrides

@@ -39,5 +39,39 @@ struct GemvParams {
   mps_ext_u32 x_vectorized;  // 1: x and its rows start 16-byte aligned
 };
 static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
+// FP8 quantization of a matrix viewed as (rows, cols), one scale per block
+// of block_rows x block_cols (per tensor: the whole matrix; per row: 1 x cols).
+struct Fp8BlockParams {
+  mps_ext_u32 rows;
+  mps_ext_u32 cols;
+  mps_ext_u32 block_rows;
+  mps_ext_u32 block_cols;
+  mps_ext_u32 scale_cols;      // ceil(cols / block_cols): scales per row of blocks
+  mps_ext_u32 rows_per_group;  // amax: rows of one block that one threadgroup reduces
+};
+static_assert(sizeof(Fp8BlockParams) == 24, "Fp8BlockParams layout");
+
+// out (m x n) = a (m x k) @ w^T, w (n x k) e4m3fn bytes with one float scale
+// per block_n x block_k block (per tensor, per row of w, or block-wise);
+// a is e4m3fn with one scale or one per row (scaled_mm), or float/half/bfloat
+// without (weight-only fp8_linear).
+struct Fp8MatmulParams {
+  mps_ext_u32 m;
+  mps_ext_u32 n;
+  mps_ext_u32 k;
+  mps_ext_u32 a_stride;    // elements between rows of a
+  mps_ext_u32 w_stride;    // bytes between rows of w
+  mps_ext_u32 out_stride;  // elements between rows of out
+  mps_ext_u32 has_a_scale;
+  mps_ext_u32 a_scale_stride;  // 0: one scale for a; 1: one per row
+  mps_ext_u32 block_n;
+  mps_ext_u32 block_k;
+  mps_ext_u32 scale_cols;         // ceil(k / block_k)
+  mps_ext_u32 scale_in_epilogue;  // one block along k: weight scales multiply finished dot products
+  mps_ext_u32 has_bias;           // bias: float, n elements
+  mps_ext_u32 a_vectorized;       // a and its rows start 16-byte aligned
+  mps_ext_u32 w_vectorized;       // w and its rows start 16-byte aligned
+};
+static_assert(sizeof(Fp8MatmulParams) == 60, "Fp8MatmulParams layout");
 
 }  // namespace mps_ext

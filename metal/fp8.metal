@@ -1,0 +1,237 @@
+// FP8 (e4m3fn, carried as bytes) kernels: quantization with amax scales,
+// dequantization, and out = a @ w^T for e4m3fn weights w (n x k, the layout
+// of a Linear weight and of torch._scaled_mm's column-major b), with
+//
+// - scaled_mm: e4m3fn a with one scale or one per row; w with one scale or
+//   one per row of w (per column of b);
+// - fp8_linear: float/half/bfloat a; w with one scale per block_n x block_k
+//   block (per tensor, per row, or 128 x 128 blocks as in FP8 checkpoints).
+//
+// Two kernels each:
+// - gemv (m <= 8, decode): one SIMD group per row of w; each lane reads 16
+//   bytes of the row per step (a SIMD group 512 contiguous bytes), decodes
+//   them once with the shift trick of mps_ext/fp8.h and uses them for every
+//   row of a (from cache: a is small). Each weight byte is read once per
+//   call. The 256 the trick divides by is folded in once per dot product.
+// - tiled: 32 x 32 output tiles (mps_ext/mma.h), fp8 decoded exactly to
+//   float in threadgroup memory, float accumulation.
+//
+// Block scales that change along k are applied per 16-byte chunk (gemv; the
+// host guarantees block_k % 16 == 0) or per element (tiled); a single block
+// along k scales the finished dot products. NaN codes poison their dot
+// products as in torch (the gemv checks four bytes at a time).
+#include <metal_stdlib>
+
+#include "mps_ext/fp8.h"
+#include "mps_ext/mma.h"
+#include "mps_ext/params.h"
+
+using namespace metal;
+using mps_ext::Fp8BlockParams;
+using mps_ext::Fp8MatmulParams;
+
+typedef uchar fp8;  // host names say fp8 for e4m3fn bytes
+
+// ---------------------------------------------------------------- quantize
+
+// amax[b] = max |x| over block b, as float bits (non-negative floats order
+// like their bits, NaN above infinity, so NaN wins as in torch's amax).
+// Threadgroup (bc, br, s) reduces rows_per_group rows of block (br, bc).
+template <typename T>
+kernel void fp8_amax(device const T* x [[buffer(0)]], device atomic_uint* amax [[buffer(1)]],
+                     constant Fp8BlockParams& p [[buffer(2)]], uint3 group [[threadgroup_position_in_grid]],
+                     uint3 local [[thread_position_in_threadgroup]], uint3 size [[threads_per_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  const uint c0 = group.x * p.block_cols, c1 = min(c0 + p.block_cols, p.cols);
+  const uint r0 = group.y * p.block_rows + group.z * p.rows_per_group;
+  const uint r1 = min(min(r0 + p.rows_per_group, (group.y + 1) * p.block_rows), p.rows);
+  const uint width = c1 - c0;
+  const ulong count = r1 > r0 ? ulong(r1 - r0) * width : 0;
+  uint m = 0;
+  for (ulong i = local.x; i < count; i += size.x) {
+    const ulong r = r0 + i / width, c = c0 + i % width;
+    m = max(m, as_type<uint>(float(x[r * p.cols + c])) & 0x7FFFFFFFu);
+  }
+  m = simd_max(m);
+  if (lane == 0) atomic_fetch_max_explicit(&amax[group.y * p.scale_cols + group.x], m, memory_order_relaxed);
+}
+
+// The dequantization scale of a block: amax / 448 (1 for an all-zero block).
+inline float block_scale(uint amax_bits) {
+  const float a = as_type<float>(amax_bits);
+  return a == 0.0f ? 1.0f : precise::divide(a, 448.0f);
+}
+
+template <typename T>
+kernel void fp8_quantize(device const T* x [[buffer(0)]], device const uint* amax [[buffer(1)]],
+                         device fp8* q [[buffer(2)]], device float* scale [[buffer(3)]],
+                         constant Fp8BlockParams& p [[buffer(4)]], uint2 pos [[thread_position_in_grid]]) {
+  if (pos.x >= p.cols || pos.y >= p.rows) return;
+  const uint b = (pos.y / p.block_rows) * p.scale_cols + pos.x / p.block_cols;
+  const float s = block_scale(amax[b]);
+  const ulong i = ulong(pos.y) * p.cols + pos.x;
+  q[i] = mps_ext::float_to_fp8(precise::divide(float(x[i]), s));
+  if (pos.x % p.block_cols == 0 && pos.y % p.block_rows == 0) scale[b] = s;
+}
+
+template <typename T>
+kernel void fp8_dequantize(device const fp8* q [[buffer(0)]], device const float* scale [[buffer(1)]],
+                           device T* out [[buffer(2)]], constant Fp8BlockParams& p [[buffer(3)]],
+                           uint2 pos [[thread_position_in_grid]]) {
+  if (pos.x >= p.cols || pos.y >= p.rows) return;
+  const ulong i = ulong(pos.y) * p.cols + pos.x;
+  out[i] = T(mps_ext::fp8_to_float(q[i]) * scale[(pos.y / p.block_rows) * p.scale_cols + pos.x / p.block_cols]);
+}
+
+// ------------------------------------------------------------------ matmul
+
+// Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
+// loads when `vectorized` (the row is then 16-byte aligned). e4m3fn bytes
+// come out divided by 256; the result says whether a NaN code was among them.
+inline bool load16(device const fp8* row, uint k, uint end, bool vectorized, thread float4* out) {
+  uint4 u = uint4(0);
+  if (vectorized && k + 16 <= end) {
+    u = *reinterpret_cast<device const uint4*>(row + k);
+  } else {
+    for (uint j = 0; j < 16; ++j)
+      if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
+  }
+  for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::fp8x4_to_half4_div256(u[c]));
+  return mps_ext::fp8x4_has_nan(u.x) || mps_ext::fp8x4_has_nan(u.y) || mps_ext::fp8x4_has_nan(u.z) ||
+         mps_ext::fp8x4_has_nan(u.w);
+}
+
+template <typename T>
+inline bool load16(device const T* row, uint k, uint end, bool vectorized, thread float4* out) {
+  if (vectorized && k + 16 <= end) {
+    device const vec<T, 4>* v = reinterpret_cast<device const vec<T, 4>*>(row + k);
+    for (uint c = 0; c < 4; ++c) out[c] = float4(v[c]);
+    return false;
+  }
+  for (uint j = 0; j < 16; ++j) out[j / 4][j % 4] = k + j < end ? float(row[k + j]) : 0.0f;
+  return false;
+}
+
+// What load16 divides an operand of this type by.
+inline float load16_factor(fp8) { return 256.0f; }
+template <typename T>
+inline float load16_factor(T) { return 1.0f; }
+
+// Scales and bias of a finished dot product out[m, n].
+inline float epilogue(constant Fp8MatmulParams& p, float dot, uint m, uint n, device const float* a_scale,
+                      device const float* w_scale, device const float* bias) {
+  float v = dot;
+  if (p.scale_in_epilogue) v *= w_scale[(n / p.block_n) * p.scale_cols];
+  if (p.has_a_scale) v *= a_scale[m * p.a_scale_stride];
+  if (p.has_bias) v += bias[n];
+  return v;
+}
+
+constant constexpr uint kGemvRows = 8;  // rows of a the gemv serves
+
+// a_scale is bound to any buffer when there is none (it is not read).
+template <typename In, typename Out>
+kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buffer(1)]],
+                     device const float* a_scale [[buffer(2)]], device const float* w_scale [[buffer(3)]],
+                     device const float* bias [[buffer(4)]], device Out* out [[buffer(5)]],
+                     constant Fp8MatmulParams& p [[buffer(6)]], uint group [[threadgroup_position_in_grid]],
+                     uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
+                     uint lane [[thread_index_in_simdgroup]]) {
+  const uint n = group * simdgroups + sg;
+  if (n >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
+  device const fp8* row = w + ulong(n) * p.w_stride;
+  device const float* scales = w_scale + (n / p.block_n) * p.scale_cols;
+  float acc[kGemvRows];
+  for (uint i = 0; i < kGemvRows; ++i) acc[i] = 0.0f;
+  bool nan_w = false;
+  for (uint k0 = lane * 16; k0 < p.k; k0 += 32 * 16) {
+    float4 wv[4];
+    nan_w |= load16(row, k0, p.k, p.w_vectorized != 0, wv);
+    const float s = p.scale_in_epilogue ? 1.0f : scales[k0 / p.block_k];
+    for (uint i = 0; i < kGemvRows && i < p.m; ++i) {
+      float4 av[4];
+      const bool nan_a = load16(a + ulong(i) * p.a_stride, k0, p.k, p.a_vectorized != 0, av);
+      const float d = dot(wv[0], av[0]) + dot(wv[1], av[1]) + dot(wv[2], av[2]) + dot(wv[3], av[3]);
+      acc[i] += nan_a ? NAN : s * d;
+    }
+  }
+  const float unfold = 256.0f * load16_factor(In());
+  for (uint i = 0; i < kGemvRows; ++i) {
+    const float total = simd_sum(nan_w ? NAN : acc[i]);
+    if (lane == i && i < p.m)
+      out[ulong(i) * p.out_stride + n] = Out(epilogue(p, total * unfold, i, n, a_scale, w_scale, bias));
+  }
+}
+
+inline float element(device const fp8* p, ulong i) { return mps_ext::fp8_to_float(p[i]); }
+template <typename T>
+inline float element(device const T* p, ulong i) { return float(p[i]); }
+
+// Rows [first, first + 32) of a row-major (rows x k) matrix into a tile:
+// [row][k] for a, transposed to [k][row] for w; w's block scales applied
+// per element when they change along k.
+template <typename T>
+struct RowTiles {
+  device const T* base;
+  uint rows, k, stride, first;
+  bool transposed;
+  device const float* scale;
+  uint block_rows, block_k, scale_cols;
+  bool scaled;
+
+  void load(threadgroup float* tile, uint k0, uint tid) const {
+    const uint r = tid / 4, c = (tid % 4) * 8;  // 32 rows x 4 chunks of 8: 128 threads
+    const uint row = first + r;
+    for (uint j = 0; j < 8; ++j) {
+      const uint kk = k0 + c + j;
+      float v = 0.0f;
+      if (row < rows && kk < k) {
+        v = element(base, ulong(row) * stride + kk);
+        if (scaled) v *= scale[(row / block_rows) * scale_cols + kk / block_k];
+      }
+      tile[transposed ? (c + j) * mps_ext::kTileN + r : r * mps_ext::kTileK + c + j] = v;
+    }
+  }
+};
+
+template <typename In, typename Out>
+kernel void fp8_tiled(device const In* a [[buffer(0)]], device const fp8* w [[buffer(1)]],
+                      device const float* a_scale [[buffer(2)]], device const float* w_scale [[buffer(3)]],
+                      device const float* bias [[buffer(4)]], device Out* out [[buffer(5)]],
+                      constant Fp8MatmulParams& p [[buffer(6)]], uint2 group [[threadgroup_position_in_grid]],
+                      uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+  threadgroup float a_tile[mps_ext::kTileM * mps_ext::kTileK];
+  threadgroup float b_tile[mps_ext::kTileK * mps_ext::kTileN];
+  threadgroup float c_tile[mps_ext::kTileM * mps_ext::kTileN];
+  const uint m0 = group.y * mps_ext::kTileM, n0 = group.x * mps_ext::kTileN;
+  const RowTiles<In> la{a, p.m, p.k, p.a_stride, m0, false, w_scale, 1, 1, 1, false};
+  const RowTiles<fp8> lb{w,         p.n,       p.k,       p.w_stride, n0, true, w_scale, p.block_n, p.block_k,
+                         p.scale_cols, p.scale_in_epilogue == 0};
+  mps_ext::mma_store(mps_ext::mma_tiles(la, lb, p.k, a_tile, b_tile, tid, sg), c_tile, sg);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  for (uint e = tid; e < mps_ext::kTileM * mps_ext::kTileN; e += mps_ext::kTileThreads) {
+    const uint m = m0 + e / mps_ext::kTileN, n = n0 + e % mps_ext::kTileN;
+    if (m < p.m && n < p.n) out[ulong(m) * p.out_stride + n] = Out(epilogue(p, c_tile[e], m, n, a_scale, w_scale, bias));
+  }
+}
+
+// Host names, built by the host from the same parts (csrc/ops/fp8.cpp):
+// fp8_<kernel>_<type>, scaled_mm_<kernel>_fp8_<out type>,
+// fp8_linear_<kernel>_<input type>.
+#define MPS_EXT_FP8_CONVERT(T)                                                                                 \
+  template [[host_name("fp8_amax_" #T)]] [[kernel]] decltype(fp8_amax<T>) fp8_amax<T>;                         \
+  template [[host_name("fp8_quantize_" #T)]] [[kernel]] decltype(fp8_quantize<T>) fp8_quantize<T>;             \
+  template [[host_name("fp8_dequantize_" #T)]] [[kernel]] decltype(fp8_dequantize<T>) fp8_dequantize<T>;
+
+#define MPS_EXT_FP8_MATMUL(op, In, Out, name)                                                                  \
+  template [[host_name(#op "_gemv_" name)]] [[kernel]] decltype(fp8_gemv<In, Out>) fp8_gemv<In, Out>;          \
+  template [[host_name(#op "_tiled_" name)]] [[kernel]] decltype(fp8_tiled<In, Out>) fp8_tiled<In, Out>;
+
+#define MPS_EXT_FP8_TYPES(T)                       \
+  MPS_EXT_FP8_CONVERT(T)                           \
+  MPS_EXT_FP8_MATMUL(scaled_mm, fp8, T, "fp8_" #T) \
+  MPS_EXT_FP8_MATMUL(fp8_linear, T, T, #T)
+
+MPS_EXT_FP8_TYPES(float)
+MPS_EXT_FP8_TYPES(half)
+MPS_EXT_FP8_TYPES(bfloat)

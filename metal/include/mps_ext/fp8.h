@@ -1,0 +1,65 @@
+// float8 e4m3fn (1 sign, 4 exponent bits with bias 7, 3 mantissa bits; no
+// infinities, 0x7F/0xFF are NaN, largest finite 448, subnormals down to
+// 2^-9) carried as bytes: Metal has no fp8 type.
+//
+// - fp8_to_float / float_to_fp8: bit-exact with torch's CPU conversions
+//   (round to nearest even; everything of magnitude >= 448, infinities
+//   included, saturates to +-448; NaN keeps its sign, and decodes to the
+//   float torch gives, 0x7FF00000 with the sign).
+// - fp8x4_to_half4_div256: the inner-loop decode. The 7 magnitude bits of a
+//   byte shifted into a half's exponent and mantissa fields (bits 13..7) give
+//   exactly x / 256, subnormals included (e4m3 subnormals become half
+//   subnormals), with two ANDs, two shifts and an OR for four bytes. Callers
+//   fold the 256 back into a scale once per dot product. It maps NaN codes
+//   to 1.875 / 256: use fp8x4_has_nan to catch them.
+#pragma once
+
+#include <metal_stdlib>
+
+namespace mps_ext {
+
+inline bool fp8_is_nan(uchar b) { return (b & 0x7F) == 0x7F; }
+
+inline float fp8_to_float(uchar b) {
+  const uint sign = uint(b & 0x80) << 24;
+  const uint exponent = (b >> 3) & 0xF, mantissa = b & 0x7;
+  if (fp8_is_nan(b)) return metal::as_type<float>(sign | 0x7FF00000u);
+  if (exponent == 0) return metal::as_type<float>(sign | metal::as_type<uint>(float(mantissa) * 0x1p-9f));
+  return metal::as_type<float>(sign | ((exponent + 120) << 23) | (mantissa << 20));
+}
+
+// Integer arithmetic only, so fast-math settings cannot change a rounding.
+inline uchar float_to_fp8(float f) {
+  const uint bits = metal::as_type<uint>(f);
+  const uchar sign = uchar((bits >> 24) & 0x80);
+  const uint a = bits & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return sign | 0x7F;   // NaN
+  if (a >= 0x43E00000u) return sign | 0x7E;  // >= 448: saturate
+  if (a >= 0x3C800000u) {                     // >= 2^-6: a normal e4m3 value
+    const uint rounded = a + 0x7FFFFu + ((a >> 20) & 1u);
+    return sign | uchar((rounded - (120u << 23)) >> 20);
+  }
+  // A subnormal: the value in units of 2^-9 (0..8; 8 is the smallest normal).
+  const uint exponent = a >> 23;
+  const uint shift = 141 - exponent;  // >= 21 here
+  if (exponent == 0 || shift > 24) return sign;
+  const uint mantissa = (a & 0x7FFFFFu) | 0x800000u;
+  uint units = mantissa >> shift;
+  const uint rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
+  units += (rest > half_unit || (rest == half_unit && (units & 1))) ? 1 : 0;
+  return sign | uchar(units);
+}
+
+// Four e4m3 bytes (little-endian in w) as half values x / 256.
+inline half4 fp8x4_to_half4_div256(uint w) {
+  const uint lo = (w & 0xFFu) | ((w & 0xFF00u) << 8);
+  const uint hi = ((w >> 16) & 0xFFu) | ((w >> 8) & 0xFF0000u);
+  const uint2 h = uint2(((lo & 0x007F007Fu) << 7) | ((lo & 0x00800080u) << 8),
+                        ((hi & 0x007F007Fu) << 7) | ((hi & 0x00800080u) << 8));
+  return metal::as_type<half4>(h);
+}
+
+// Whether any of the four bytes is a NaN code (a magnitude of 0x7F carries into bit 7).
+inline bool fp8x4_has_nan(uint w) { return (((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0; }
+
+}  // namespace mps_ext

@@ -1,0 +1,24 @@
+// The e4m3fn codec of metal/include/mps_ext/fp8.h, one value per thread, for
+// exhaustive comparison with torch's CPU conversions.
+#include <metal_stdlib>
+
+#include "mps_ext/fp8.h"
+
+using namespace metal;
+
+kernel void decode(device const uchar* codes [[buffer(0)]], device float* out [[buffer(1)]],
+                   uint i [[thread_position_in_grid]]) {
+  out[i] = mps_ext::fp8_to_float(codes[i]);
+}
+
+// The fast decode, scaled back: four codes per thread, NaN codes flagged.
+kernel void decode_fast(device const uint* codes [[buffer(0)]], device float4* out [[buffer(1)]],
+                        device uint* has_nan [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  out[i] = float4(mps_ext::fp8x4_to_half4_div256(codes[i])) * 256.0f;
+  has_nan[i] = mps_ext::fp8x4_has_nan(codes[i]) ? 1 : 0;
+}
+
+kernel void encode(device const float* values [[buffer(0)]], device uchar* out [[buffer(1)]],
+                   uint i [[thread_position_in_grid]]) {
+  out[i] = mps_ext::float_to_fp8(values[i]);
+}

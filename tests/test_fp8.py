@@ -1,0 +1,365 @@
+"""FP8 (e4m3fn): quantize/dequantize,
+scaled_mm against torch._scaled_mm on the CPU, fp8_linear against the
+dequantized float reference, the aten::_scaled_mm override, the FP8Linear
+module and model conversion, checked mode, and opcheck."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mps_ext
+import mps_ext.sim
+from mps_ext import fp8
+from tolerances import assert_close_dot
+
+F8 = torch.float8_e4m3fn
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MT = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == F8 else t
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def ran(t, *names):
+    """The trace holds exactly these kernels, run in the simulator."""
+    assert t.names == list(names) and all(k.backend == "simulator" for k in t.kernels), t.names
+
+
+# ----------------------------------------------------------- quantize/dequantize
+
+def ref_quantize(x: torch.Tensor, amax: torch.Tensor, expand):
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448)
+    return (x.float() / expand(scale)).to(F8), scale
+
+
+def block_amax(x: torch.Tensor, br: int, bc: int) -> torch.Tensor:
+    rows, cols = -(-x.shape[0] // br), -(-x.shape[1] // bc)
+    return torch.stack([torch.stack([x[i * br:(i + 1) * br, j * bc:(j + 1) * bc].float().abs().amax()
+                                     for j in range(cols)]) for i in range(rows)])
+
+
+def expand_blocks(s: torch.Tensor, shape, br: int, bc: int) -> torch.Tensor:
+    return s.repeat_interleave(br, 0).repeat_interleave(bc, 1)[: shape[0], : shape[1]]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["tensor", "dim0", "dim1", "dim3d", "block128", "block16x48"])
+def test_quantize_and_dequantize_match_torch(mode, dtype):
+    shape = {"dim3d": (3, 37, 20), "block128": (300, 260)}.get(mode, (50, 70))
+    x = (torch.randn(shape, generator=gen(4)) * 5).to(dtype)
+    x.view(-1)[7] = 0
+    if mode == "dim1":
+        x[3] = 0  # an all-zero slice: scale 1
+    with mps_ext.trace() as t:
+        if mode == "tensor":
+            q, s = fp8.quantize(x)
+            want_q, want_s = ref_quantize(x, x.float().abs().amax(), lambda s: s)
+        elif mode.startswith("dim"):
+            dim = {"dim0": 0, "dim1": 1, "dim3d": 1}[mode]
+            q, s = fp8.quantize(x, dim=dim)
+            want_q, want_s = ref_quantize(x, x.float().abs().amax(dim, keepdim=True), lambda s: s)
+        else:
+            br, bc = (128, 128) if mode == "block128" else (16, 48)
+            q, s = fp8.quantize(x, block=(br, bc))
+            want_q, want_s = ref_quantize(x, block_amax(x, br, bc), lambda s: expand_blocks(s, shape, br, bc))
+    ran(t, f"fp8_amax_{MT[dtype]}", f"fp8_quantize_{MT[dtype]}")
+    assert q.dtype == F8 and q.shape == x.shape and s.dtype == torch.float32
+    assert torch.equal(s, want_s) and torch.equal(bits(q), bits(want_q))
+    block = {"block128": (128, 128), "block16x48": (16, 48)}.get(mode)
+    for out_dtype in DTYPES:
+        with mps_ext.trace() as t:
+            d = fp8.dequantize(q, s, dtype=out_dtype, block=block)
+        ran(t, f"fp8_dequantize_{MT[out_dtype]}")
+        full = expand_blocks(s, shape, *block) if block else s
+        assert torch.equal(d, (q.float() * full).to(out_dtype))
+    # uint8 bits work the same
+    assert torch.equal(fp8.dequantize(bits(q), s, block=block), fp8.dequantize(q, s, block=block))
+
+
+def test_quantize_nan_inf_and_empty():
+    x = torch.randn(4, 40, generator=gen(5))
+    x[1, 3] = math.nan
+    x[2, 5] = math.inf
+    q, s = fp8.quantize(x, dim=1)
+    assert s[1].isnan().all() and s[2].isinf().all() and not s[[0, 3]].isnan().any()
+    want, _ = ref_quantize(x, x.abs().amax(1, keepdim=True), lambda s: s)
+    assert torch.equal(bits(q), bits(want))
+    q, s = fp8.quantize(torch.empty(0, 5))
+    assert q.shape == (0, 5) and s.shape == ()
+    with pytest.raises(ValueError, match="block"):
+        fp8.quantize(torch.randn(2, 3, 4), block=(2, 2))
+    with pytest.raises(TypeError, match="x must be"):
+        fp8.quantize(torch.randn(4, 4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="scale must have"):
+        fp8.dequantize(q.new_zeros(4, 4), torch.ones(3), block=(2, 2))
+
+
+# ---------------------------------------------------------------- scaled_mm
+
+def fp8_operands(m: int, k: int, n: int, rowwise: bool, seed: int):
+    g = gen(seed)
+    a = (torch.randn(m, k, generator=g) * 3).to(F8)
+    b = (torch.randn(n, k, generator=g) * 3).to(F8).t()  # column-major, as torch wants it
+    if rowwise:
+        sa, sb = torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
+    else:
+        sa, sb = torch.tensor(0.75), torch.tensor(1.25)
+    return a, b, sa, sb
+
+
+def magnitude(a, b, sa, sb):
+    return (a.float().abs() * sa.abs()) @ (b.float().abs() * sb.abs())
+
+
+SCALED_MM_SHAPES = {1: (64, 48), 2: (200, 33), 4: (130, 300), 8: (256, 40), 9: (72, 130), 64: (200, 70)}
+
+
+@pytest.mark.parametrize("out_dtype", DTYPES)
+@pytest.mark.parametrize("recipe", ["tensor", "row"])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 64])
+def test_scaled_mm_matches_torch(m, recipe, out_dtype):
+    k, n = SCALED_MM_SHAPES[m]
+    a, b, sa, sb = fp8_operands(m, k, n, recipe == "row", seed=m * 7 + k)
+    bias = torch.randn(n, generator=gen(m)).to(out_dtype) if (m + k) % 2 else None
+    with mps_ext.trace() as t:
+        got = mps_ext.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
+    ran(t, f"scaled_mm_{'gemv' if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}")
+    want = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
+    assert got.dtype == want.dtype == out_dtype
+    assert_close_dot(got, want, magnitude(a, b, sa, sb), k)
+
+
+def test_scaled_mm_layouts_bits_and_defaults():
+    a, b, sa, sb = fp8_operands(5, 96, 40, True, seed=3)
+    want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    mag = magnitude(a, b, sa, sb)
+    assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb), want, mag, 96)  # bfloat16 by default
+    assert_close_dot(mps_ext.scaled_mm(bits(a), bits(b), sa, sb), want, mag, 96)  # uint8 bits
+    assert_close_dot(mps_ext.scaled_mm(a, b.contiguous(), sa, sb), want, mag, 96)  # row-major b
+    big = torch.zeros(5, 100, dtype=torch.uint8)
+    big[:, 1:97] = bits(a)  # rows at an odd offset: no 16-byte loads
+    assert_close_dot(mps_ext.scaled_mm(big[:, 1:97], b, sa, sb), want, mag, 96)
+    a9, b9, sa9, sb9 = fp8_operands(40, 96, 40, False, seed=4)
+    assert_close_dot(mps_ext.scaled_mm(a9[:, :95], b9[:95], sa9, sb9),
+                     torch._scaled_mm(a9[:, :95], b9[:95], sa9, sb9, out_dtype=torch.bfloat16),
+                     magnitude(a9[:, :95], b9[:95], sa9, sb9), 95)
+
+
+def test_scaled_mm_nan_and_empty():
+    a, b, sa, sb = fp8_operands(3, 64, 20, False, seed=5)
+    a, b = a.clone(), b.clone()
+    bits(a)[1, 7] = 0x7F
+    bits(b)[9, 4] = 0xFF
+    for m in (3, 40):  # gemv and tiled
+        aa = a.repeat(m // 3 + 1, 1)[:m]
+        got = mps_ext.scaled_mm(aa, b, sa, sb, out_dtype=torch.float32)
+        want = torch._scaled_mm(aa, b, sa, sb, out_dtype=torch.float32)
+        assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
+    assert mps_ext.scaled_mm(a[:0], b, sa, sb).shape == (0, 20)
+    bias = torch.randn(20)
+    out = mps_ext.scaled_mm(a[:, :0], b[:0], sa, sb, bias=bias, out_dtype=torch.float32)
+    assert torch.equal(out, bias.expand(3, 20))
+
+
+def test_scaled_mm_errors_and_torch_fallbacks():
+    a, b, sa, sb = fp8_operands(4, 32, 16, True, seed=6)
+    with pytest.raises(ValueError, match="Invalid scaling configuration"):
+        mps_ext.scaled_mm(a, b, sa, torch.tensor(1.0))  # row-wise a, tensor-wise b
+    with pytest.raises(ValueError, match="Invalid scaling configuration"):
+        mps_ext.scaled_mm(a.float(), b, sa, sb)
+    with pytest.raises(RuntimeError):
+        mps_ext.scaled_mm(a, b[:31], sa, sb)
+    with pytest.raises(RuntimeError):
+        mps_ext.scaled_mm(a, b, sa, sb, bias=torch.ones(3))
+    # Valid calls the kernels do not cover go to torch on the CPU.
+    with mps_ext.trace() as t:
+        got = mps_ext.scaled_mm(a, b.to(torch.float8_e5m2), sa, sb)
+        fp8_out = mps_ext.scaled_mm(a, b, sa, sb, out_dtype=F8)
+    assert t.kernels == [] and got.dtype == torch.bfloat16 and fp8_out.dtype == F8
+    assert torch.equal(got, torch._scaled_mm(a, b.to(torch.float8_e5m2), sa, sb, out_dtype=torch.bfloat16))
+
+
+class TestScaledMmOverride:
+    def test_torch_scaled_mm_runs_the_kernels(self):
+        a, b, sa, sb = fp8_operands(8, 128, 64, True, seed=7)
+        want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
+            default = torch._scaled_mm(a, b, sa, sb)  # float8 output: torch's kernel
+            e5m2 = torch._scaled_mm(a.to(torch.float8_e5m2), b, sa, sb, out_dtype=torch.float32)
+            with pytest.raises(ValueError, match="Invalid scaling configuration"):
+                torch._scaled_mm(a, b, sa, torch.tensor(1.0), out_dtype=torch.float32)
+        ran(t, "scaled_mm_gemv_fp8_half")
+        assert_close_dot(got, want, magnitude(a, b, sa, sb), 128)
+        assert default.dtype == F8 and torch.equal(bits(default), bits(torch._scaled_mm(a, b, sa, sb)))
+        assert e5m2.dtype == torch.float32
+        s = mps_ext.overrides.stats()["aten::_scaled_mm"]
+        assert s["hits"] == 1 and s["fallbacks"] == 3
+        assert s["reasons"]["output dtype Float8_e4m3fn"] == 1 and s["reasons"]["dtypes Float8_e5m2 x Float8_e4m3fn"] == 1
+
+    def test_disabled_is_torch(self):
+        a, b, sa, sb = fp8_operands(2, 32, 16, False, seed=8)
+        with mps_ext.trace() as t:
+            torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32)
+        assert t.kernels == []
+
+
+# --------------------------------------------------------------- fp8_linear
+
+def weight_and_scale(n: int, k: int, granularity: str, seed: int):
+    w = torch.randn(n, k, generator=gen(seed)) * 0.05
+    if granularity == "tensor":
+        q, s = fp8.quantize(w)
+        return q, s, None, q.float() * s
+    if granularity == "channel":
+        q, s = fp8.quantize(w, dim=1)
+        return q, s.view(-1), None, q.float() * s
+    block = {"block": (128, 128), "block16x48": (16, 48), "block8x40": (8, 40)}[granularity]
+    q, s = fp8.quantize(w, block=block)
+    return q, s, block, q.float() * expand_blocks(s, (n, k), *block)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("granularity", ["tensor", "channel", "block", "block16x48", "block8x40"])
+@pytest.mark.parametrize("lead", [(1,), (2, 3), (8,), (9,), (2, 20)])
+def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype):
+    n, k = (300, 260) if granularity == "block" else (70, 200)
+    q, s, block, deq = weight_and_scale(n, k, granularity, seed=len(lead) + n)
+    x = torch.randn(*lead, k, generator=gen(9)).to(dtype)
+    bias = torch.randn(n, generator=gen(10)).to(dtype) if lead[-1] % 2 == 0 else None
+    with mps_ext.trace() as t:
+        got = mps_ext.fp8_linear(x, q, s, bias, block_size=block)
+    rows = math.prod(lead)
+    few = rows <= 8 and granularity != "block8x40"  # block_k % 16 != 0: tiled, which scales per element
+    ran(t, f"fp8_linear_{'gemv' if few else 'tiled'}_{MT[dtype]}")
+    want = F.linear(x.float(), deq, bias.float() if bias is not None else None).to(dtype)
+    assert got.shape == (*lead, n) and got.dtype == dtype
+    assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
+
+
+def test_fp8_linear_bits_strides_and_errors():
+    q, s, _, deq = weight_and_scale(48, 96, "channel", seed=11)
+    x = torch.randn(3, 97, generator=gen(12))[:, 1:]  # rows at an odd offset
+    want = F.linear(x, deq)
+    mag = x.abs() @ deq.abs().t()
+    assert_close_dot(mps_ext.fp8_linear(x, bits(q), s.view(48, 1)), want, mag, 96)
+    assert_close_dot(mps_ext.fp8_linear(x, q, s), want, mag, 96)
+    assert mps_ext.fp8_linear(torch.randn(0, 96), q, s).shape == (0, 48)
+    bias = torch.randn(5)
+    assert torch.equal(mps_ext.fp8_linear(torch.randn(2, 0), q.new_zeros(5, 0), torch.tensor(1.0), bias),
+                       bias.expand(2, 5))
+    with pytest.raises(TypeError, match="input must be"):
+        mps_ext.fp8_linear(x.double(), q, s)
+    with pytest.raises(TypeError, match="weight must be"):
+        mps_ext.fp8_linear(x, q.float(), s)
+    with pytest.raises(RuntimeError, match="last dimension"):
+        mps_ext.fp8_linear(x[:, :95], q, s)
+    with pytest.raises(ValueError, match="weight_scale must have shape"):
+        mps_ext.fp8_linear(x, q, torch.ones(47))
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(1, 1\)"):
+        mps_ext.fp8_linear(x, q, torch.ones(2, 2), block_size=(128, 128))
+    with pytest.raises(ValueError, match="bias must have shape"):
+        mps_ext.fp8_linear(x, q, s, torch.ones(3))
+
+
+# ---------------------------------------------------------- modules, convert
+
+def test_fp8_linear_module_granularities():
+    lin = torch.nn.Linear(200, 72)
+    x = torch.randn(5, 200, generator=gen(13))
+    for granularity in ("channel", "tensor", "block"):
+        layer = mps_ext.nn.FP8Linear.from_linear(lin, granularity=granularity, block_size=(32, 64))
+        assert layer.weight.dtype == torch.uint8 and layer.weight_scale_inv.dtype == torch.float32
+        got = layer(x)
+        block = layer.block_size
+        s = layer.weight_scale_inv
+        deq = layer.weight.view(F8).float() * (expand_blocks(s, (72, 200), *block) if block else s)
+        assert_close_dot(got, F.linear(x, deq, lin.bias), x.abs() @ deq.abs().t(), 200)
+        # FP8 error against the float layer: e4m3 keeps 3 mantissa bits.
+        want = lin(x)
+        assert ((got - want).norm() / want.norm()).item() < 0.05
+    with pytest.raises(ValueError, match="granularity"):
+        mps_ext.nn.FP8Linear.from_linear(lin, granularity="row")
+
+
+class HFStyleFP8Linear(torch.nn.Module):
+    """The layer form transformers' fine-grained FP8 integration loads checkpoints into."""
+
+    def __init__(self, weight, weight_scale_inv, bias, block_size):
+        super().__init__()
+        self.weight = torch.nn.Parameter(weight, requires_grad=False)
+        self.weight_scale_inv = torch.nn.Parameter(weight_scale_inv, requires_grad=False)
+        self.bias = bias
+        self.block_size = block_size
+
+
+def test_convert_a_small_mlp_and_an_fp8_checkpoint_layer():
+    torch.manual_seed(14)
+    mlp = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.GELU(), torch.nn.Linear(160, 40))
+    x = torch.randn(4, 96)
+    want = mlp(x)
+    with torch.no_grad():
+        mps_ext.fp8.convert(mlp)
+        with mps_ext.trace() as t:
+            got = mlp(x)
+    assert isinstance(mlp[0], mps_ext.nn.FP8Linear) and isinstance(mlp[2], mps_ext.nn.FP8Linear)
+    ran(t, "fp8_linear_gemv_float", "fp8_linear_gemv_float")
+    assert ((got - want).norm() / want.norm()).item() < 0.05
+
+    w = torch.randn(300, 260, generator=gen(15)) * 0.02
+    q, s = fp8.quantize(w, block=(128, 128))
+    bias = torch.randn(300)
+    model = torch.nn.Sequential(HFStyleFP8Linear(q, s, bias, [128, 128]))
+    mps_ext.fp8.convert(model)
+    layer = model[0]
+    assert isinstance(layer, mps_ext.nn.FP8Linear) and layer.block_size == (128, 128)
+    assert layer.weight.data_ptr() == q.data_ptr()  # not requantized, not copied
+    xb = torch.randn(2, 260, generator=gen(16)).to(torch.bfloat16)
+    deq = q.float() * expand_blocks(s, (300, 260), 128, 128)
+    assert_close_dot(layer(xb), F.linear(xb.float(), deq, bias).bfloat16(), xb.float().abs() @ deq.abs().t(), 260)
+    # A float8 checkpoint loads into the uint8 buffer bit for bit.
+    fresh = mps_ext.nn.FP8Linear(260, 300, block_size=(128, 128))
+    fresh.load_state_dict({"weight": q, "weight_scale_inv": s, "bias": bias})
+    assert torch.equal(fresh.weight, bits(q))
+
+
+# ------------------------------------------------------- checked mode, opcheck
+
+def test_checked_mode_on_every_kernel():
+    with mps_ext.sim.checked():
+        x = torch.randn(40, 72, generator=gen(17)).to(torch.bfloat16)
+        q, s = fp8.quantize(x, block=(16, 32))
+        fp8.dequantize(q, s, dtype=torch.half, block=(16, 32))
+        for m, recipe in ((3, False), (33, True)):
+            a, b, sa, sb = fp8_operands(m, 72, 40, recipe, seed=m)
+            assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb, out_dtype=torch.float32),
+                             torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32), magnitude(a, b, sa, sb), 72)
+        for rows in (2, 35):
+            xs = torch.randn(rows, 72, generator=gen(18))
+            mps_ext.fp8_linear(xs, q, s, torch.randn(40), block_size=(16, 32))
+            mps_ext.fp8_linear(xs[:, 1:71], q[:, 1:71], torch.tensor(0.5))  # unaligned rows
+
+
+def test_opcheck():
+    # e4m3fn operands as uint8 bits: opcheck's schema test compares inputs
+    # with arithmetic torch does not implement for float8.
+    x = torch.randn(20, 48, generator=gen(19))
+    q, s = fp8.quantize(x, block=(16, 16))
+    q = bits(q)
+    a, b, sa, sb = (bits(t) for t in fp8_operands(4, 48, 24, True, seed=20))
+    cases = [
+        (torch.ops.mps_ext.fp8_quantize.default, (x, 16, 16)),
+        (torch.ops.mps_ext.fp8_dequantize.default, (q, s, 16, 16, torch.bfloat16)),
+        (torch.ops.mps_ext.scaled_mm.default, (a, b, sa, sb, torch.randn(24), torch.float16)),
+        (torch.ops.mps_ext.fp8_linear.default, (torch.randn(3, 48), q, s, None, [16, 16])),
+    ]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
