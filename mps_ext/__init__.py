@@ -10,13 +10,13 @@ and on CPU tensors in the simulator.
 import torch  # loads libtorch, which _C links against
 
 from . import _C, fp8, nn, overrides, sim
-from ._ops import linear, log_softmax, softmax
+from ._ops import grouped_mm, linear, log_softmax, softmax
 from ._trace import KernelRecord, trace
 from .fp8 import fp8_linear, scaled_mm
 
 __version__ = "0.1.0"
 
-__all__ = ["KernelRecord", "fp8", "fp8_linear", "linear", "log_softmax", "nn", "overrides", "scaled_mm", "sim", "softmax",
+__all__ = ["KernelRecord", "fp8", "fp8_linear", "grouped_mm", "linear", "log_softmax", "nn", "overrides", "scaled_mm", "sim", "softmax",
            "trace"]
 
 overrides.enable_on_import()

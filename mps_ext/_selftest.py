@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, linear, log_softmax, softmax, trace
+from . import _C, grouped_mm, linear, log_softmax, softmax, trace
 from .testing import TOLERANCES, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -110,8 +110,28 @@ def fp8_cases() -> Iterator[Case]:
         yield Case(f"fp8_linear tiled {t} 33x72x40", lambda d, f=linear: f(d, m=33))
 
 
+def grouped_mm_cases() -> Iterator[Case]:
+    # Small integers: exact in every dtype, so any wrong element shows. Every
+    # group layout, both layouts of b and all tile heights; offs[-1] covers
+    # the split dimension (torch leaves positions past it unwritten).
+    shapes = [("decode", (6, 40), (3, 24, 40), True, [2, 2, 6]), ("tiled_m16", (6, 40), (3, 40, 24), False, [2, 2, 6]),
+              ("tiled_m32 3Dx2D", (3, 20, 40), (40, 24), False, [8, 8, 24]),
+              ("tiled_m64 2Dx2D", (40, 48), (48, 24), False, [16, 16, 48])]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for variant, a_shape, b_shape, transposed, ends in shapes:
+            def run(device, dtype=dtype, a_shape=a_shape, b_shape=b_shape, transposed=transposed, ends=ends):
+                g = torch.Generator().manual_seed(len(a_shape) * 10 + len(b_shape))
+                a, b = (torch.randint(-2, 3, s, generator=g).to(dtype) for s in (a_shape, b_shape))
+                b = b.transpose(-2, -1) if transposed else b
+                offs = torch.tensor(ends, dtype=torch.int32)
+                got = grouped_mm(a.to(device), b.to(device), offs.to(device))
+                return got, torch._grouped_mm(a.float(), b.float(), offs=offs).to(dtype), 1.0
+
+            yield Case(f"grouped_mm {variant} {SHORT[dtype]}", run)
+
+
 def cases() -> list[Case]:
-    return list(softmax_cases()) + list(linear_cases()) + list(fp8_cases())
+    return list(softmax_cases()) + list(linear_cases()) + list(fp8_cases()) + list(grouped_mm_cases())
 
 
 def run(out=print) -> bool:

@@ -27,6 +27,7 @@ void enable(c10::DeviceType device) {
   register_softmax(*lib);
   register_linear(*lib, device);
   register_fp8(*lib, device);
+  register_grouped_mm(*lib);
   libraries[device] = std::move(lib);
 }
 

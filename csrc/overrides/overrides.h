@@ -33,5 +33,6 @@ void register_softmax(torch::Library& lib);
 // Some need to know the device (a derivative torch has for one key only).
 void register_linear(torch::Library& lib, c10::DeviceType device);
 void register_fp8(torch::Library& lib, c10::DeviceType device);
+void register_grouped_mm(torch::Library& lib);
 
 }  // namespace mps_ext::overrides
