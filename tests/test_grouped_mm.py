@@ -74,8 +74,10 @@ def check(a, b, offs=None, device="cpu", kernel=None, torch_too=False):
     return got, t
 
 
-SIZES = {"empty groups": [0, 3, 0, 1, 0], "ones": [1, 1, 1, 1], "threes": [3, 3, 3], "uneven": [5, 0, 17, 2, 40],
-         "one group": [9], "all empty": [0, 0, 0]}
+# Decode takes every row count per group (1, 2, 3-4, 5-8, and more than 8 in passes of 8) while the
+# average stays at most 8; "uneven" averages more and takes tiles.
+SIZES = {"empty groups": [0, 3, 0, 1, 0], "ones": [1, 1, 1, 1], "twos": [2, 0, 2], "threes": [3, 3, 3],
+         "skewed": [0, 19, 0, 1, 6], "uneven": [5, 0, 17, 2, 40], "one group": [9], "all empty": [0, 0, 0]}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -305,7 +307,7 @@ def test_opcheck():
 @pytest.mark.parametrize("case", ["decode", "tiled_m16", "tiled_m64", "cols", "k"])
 def test_checked(case):
     offs = offsets([2, 0, 3])
-    args = {"decode": (data(6, 40), experts(3, 40, 9, torch.float32), offs),
+    args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
             "tiled_m16": (data(6, 40), data(3, 40, 9, seed=1), offs),
             "tiled_m64": (data(2, 70, 40), experts(2, 40, 9, torch.float32), None),
             "cols": (data(3, 5, 40), data(40, 9, seed=1), offs),
