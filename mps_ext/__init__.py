@@ -10,7 +10,7 @@ and on CPU tensors in the simulator.
 import torch  # loads libtorch, which _C links against
 
 from . import _C, fp8, nn, overrides, sim
-from ._ops import linear, log_softmax, softmax
+from ._ops import grouped_mm, linear, log_softmax, softmax
 from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
 from .fp8 import fp8_linear, scaled_mm
@@ -22,5 +22,6 @@ __all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax
 __all__ += ["lu_factor", "lu_factor_ex", "lu_solve", "solve", "solve_ex", "solve_triangular"]
 __all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream"]
 __all__ += ["fp8", "fp8_linear", "nn", "scaled_mm"]
+__all__ += ["grouped_mm"]
 
 overrides.enable_on_import()

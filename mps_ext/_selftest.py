@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, streams, trace
+from . import _C, grouped_mm, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, streams, trace
 from .testing import TOLERANCES, linalg_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -181,8 +181,28 @@ def fp8_cases() -> Iterator[Case]:
             yield Case(f"fp8_linear {kind} {t} {m}x72x40", lambda d, f=linear, m=m: f(d, m=m))
 
 
+def grouped_mm_cases() -> Iterator[Case]:
+    # Small integers: exact in every dtype, so any wrong element shows. Every
+    # group layout, both layouts of b and all tile heights; offs[-1] covers
+    # the split dimension (torch leaves positions past it unwritten).
+    shapes = [("decode", (6, 40), (3, 24, 40), True, [2, 2, 6]), ("tiled_m16", (6, 40), (3, 40, 24), False, [2, 2, 6]),
+              ("tiled_m32 3Dx2D", (3, 20, 40), (40, 24), False, [8, 8, 24]),
+              ("tiled_m64 2Dx2D", (40, 48), (48, 24), False, [16, 16, 48])]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for variant, a_shape, b_shape, transposed, ends in shapes:
+            def run(device, dtype=dtype, a_shape=a_shape, b_shape=b_shape, transposed=transposed, ends=ends):
+                g = torch.Generator().manual_seed(len(a_shape) * 10 + len(b_shape))
+                a, b = (torch.randint(-2, 3, s, generator=g).to(dtype) for s in (a_shape, b_shape))
+                b = b.transpose(-2, -1) if transposed else b
+                offs = torch.tensor(ends, dtype=torch.int32)
+                got = grouped_mm(a.to(device), b.to(device), offs.to(device))
+                return got, torch._grouped_mm(a.float(), b.float(), offs=offs).to(dtype), 1.0
+
+            yield Case(f"grouped_mm {variant} {SHORT[dtype]}", run)
+
+
 def cases() -> list[Case]:
-    return [*softmax_cases(), *linear_cases(), *fp8_cases(), *linalg_cases(), *stream_cases()]
+    return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *stream_cases()]
 
 
 def run(out=print) -> bool:

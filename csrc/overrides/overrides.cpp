@@ -31,6 +31,7 @@ void enable(c10::DeviceType device) {
   register_linear(*lib, device);
   register_linalg(*lib);
   register_fp8(*lib, device);
+  register_grouped_mm(*lib);
   libraries[device] = std::move(lib);
 }
 

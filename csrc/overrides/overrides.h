@@ -34,5 +34,6 @@ void register_softmax(torch::Library& lib);
 void register_linear(torch::Library& lib, c10::DeviceType device);
 void register_linalg(torch::Library& lib);
 void register_fp8(torch::Library& lib, c10::DeviceType device);
+void register_grouped_mm(torch::Library& lib);
 
 }  // namespace mps_ext::overrides

@@ -22,9 +22,6 @@ struct SoftmaxParams {
 };
 static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 
-}  // namespace mps_ext
-
-namespace mps_ext {
 
 // y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k.
 struct GemvParams {
@@ -96,5 +93,24 @@ struct Fp8MatmulParams {
   mps_ext_u32 w_vectorized;       // w and its rows start 16-byte aligned
 };
 static_assert(sizeof(Fp8MatmulParams) == 60, "Fp8MatmulParams layout");
+
+
+// torch._grouped_mm: out_g = a_g @ b_g for each group g. `split` says which
+// dimension offs divides: rows of a and out (2D x 3D), columns of b and out
+// (3D x 2D), K (2D x 2D), or none (3D x 3D, every group whole). A stride of
+// 0 for a group makes every group read the same 2-D operand.
+struct GroupedMmParams {
+  mps_ext_u32 split;   // kGroupedSplitNone / Rows / Cols / K (metal/grouped_mm.metal)
+  mps_ext_u32 groups;
+  mps_ext_u32 m;       // rows of out (of every group, or all groups' when split by rows)
+  mps_ext_u32 n;       // columns of out (all groups' when split by columns)
+  mps_ext_u32 k;       // contraction length (all groups' when split by K)
+  mps_ext_u32 a_group, a_row, a_k;      // strides of a, in elements
+  mps_ext_u32 b_group, b_k, b_col;      // strides of b
+  mps_ext_u32 out_group, out_row;       // strides of out (its columns are contiguous)
+  mps_ext_u32 a_vectorized;  // decode: a, its rows and its groups start 16-byte aligned
+  mps_ext_u32 b_vectorized;  // decode: b's weight rows (b_col apart) and groups start 16-byte aligned
+};
+static_assert(sizeof(GroupedMmParams) == 60, "GroupedMmParams layout");
 
 }  // namespace mps_ext

@@ -1,0 +1,81 @@
+"""Grouped matmul (Mixture-of-Experts experts): mps_ext's kernels vs torch's own
+torch._grouped_mm on MPS (the per-group loop of 2.13/2.14, the MPS kernel of
+2.15), bf16, on an Apple-silicon Mac.
+
+Decode: 1-8 tokens routed top-k of E experts (b the transposed expert weights,
+as transformers passes them); prefill: 512 tokens. Reports microseconds, the
+bandwidth over the touched experts' weights (each read once: the least a
+grouped product must move), its share of the chip's peak, and the speedup.
+Usage: python benchmarks/bench_grouped_mm.py [--tokens 1 2 4 8] [--filter gpt]
+"""
+
+import argparse
+import math
+
+import torch
+
+import mps_ext
+from _common import peak_gbps, require_mps, time_us
+
+# (model, projection, K, N, experts, top-k) from each model's config.json
+# (hidden_size, moe_intermediate_size / intermediate_size, num_experts, top-k);
+# gate and up fused, as transformers 5 stores them.
+SHAPES = [
+    ("Qwen3-30B-A3B", "gate_up", 2048, 2 * 768, 128, 8),
+    ("Qwen3-30B-A3B", "down", 768, 2048, 128, 8),
+    ("gpt-oss-20b", "gate_up", 2880, 2 * 2880, 32, 4),
+    ("gpt-oss-20b", "down", 2880, 2880, 32, 4),
+    ("gpt-oss-120b", "gate_up", 2880, 2 * 2880, 128, 4),
+    ("Mixtral 8x7B", "w1/w3", 4096, 2 * 14336, 8, 2),
+]
+
+
+def routed(tokens, experts, top_k, k):
+    """Tokens sorted by expert (a) and offs of a random top-k routing; how many experts it touches."""
+    chosen = torch.rand(tokens, experts).topk(top_k, dim=-1).indices.flatten()
+    counts = torch.bincount(chosen, minlength=experts)
+    offs = counts.cumsum(0).to(torch.int32).to("mps")
+    a = torch.randn(tokens * top_k, k, device="mps", dtype=torch.bfloat16)
+    return a, offs, int((counts > 0).sum())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 512])
+    parser.add_argument("--filter", default="", help="only models whose name contains this")
+    args = parser.parse_args()
+    name = require_mps()
+    peak = peak_gbps(name)
+    print(f"{name}, peak {peak or '?'} GB/s, torch {torch.__version__}, bf16")
+    print(f"{'model':<14} {'proj':<8} {'tokens':>6} {'experts':>8} {'torch µs':>9} {'mps_ext µs':>11} {'GB/s':>7} "
+          f"{'% peak':>7} {'speedup':>8}  kernel")
+    speedups = []
+    for model, proj, k, n, e, top_k in SHAPES:
+        if args.filter not in model:
+            continue
+        weights = torch.randn(e, n, k, device="mps", dtype=torch.bfloat16) / math.sqrt(k)
+        b = weights.transpose(-2, -1)
+        for tokens in args.tokens:
+            a, offs, touched = routed(tokens, e, top_k, k)
+            mps_ext.overrides.disable("mps")  # torch's own op
+            want = torch._grouped_mm(a, b, offs=offs)
+            t_torch = time_us(lambda: torch._grouped_mm(a, b, offs=offs))
+            with mps_ext.trace() as t:
+                got = mps_ext.grouped_mm(a, b, offs)
+            err = (got.float() - want.float()).abs().max().item()
+            assert err <= 0.02 * want.float().abs().max().item() + 1e-3, f"{model} {proj}: max error {err}"
+            t_ours = time_us(lambda: mps_ext.grouped_mm(a, b, offs))
+            moved = (touched * n * k + a.numel() + a.shape[0] * n) * 2
+            gbps = moved / (t_ours * 1e-6) / 1e9
+            share = f"{100 * gbps / peak:6.1f}%" if peak else "     ?"
+            speedups.append(t_torch / t_ours)
+            print(f"{model:<14} {proj:<8} {tokens:>6} {f'{touched}/{e}':>8} {t_torch:>9.1f} {t_ours:>11.1f} "
+                  f"{gbps:>7.1f} {share:>7} {t_torch / t_ours:>7.2f}x  {', '.join(t.names) or 'torch'}")
+        del weights, b
+    mps_ext.overrides.enable("mps")
+    if speedups:
+        print(f"geomean speedup {math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}x over {len(speedups)} cases")
+
+
+if __name__ == "__main__":
+    main()

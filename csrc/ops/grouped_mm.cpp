@@ -1,0 +1,228 @@
+// Grouped matrix multiply (torch._grouped_mm): validation, kernel choice and
+// launch geometry, for both backends. The kernels are in
+// metal/grouped_mm.metal. Nothing here reads offs: its values stay on the
+// device, so a call is one dispatch sized for the worst case.
+#include "ops/grouped_mm.h"
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <sstream>
+#include <vector>
+
+#include "backend.h"
+#include "mps_ext/params.h"
+#include "ops/naming.h"
+
+namespace mps_ext::ops {
+
+namespace {
+
+// GroupedMmParams::split (kGroupedSplit* in metal/grouped_mm.metal).
+enum Split : uint32_t { kSplitNone = 0, kSplitRows = 1, kSplitCols = 2, kSplitK = 3 };
+
+// The decode kernel: four SIMD groups of four weight rows (= output columns) each.
+constexpr int64_t kDecodeColumns = 16;
+// Up to this many rows per group on average, streaming each group's weights
+// once per 8 rows beats tiles (a group's rows come 8 at a time in the kernel).
+constexpr int64_t kDecodeMaxAverageRows = 8;
+constexpr int64_t kTileColumns = 32;  // kTileN in mps_ext/mma.h
+constexpr uint32_t kThreads = 128;
+
+bool float_type(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
+
+// Whether the address the kernel sees for `t`'s first element is 16-byte
+// aligned (a CPU tensor's storage is memory; an MPS tensor's an MTLBuffer
+// bound at the storage offset, its start aligned).
+bool aligned16(const at::Tensor& t) {
+  const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
+  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
+}
+
+// torch's rule for a's and b's last two dimensions (GroupedMMUtils.h).
+std::optional<std::string> torch_stride_rule(const at::Tensor& t) {
+  const int64_t d = t.dim() - 1, alignment = 16 / int64_t(t.element_size());
+  if (t.stride(d - 1) == 1 && t.stride(d) >= std::max<int64_t>(1, t.size(d - 1)))
+    return t.stride(d) % alignment == 0 ? std::nullopt : std::optional<std::string>("strides should be multiple of 16 bytes");
+  if (t.stride(d) == 1 && t.stride(d - 1) >= std::max<int64_t>(1, t.size(d)))
+    return t.stride(d - 1) % alignment == 0 ? std::nullopt
+                                            : std::optional<std::string>("strides should be multiple of 16 bytes");
+  std::ostringstream s;
+  s << "Invalid strides/sizes, got " << t.strides() << " for strides and " << t.sizes() << " for sizes";
+  return s.str();
+}
+
+std::string dtype_name(const at::Tensor& t) { return c10::toString(t.scalar_type()); }
+
+// The output's sizes and strides as torch allocates it: its last dimension
+// padded to 16 bytes.
+struct Layout {
+  std::vector<int64_t> size, stride;
+};
+
+Layout output_layout(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs) {
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  Layout l;
+  if (a2 && b2) l.size = {offs->size(0), a.size(0), b.size(1)};
+  else if (a2) l.size = {a.size(0), b.size(-1)};
+  else if (b2) l.size = {a.size(1), b.size(1)};
+  else l.size = {a.size(0), a.size(1), b.size(-1)};
+  const int64_t alignment = 16 / int64_t(a.element_size());
+  const int64_t padded = (l.size.back() + alignment - 1) / alignment * alignment;
+  l.stride = {padded, 1};
+  if (l.size.size() == 3) l.stride.insert(l.stride.begin(), l.size[1] * padded);
+  return l;
+}
+
+struct Problem {
+  GroupedMmParams params{};
+  int64_t groups = 0;
+};
+
+Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                   const Layout& out) {
+  Problem pr;
+  GroupedMmParams& q = pr.params;
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  q.split = a2 && b2 ? kSplitK : a2 ? kSplitRows : b2 ? kSplitCols : kSplitNone;
+  pr.groups = offs ? offs->size(0) : a.size(0);
+  q.groups = uint32_t(pr.groups);
+  q.m = uint32_t(a.size(-2));
+  q.k = uint32_t(a.size(-1));
+  q.n = uint32_t(b.size(-1));
+  q.a_group = a2 ? 0 : uint32_t(a.stride(0));
+  q.a_row = uint32_t(a.stride(-2));
+  q.a_k = uint32_t(a.stride(-1));
+  q.b_group = b2 ? 0 : uint32_t(b.stride(0));
+  q.b_k = uint32_t(b.stride(-2));
+  q.b_col = uint32_t(b.stride(-1));
+  q.out_group = out.stride.size() == 3 ? uint32_t(out.stride[0]) : 0;
+  q.out_row = uint32_t(out.stride[out.stride.size() - 2]);
+  const int64_t es = int64_t(a.element_size());
+  const auto multiple16 = [es](int64_t stride) { return stride * es % 16 == 0; };
+  q.a_vectorized = aligned16(a) && multiple16(q.a_row) && multiple16(q.a_group);
+  q.b_vectorized = aligned16(b) && multiple16(q.b_col) && multiple16(q.b_group);
+  return pr;
+}
+
+struct Plan {
+  std::string kernel;
+  Size3 grid, threads;
+};
+
+// Decode when the groups' weights are row-major (b the transposed expert
+// weights), a's rows contiguous and the groups have few rows on average (the
+// host cannot see how many each has); tiles otherwise, as tall as the
+// average group.
+Plan plan(const Problem& pr, at::ScalarType dtype) {
+  const GroupedMmParams& q = pr.params;
+  const int64_t g = pr.groups, m = q.m, n = q.n;
+  const int64_t average = q.split == kSplitRows ? m / std::max<int64_t>(g, 1) : m;
+  const bool rows_of_weights = q.b_k == 1 || q.k == 1;
+  const bool contiguous_x = q.a_k == 1 || q.k == 1;
+  if ((q.split == kSplitRows || q.split == kSplitNone) && rows_of_weights && contiguous_x &&
+      average <= kDecodeMaxAverageRows)
+    return {host_name("grouped_mm", "decode", {dtype}),
+            {uint32_t((n + kDecodeColumns - 1) / kDecodeColumns), uint32_t(g)},
+            {kThreads}};
+  const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
+  int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
+  if (q.split == kSplitRows) y += g;       // worst case: every group ends in a partial tile
+  else if (q.split == kSplitCols) x += g;
+  else z = g;
+  return {host_name("grouped_mm", ("tiled_m" + std::to_string(tm)).c_str(), {dtype}),
+          {uint32_t(x), uint32_t(y), uint32_t(z)},
+          {kThreads}};
+}
+
+}  // namespace
+
+std::optional<std::string> grouped_mm_invalid(const at::Tensor& a, const at::Tensor& b,
+                                              const std::optional<at::Tensor>& offs,
+                                              const std::optional<at::Tensor>& bias,
+                                              std::optional<at::ScalarType> out_dtype, bool torch_strides) {
+  if (!float_type(a.scalar_type()))
+    return "Expected a (mat_a) to be Float32, BFloat16 or Float16 matrix, got " + dtype_name(a);
+  if (!float_type(b.scalar_type()))
+    return "Expected b (mat_b) to be Float32, BFloat16 or Float16 matrix, got " + dtype_name(b);
+  if (a.dim() != 2 && a.dim() != 3) return "a (mat_a) has to be 2 or 3d";
+  if (b.dim() != 2 && b.dim() != 3) return "b (mat_b) has to be 2 or 3d";
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  // torch does not compare them for 2D x 2D (its per-group slices then fail or not); the kernels need it.
+  if (a.size(-1) != b.size(-2)) return "contraction dimension of a (mat_a) and b (mat_b) must match";
+  if (torch_strides) {
+    if (auto why = torch_stride_rule(a)) return "a (mat_a): " + *why;
+    if (auto why = torch_stride_rule(b)) return "b (mat_b): " + *why;
+  }
+  if (offs.has_value() != (a2 || b2))
+    return "Have to provide offsets (offs) if there is a 2d matrix, or no offset if both matrices are 3d";
+  if (offs) {
+    if (offs->dim() != 1) return "offs has to be 1D";
+    if (offs->scalar_type() != at::kInt) return "Offsets (offs) have to be int32";
+  }
+  if (bias) return "Bias not supported yet";
+  if (out_dtype.value_or(a.scalar_type()) != a.scalar_type())
+    return "Grouped gemm output dtype (out_dtype) must match `mat_a` (a) dtype";
+  if (a2 != b2 && offs->size(0) != (a2 ? b : a).size(0))
+    return std::string("matrix batch sizes have to match: offs has ") + std::to_string(offs->size(0)) +
+           " groups, " + (a2 ? "b" : "a") + " " + std::to_string((a2 ? b : a).size(0));
+  if (!a2 && !b2 && a.size(0) != b.size(0)) return "batched dimension has to match (a and b)";
+  if (a.scalar_type() != b.scalar_type())
+    return "Expected a (mat_a) and b (mat_b) to have the same dtype, got " + dtype_name(a) + " and " + dtype_name(b);
+  if (a.device() != b.device())
+    return "Expected a (mat_a) and b (mat_b) on one device, got " + a.device().str() + " and " + b.device().str();
+  return std::nullopt;
+}
+
+std::optional<std::string> grouped_mm_unsupported(const at::Tensor& a, const at::Tensor& b,
+                                                  const std::optional<at::Tensor>& offs) {
+  std::string why;
+  Backend* backend = backend_for(a.device(), &why);
+  if (!backend) return why;
+  if (offs && offs->device() != a.device()) return "offs on another device";
+  if (a.layout() != at::kStrided || b.layout() != at::kStrided || (offs && offs->layout() != at::kStrided))
+    return "not strided";
+  if (offs && offs->stride(0) != 1 && offs->size(0) > 1) return "offs not contiguous";
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  const Layout out = output_layout(a, b, offs);
+  for (const at::Tensor* t : {&a, &b})
+    for (int64_t d = 0; d < t->dim(); ++d)
+      if (t->size(d) > kMax || t->stride(d) > kMax) return "size >= 2^31";
+  if (out.size[0] * out.stride[0] > kMax) return "size >= 2^31";
+  const Problem pr = problem_of(a, b, offs, out);
+  if (pr.groups == 0) return std::nullopt;  // nothing to run
+  const Plan p = plan(pr, a.scalar_type());
+  return backend->unavailable(p.kernel, kThreads);
+}
+
+at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs) {
+  const Layout layout = output_layout(a, b, offs);
+  at::Tensor out = at::empty_strided(layout.size, layout.stride, a.options());
+  const Problem pr = problem_of(a, b, offs, layout);
+  if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
+  const Plan p = plan(pr, a.scalar_type());
+  dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(a).tensor(b).tensor(offs ? *offs : a).tensor(out).bytes(
+      pr.params));
+  return out;
+}
+
+at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                      std::optional<at::ScalarType> out_dtype) {
+  if (auto error = grouped_mm_invalid(a, b, offs, std::nullopt, out_dtype, false))
+    TORCH_CHECK(false, "mps_ext.grouped_mm: ", *error);
+  if (grouped_mm_unsupported(a, b, offs)) return at::_grouped_mm(a, b, offs, std::nullopt, out_dtype);
+  return grouped_mm_kernels(a, b, offs);
+}
+
+}  // namespace mps_ext::ops
+
+TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
+  m.def("grouped_mm(Tensor a, Tensor b, Tensor? offs=None, ScalarType? out_dtype=None) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mps_ext, CPU, m) { m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm)); }
+
+TORCH_LIBRARY_IMPL(mps_ext, MPS, m) { m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm)); }

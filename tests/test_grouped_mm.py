@@ -1,0 +1,318 @@
+"""grouped_mm (Mixture-of-Experts): mps_ext's kernels against torch's CPU
+_grouped_mm in every mode, the aten::_grouped_mm override, autograd through
+torch's formulas, a small MoE layer, and checked mode."""
+
+import re
+
+import pytest
+import torch
+
+import mps_ext
+from tolerances import assert_close_dot
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+KERNEL = re.compile(r"grouped_mm_(decode|tiled_m(16|32|64))_(float|half|bfloat)")
+
+
+def data(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def offsets(sizes):
+    return torch.tensor(sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+
+
+def experts(g, k, n, dtype, seed=1):
+    """b as transformers passes it: the (G, N, K) expert weights transposed to a (G, K, N) view."""
+    return data(g, n, k, dtype=dtype, seed=seed).transpose(-2, -1)
+
+
+def reference(a, b, offs):
+    """torch._grouped_mm's result in float64 (a per-group loop as torch's CPU kernel runs it) and
+    the mask of the positions it writes."""
+    a64, b64 = a.double(), b.double()
+    if a.dim() == 3 and b.dim() == 3:
+        out = torch.bmm(a64, b64)
+        return out, torch.ones_like(out, dtype=torch.bool)
+    ends = [0] + offs.tolist()
+    if a.dim() == 2 and b.dim() == 2:
+        out = torch.stack([a64[:, s:e] @ b64[s:e] for s, e in zip(ends, ends[1:])])
+        return out, torch.ones_like(out, dtype=torch.bool)
+    rows = a.dim() == 2
+    out = torch.zeros(a.shape[0] if rows else a.shape[1], b.shape[-1], dtype=torch.float64)
+    mask = torch.zeros_like(out, dtype=torch.bool)
+    for g, (s, e) in enumerate(zip(ends, ends[1:])):
+        if rows:
+            out[s:e], mask[s:e] = a64[s:e] @ b64[g], True
+        else:
+            out[:, s:e], mask[:, s:e] = a64[g] @ b64[:, s:e], True
+    return out, mask
+
+
+def check(a, b, offs=None, device="cpu", kernel=None, torch_too=False):
+    """mps_ext.grouped_mm on `device` against the float64 reference (and torch._grouped_mm when asked);
+    one grouped_mm kernel ran on the device's backend."""
+    with mps_ext.trace() as t:
+        got = mps_ext.grouped_mm(a.to(device), b.to(device), None if offs is None else offs.to(device)).cpu()
+    want, mask = reference(a, b, offs)
+    magnitude, _ = reference(a.abs(), b.abs(), offs)
+    assert got.shape == want.shape and got.dtype == a.dtype
+    k = a.shape[-1]  # at least every dot product's length
+    assert_close_dot(got[mask], want[mask], magnitude[mask], k)
+    if torch_too:
+        theirs = torch._grouped_mm(a, b, offs=offs)
+        assert got.stride() == theirs.stride()
+        assert_close_dot(got[mask], theirs[mask].double(), magnitude[mask], k)
+    backend = "simulator" if device == "cpu" else "metal"
+    if got.numel():
+        assert len(t.kernels) == 1 and t.kernels[0].backend == backend, t.kernels
+        m = KERNEL.fullmatch(t.names[0])
+        assert m and m.group(3) == TYPE[a.dtype], t.names
+        if kernel is not None:
+            assert t.names[0].startswith(f"grouped_mm_{kernel}"), t.names
+    return got, t
+
+
+# Decode takes every row count per group (1, 2, 3-4, 5-8, and more than 8 in passes of 8) while the
+# average stays at most 8; "uneven" averages more and takes tiles.
+SIZES = {"empty groups": [0, 3, 0, 1, 0], "ones": [1, 1, 1, 1], "twos": [2, 0, 2], "threes": [3, 3, 3],
+         "skewed": [0, 19, 0, 1, 6], "uneven": [5, 0, 17, 2, 40], "one group": [9], "all empty": [0, 0, 0]}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sizes", list(SIZES.values()), ids=list(SIZES))
+def test_rows_split(device, dtype, sizes):
+    # 2D x 3D, the MoE forward: rows of a per expert; a spare row past offs[-1] is left alone.
+    offs = offsets(sizes)
+    a, b = data(int(offs[-1]) + 1, 64, dtype=dtype), experts(len(sizes), 64, 40, dtype)
+    check(a, b, offs, device, torch_too=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("layout", ["transposed", "contiguous"])
+def test_rows_split_tiled(device, dtype, layout):
+    # Many rows per group: tiles; both layouts of b, tiles of 16, 32 and 64 rows.
+    for rows, tm in [(12, 16), (30, 32), (70, 64)]:
+        sizes = [rows - 3, 0, rows + 5, rows]
+        offs = offsets(sizes)
+        b = experts(4, 40, 72, dtype) if layout == "transposed" else data(4, 40, 72, dtype=dtype, seed=1)
+        check(data(int(offs[-1]), 40, dtype=dtype), b, offs, device, kernel=f"tiled_m{tm}", torch_too=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_cols_split(device, dtype):
+    # 3D x 2D: columns of b per group; columns past offs[-1] are left alone.
+    offs = offsets([8, 0, 24, 40])
+    check(data(4, 5, 48, dtype=dtype), data(48, 80, dtype=dtype, seed=1), offs, device, kernel="tiled_m16",
+          torch_too=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_k_split(device, dtype):
+    # 2D x 2D: K per group (the weight gradient), output (G, M, N); an empty K range gives zeros.
+    offs = offsets([16, 0, 40, 8])
+    got, _ = check(data(24, 72, dtype=dtype), data(72, 40, dtype=dtype, seed=1), offs, device, kernel="tiled_m32",
+                   torch_too=True)
+    assert not got[1].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,kernel", [(3, "decode"), (40, "tiled_m64")])
+def test_batched(device, dtype, m, kernel):
+    # 3D x 3D: a batched product, no offs; the transposed layout decodes when rows are few.
+    check(data(3, m, 56, dtype=dtype), experts(3, 56, 24, dtype), None, device, kernel=kernel, torch_too=True)
+
+
+def routing(tokens, experts_count, top_k, seed=0):
+    """offs of a top-k routing of `tokens` tokens (random router logits), as a MoE layer sorts them."""
+    logits = torch.randn(tokens, experts_count, generator=torch.Generator().manual_seed(seed))
+    chosen = logits.topk(top_k, dim=-1).indices.flatten()
+    counts = torch.bincount(chosen, minlength=experts_count)
+    return counts.cumsum(0).to(torch.int32)
+
+
+@pytest.mark.parametrize("groups", [1, 8, 64, 128])
+def test_group_counts(device, groups):
+    tokens = 6
+    offs = routing(tokens, groups, min(groups, 4))
+    a = data(int(offs[-1]), 32, dtype=torch.bfloat16)
+    check(a, experts(groups, 32, 24, torch.bfloat16), offs, device, kernel="decode", torch_too=True)
+    check(a, data(groups, 32, 24, dtype=torch.bfloat16, seed=1), offs, device, kernel="tiled_m16")
+
+
+# (model, projection, K, N, experts, top-k): expert shapes of real MoE models, sized for the simulator where noted.
+MOE_SHAPES = [
+    ("Qwen3-30B-A3B", "gate_up (first 96 of 1536 rows)", 2048, 96, 128, 8),
+    ("Qwen3-30B-A3B", "down (first 128 of 2048 rows)", 768, 128, 128, 8),
+    ("gpt-oss-20b", "gate_up (first 128 of 5760 rows)", 2880, 128, 32, 4),
+    ("Mixtral 8x7B", "w1 (first 128 of 14336 rows)", 4096, 128, 8, 2),
+]
+
+
+@pytest.mark.parametrize("model,proj,k,n,e,top_k", MOE_SHAPES, ids=[f"{m} {p}" for m, p, *_ in MOE_SHAPES])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_moe_decode_shapes(device, model, proj, k, n, e, top_k, tokens):
+    offs = routing(tokens, e, top_k, seed=tokens)
+    a = data(tokens * top_k, k, dtype=torch.bfloat16)
+    check(a, experts(e, k, n, torch.bfloat16), offs, device, kernel="decode")
+
+
+def test_odd_layouts(device):
+    # The kernels take what torch's stride rule rejects: odd K and N, a non-contiguous a, an
+    # unaligned start, an expanded b (one expert for every group), a transposed a.
+    offs = offsets([2, 0, 5])
+    check(data(7, 13), experts(3, 13, 11, torch.float32), offs, device, kernel="decode")
+    check(data(7, 26)[:, ::2], experts(3, 13, 11, torch.float32), offs, device, kernel="tiled_m16")
+    check(data(7 * 16 + 1, dtype=torch.half)[1:].view(7, 16), experts(3, 16, 8, torch.half), offs, device,
+          kernel="decode")
+    check(data(7, 16), data(16, 8, seed=1).expand(3, 16, 8), offs, device, kernel="tiled_m16")
+    check(data(16, 7).t(), experts(3, 16, 8, torch.float32), offs, device, kernel="tiled_m16")
+
+
+def test_offsets_stay_on_device():
+    # One dispatch of the same kernel and grid whatever offs holds: its values never reach the host
+    # (no .item()/.cpu() of offs; the grid is the worst case).
+    a, b = data(16, 32), experts(8, 32, 24, torch.float32)
+    records = []
+    for sizes in ([16, 0, 0, 0, 0, 0, 0, 0], [0] * 8, [2] * 8, [1, 0, 3, 0, 5, 0, 7, 0]):
+        with mps_ext.trace() as t:
+            mps_ext.grouped_mm(a, b, offsets(sizes))
+        records.append(t.kernels)
+    assert all(r == records[0] for r in records) and len(records[0]) == 1, records
+
+
+ERRORS = [
+    ("int a", lambda a, b, o: (a.int(), b, o), r"a \(mat_a\)"),
+    ("1-D a", lambda a, b, o: (a[0], b, o), r"a \(mat_a\)"),
+    ("4-D b", lambda a, b, o: (a, b[None], o), r"b \(mat_b\)"),
+    ("K mismatch", lambda a, b, o: (a, b[:, :8], o), "contraction"),
+    ("no offs", lambda a, b, o: (a, b, None), "offs"),
+    ("int64 offs", lambda a, b, o: (a, b, o.long()), "offs"),
+    ("2-D offs", lambda a, b, o: (a, b, o[None]), "offs"),
+    ("offs length", lambda a, b, o: (a, b, o[:2]), "offs"),
+    ("offs with 3D x 3D", lambda a, b, o: (b.transpose(1, 2)[:, :5], b, o), "offs"),
+    ("mixed dtypes", lambda a, b, o: (a, b.double().float().half(), o), "dtype"),
+]
+
+
+@pytest.mark.parametrize("name,make,word", ERRORS, ids=[e[0] for e in ERRORS])
+def test_errors(name, make, word):
+    a, b, offs = data(10, 16, dtype=torch.bfloat16), experts(3, 16, 8, torch.bfloat16), offsets([3, 0, 4])
+    args = make(a, b, offs)
+    with pytest.raises(RuntimeError):
+        torch._grouped_mm(args[0], args[1], offs=args[2])
+    with pytest.raises(RuntimeError, match=word):
+        mps_ext.grouped_mm(*args)
+
+
+def test_out_dtype():
+    a, b, offs = data(10, 16, dtype=torch.bfloat16), experts(3, 16, 8, torch.bfloat16), offsets([3, 0, 4])
+    assert mps_ext.grouped_mm(a, b, offs, out_dtype=torch.bfloat16).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        mps_ext.grouped_mm(a, b, offs, out_dtype=torch.float32)
+
+
+def test_override_cpu():
+    a, b, offs = data(10, 16, dtype=torch.bfloat16), experts(3, 16, 8, torch.bfloat16), offsets([3, 0, 4])
+    want = torch._grouped_mm(a, b, offs=offs)
+    mps_ext.overrides.reset_stats()
+    with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+        got = torch._grouped_mm(a, b, offs=offs)
+        with pytest.raises(RuntimeError, match="Offsets have to be int32"):  # torch's own error
+            torch._grouped_mm(a, b, offs=offs.long())
+        with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):  # torch's rule stays
+            torch._grouped_mm(data(10, 7, dtype=torch.bfloat16), experts(3, 7, 8, torch.bfloat16), offs=offs)
+    assert t.names == ["grouped_mm_decode_bfloat"]
+    torch.testing.assert_close(got[:7], want[:7], rtol=7.9e-3, atol=1e-2)
+    stats = mps_ext.overrides.stats()["aten::_grouped_mm"]
+    assert stats["hits"] == 1 and stats["fallbacks"] == 2 and stats["reasons"] == {"invalid arguments": 2}
+
+
+class MoE(torch.nn.Module):
+    """A Mixture-of-Experts MLP as transformers writes it: router softmax, top-k, tokens sorted by
+    expert, grouped gate/up and down projections over the transposed expert weights."""
+
+    def __init__(self, hidden, inter, experts_count, top_k, dtype):
+        super().__init__()
+        self.top_k = top_k
+        self.router = torch.nn.Parameter(data(experts_count, hidden, dtype=dtype, seed=3) * 0.3)
+        self.gate_up = torch.nn.Parameter(data(experts_count, 2 * inter, hidden, dtype=dtype, seed=4) * 0.2)
+        self.down = torch.nn.Parameter(data(experts_count, hidden, inter, dtype=dtype, seed=5) * 0.2)
+
+    def forward(self, x):
+        probs = torch.softmax(x @ self.router.t(), dim=-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        flat = chosen.flatten()
+        order = flat.argsort(stable=True)
+        token = order // self.top_k
+        offs = torch.bincount(flat, minlength=self.router.shape[0]).cumsum(0).to(torch.int32)
+        h = torch._grouped_mm(x[token], self.gate_up.transpose(-2, -1), offs=offs)
+        gate, up = h.chunk(2, dim=-1)
+        h = torch._grouped_mm(torch.nn.functional.silu(gate) * up, self.down.transpose(-2, -1), offs=offs)
+        h = h * weights.flatten()[order].unsqueeze(-1).to(h.dtype)
+        return torch.zeros_like(x).index_add(0, token, h)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [2, 24])
+def test_moe_layer(dtype, tokens):
+    layer = MoE(32, 16, 8, 2, dtype)
+    x = data(tokens, 32, dtype=dtype, seed=6).requires_grad_()
+    want = layer(x)
+    want.sum().backward()
+    want_grads = [x.grad.clone()] + [p.grad.clone() for p in layer.parameters()]
+    x.grad = None
+    layer.zero_grad(set_to_none=True)
+    mps_ext.overrides.reset_stats()
+    with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+        got = layer(x)
+        got.sum().backward()
+    got_grads = [x.grad] + [p.grad for p in layer.parameters()]
+    # Forward: 2 grouped products; backward: the input and weight gradients of each (2D x 2D for weights).
+    assert mps_ext.overrides.stats()["aten::_grouped_mm"]["hits"] == 6
+    assert sum(n.startswith("grouped_mm_") for n in t.names) == 6, t.names
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got, want, **tol)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, **tol)
+
+
+def test_autograd():
+    # mps_ext.grouped_mm's own derivative in every mode, against torch's on the CPU; offs covers every
+    # position (torch leaves gradient rows past offs[-1] unwritten, ours are 0).
+    cases = [(data(9, 16), experts(3, 16, 8, torch.float32), offsets([3, 0, 6])),
+             (data(3, 4, 16), data(16, 12, seed=1), offsets([4, 0, 8])),
+             (data(4, 12), data(12, 8, seed=1), offsets([4, 0, 8])),
+             (data(3, 4, 16), experts(3, 16, 8, torch.float32), None)]
+    for a, b, o in cases:
+        grads = []
+        for fn in (mps_ext.grouped_mm, lambda a, b, o: torch._grouped_mm(a, b, offs=o)):
+            x, y = a.clone().requires_grad_(), b.detach().clone().requires_grad_()
+            out = fn(x, y, o)
+            out.backward(data(*out.shape, seed=7))  # a real gradient: torch's formulas reject expanded ones
+            grads.append((x.grad, y.grad))
+        for g, w in zip(grads[0], grads[1]):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_opcheck():
+    offs = offsets([3, 0, 6])  # covers every row: positions past offs[-1] hold whatever memory held
+    for args in [(data(9, 16), experts(3, 16, 8, torch.float32), offs), (data(4, 9), data(9, 8, seed=1), offs),
+                 (data(3, 4, 16, dtype=torch.half), experts(3, 16, 8, torch.half), None)]:
+        torch.library.opcheck(torch.ops.mps_ext.grouped_mm.default, (*args, None),
+                              test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+
+
+@pytest.mark.parametrize("case", ["decode", "tiled_m16", "tiled_m64", "cols", "k"])
+def test_checked(case):
+    offs = offsets([2, 0, 3])
+    args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
+            "tiled_m16": (data(6, 40), data(3, 40, 9, seed=1), offs),
+            "tiled_m64": (data(2, 70, 40), experts(2, 40, 9, torch.float32), None),
+            "cols": (data(3, 5, 40), data(40, 9, seed=1), offs),
+            "k": (data(5, 6), data(6, 9, seed=1), offs)}[case]
+    with mps_ext.sim.checked():
+        got = mps_ext.grouped_mm(*args)
+    want, mask = reference(*args)
+    torch.testing.assert_close(got[mask].double(), want[mask], rtol=1e-5, atol=1e-5)
