@@ -110,10 +110,17 @@ if [ "$1" = --version ]; then echo fake 1.0; exit 0; fi
     return str(script)
 
 
-def test_interrupted_compile_leaves_no_temporary_files(cache, tmp_path, monkeypatch):
+@pytest.fixture
+def cxx(monkeypatch):
+    """Sets $CXX, the compiler of the mode without address spaces, and selects that mode."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", "0")
+    return lambda value: monkeypatch.setenv("CXX", value)
+
+
+def test_interrupted_compile_leaves_no_temporary_files(cache, tmp_path, cxx):
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("Ctrl-C reaches the main thread only")
-    monkeypatch.setenv("CXX", fake_compiler(tmp_path, "sleep 60"))
+    cxx(fake_compiler(tmp_path, "sleep 60"))
     timer = threading.Timer(3.0, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT))
     timer.start()
     try:
@@ -125,27 +132,27 @@ def test_interrupted_compile_leaves_no_temporary_files(cache, tmp_path, monkeypa
     assert all(n.endswith((".metal", ".cpp")) for n in left), left
 
 
-def test_cxx_with_arguments(cache, monkeypatch):
-    monkeypatch.setenv("CXX", f"{shutil.which('c++') or 'c++'} -DMPS_EXT_UNUSED_DEFINE=1")
+def test_cxx_with_arguments(cache, cxx):
+    cxx(f"{shutil.which('c++') or 'c++'} -DMPS_EXT_UNUSED_DEFINE=1")
     assert run_fill(mps_ext.sim.compile_shader(FILL % "4.0f")) == 4.0
 
 
-def test_missing_compiler_is_a_compile_error(cache, monkeypatch):
-    monkeypatch.setenv("CXX", "/nonexistent/c++")
+def test_missing_compiler_is_a_compile_error(cache, cxx):
+    cxx("/nonexistent/c++")
     with pytest.raises(CompileError, match="/nonexistent/c\\+\\+"):
         mps_ext.sim.compile_shader(FILL % "5.0f")
 
 
-def test_compiler_time_limit(cache, tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", fake_compiler(tmp_path, "sleep 60"))
+def test_compiler_time_limit(cache, tmp_path, monkeypatch, cxx):
+    cxx(fake_compiler(tmp_path, "sleep 60"))
     monkeypatch.setenv("MPS_EXT_SIM_COMPILE_TIMEOUT", "1")
     with pytest.raises(CompileError, match="timed out after 1 s.*MPS_EXT_SIM_COMPILE_TIMEOUT"):
         mps_ext.sim.compile_shader(FILL % "6.0f")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the memory limit is an address-space rlimit")
-def test_compiler_memory_limit(cache, tmp_path, monkeypatch):
-    monkeypatch.setenv("CXX", fake_compiler(tmp_path, 'echo "limit $(ulimit -v)" >&2; exit 1'))
+def test_compiler_memory_limit(cache, tmp_path, monkeypatch, cxx):
+    cxx(fake_compiler(tmp_path, 'echo "limit $(ulimit -v)" >&2; exit 1'))
     monkeypatch.setenv("MPS_EXT_SIM_COMPILE_MEMORY_MB", "700")
     with pytest.raises(CompileError, match=f"limit {700 * 1024}"):
         mps_ext.sim.compile_shader(FILL % "7.0f")

@@ -188,9 +188,9 @@ def _keeps_address_spaces(cxx: str) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _select(explicit: str | None, mode: str) -> Toolchain:
+def _select(explicit: str | None, mode: str, cxx: str) -> Toolchain:
     if mode == "0":
-        return Toolchain(explicit or os.environ.get("CXX", "c++"), False, "MPS_EXT_SIM_ADDRESS_SPACES=0")
+        return Toolchain(explicit or cxx, False, "MPS_EXT_SIM_ADDRESS_SPACES=0")
     candidates = [explicit] if explicit else _clang_candidates()
     for cxx in candidates:
         if _keeps_address_spaces(cxx):
@@ -199,7 +199,7 @@ def _select(explicit: str | None, mode: str) -> Toolchain:
             else "no clang >= 18 found (set MPS_EXT_SIM_CXX, or install clang)")
     if mode == "1":
         raise CompileError(f"MPS_EXT_SIM_ADDRESS_SPACES=1 but {note}")
-    return Toolchain(explicit or os.environ.get("CXX", "c++"), False, note)
+    return Toolchain(explicit or cxx, False, note)
 
 
 def toolchain() -> Toolchain:
@@ -210,7 +210,7 @@ def toolchain() -> Toolchain:
     ``MPS_EXT_SIM_ADDRESS_SPACES=1`` makes a missing clang an error, ``=0`` erases address spaces.
     """
     mode = os.environ.get("MPS_EXT_SIM_ADDRESS_SPACES", "")
-    return _select(os.environ.get("MPS_EXT_SIM_CXX") or None, mode)
+    return _select(os.environ.get("MPS_EXT_SIM_CXX") or None, mode, os.environ.get("CXX", "c++"))
 
 
 

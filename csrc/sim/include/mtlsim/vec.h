@@ -374,16 +374,22 @@ template <class V> struct is_value_class<packed<V>> : std::true_type {};
 template <class V, int... I> struct is_value_class<swizzle<V, I...>> : std::true_type {};
 template <class T, int C, int R> struct is_value_class<matrix<T, C, R>> : std::true_type {};
 template <class X> constexpr bool spaced_value_v = mtlsim::in_space_v<X> && is_value_class<mtlsim::value_type_t<X>>::value;
+// Operands of which one lives outside the thread space and one is a value
+// class: `v * args.scale` with `args` in constant memory is MSL too.
+template <class A, class B>
+constexpr bool spaced_operands_v = (mtlsim::in_space_v<A> || mtlsim::in_space_v<B>) &&
+                                   (is_value_class<mtlsim::value_type_t<A>>::value ||
+                                    is_value_class<mtlsim::value_type_t<B>>::value);
 }  // namespace detail
 
 #define MTLSIM_SPACE_BINARY(op)                                                                                \
-  template <class A, class B, std::enable_if_t<detail::spaced_value_v<A> || detail::spaced_value_v<B>, int> = 0> \
+  template <class A, class B, std::enable_if_t<detail::spaced_operands_v<A, B>, int> = 0> \
   MTLSIM_HD constexpr auto operator op(const A& a, const B& b)                                                  \
       -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b)) {                                             \
     return mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                      \
   }
 #define MTLSIM_SPACE_COMPOUND(op)                                                                              \
-  template <class A, class B, std::enable_if_t<detail::spaced_value_v<A> || detail::spaced_value_v<B>, int> = 0> \
+  template <class A, class B, std::enable_if_t<detail::spaced_operands_v<A, B>, int> = 0> \
   MTLSIM_HD constexpr auto operator op(A& a, const B& b)                                                        \
       -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b), a) {                                          \
     mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                             \
