@@ -32,7 +32,9 @@ using mps_ext::kTileK;
 using mps_ext::kTileN;
 using mps_ext::kTileThreads;
 
-constant constexpr uint kGroupedSplitNone = 0, kGroupedSplitRows = 1, kGroupedSplitCols = 2, kGroupedSplitK = 3;
+using mps_ext::kGroupedSplitCols;
+using mps_ext::kGroupedSplitK;
+using mps_ext::kGroupedSplitRows;
 
 // The part [start, start + size) of a dimension of length `limit` that group
 // g covers.

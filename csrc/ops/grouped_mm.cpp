@@ -21,9 +21,6 @@ namespace mps_ext::ops {
 
 namespace {
 
-// GroupedMmParams::split (kGroupedSplit* in metal/grouped_mm.metal).
-enum Split : uint32_t { kSplitNone = 0, kSplitRows = 1, kSplitCols = 2, kSplitK = 3 };
-
 // The decode kernel: four SIMD groups of four weight rows (= output columns) each.
 constexpr int64_t kDecodeColumns = 16;
 // Up to this many rows per group on average, streaming each group's weights
@@ -87,7 +84,7 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   Problem pr;
   GroupedMmParams& q = pr.params;
   const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
-  q.split = a2 && b2 ? kSplitK : a2 ? kSplitRows : b2 ? kSplitCols : kSplitNone;
+  q.split = a2 && b2 ? kGroupedSplitK : a2 ? kGroupedSplitRows : b2 ? kGroupedSplitCols : kGroupedSplitNone;
   pr.groups = offs ? offs->size(0) : a.size(0);
   q.groups = uint32_t(pr.groups);
   q.m = uint32_t(a.size(-2));
@@ -120,18 +117,18 @@ struct Plan {
 Plan plan(const Problem& pr, at::ScalarType dtype) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
-  const int64_t average = q.split == kSplitRows ? m / std::max<int64_t>(g, 1) : m;
+  const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
   const bool rows_of_weights = q.b_k == 1 || q.k == 1;
   const bool contiguous_x = q.a_k == 1 || q.k == 1;
-  if ((q.split == kSplitRows || q.split == kSplitNone) && rows_of_weights && contiguous_x &&
+  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && rows_of_weights && contiguous_x &&
       average <= kDecodeMaxAverageRows)
     return {host_name("grouped_mm", "decode", {dtype}),
             {uint32_t((n + kDecodeColumns - 1) / kDecodeColumns), uint32_t(g)},
             {kThreads}};
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
-  if (q.split == kSplitRows) y += g;       // worst case: every group ends in a partial tile
-  else if (q.split == kSplitCols) x += g;
+  if (q.split == kGroupedSplitRows) y += g;       // worst case: every group ends in a partial tile
+  else if (q.split == kGroupedSplitCols) x += g;
   else z = g;
   return {host_name("grouped_mm", ("tiled_m" + std::to_string(tm)).c_str(), {dtype}),
           {uint32_t(x), uint32_t(y), uint32_t(z)},

@@ -99,8 +99,10 @@ static_assert(sizeof(Fp8MatmulParams) == 60, "Fp8MatmulParams layout");
 // dimension offs divides: rows of a and out (2D x 3D), columns of b and out
 // (3D x 2D), K (2D x 2D), or none (3D x 3D, every group whole). A stride of
 // 0 for a group makes every group read the same 2-D operand.
+enum GroupedSplit : mps_ext_u32 { kGroupedSplitNone = 0, kGroupedSplitRows = 1, kGroupedSplitCols = 2, kGroupedSplitK = 3 };
+
 struct GroupedMmParams {
-  mps_ext_u32 split;   // kGroupedSplitNone / Rows / Cols / K (metal/grouped_mm.metal)
+  mps_ext_u32 split;   // a GroupedSplit
   mps_ext_u32 groups;
   mps_ext_u32 m;       // rows of out (of every group, or all groups' when split by rows)
   mps_ext_u32 n;       // columns of out (all groups' when split by columns)
