@@ -147,6 +147,19 @@ def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defin
     return proc.stdout
 
 
+def _closing(tokens: list[_Tok], i: int, open_: str, close: str) -> int | None:
+    """Index of the token closing the bracket opened at tokens[i], or None when unbalanced."""
+    depth = 0
+    for j in range(i, len(tokens)):
+        if tokens[j].text == open_:
+            depth += 1
+        elif tokens[j].text == close:
+            depth -= 1
+            if depth == 0:
+                return j
+    return None
+
+
 def _tokenize(text: str) -> list[_Tok]:
     tokens: list[_Tok] = []
     file, line = "<unknown>", 1
@@ -254,15 +267,10 @@ class _Translator:
 
     def match(self, i: int, open_: str, close: str) -> int:
         """Index of the token closing the bracket opened at i."""
-        depth = 0
-        for j in range(i, len(self.t)):
-            if self.t[j].text == open_:
-                depth += 1
-            elif self.t[j].text == close:
-                depth -= 1
-                if depth == 0:
-                    return j
-        self.err(i, f"unbalanced {open_!r}")
+        j = _closing(self.t, i, open_, close)
+        if j is None:
+            self.err(i, f"unbalanced {open_!r}")
+        return j
 
     def replace(self, i: int, toks: list[_Tok]):
         self.out[i] = toks
@@ -992,15 +1000,8 @@ class _Rules:
         raise TranslateError(f"{tok.file}:{tok.line}: MSL rule '{rule}': {msg}")
 
     def close_of(self, i: int, open_: str, close: str) -> int:
-        depth = 0
-        for j in range(i, len(self.t)):
-            if self.t[j].text == open_:
-                depth += 1
-            elif self.t[j].text == close:
-                depth -= 1
-                if depth == 0:
-                    return j
-        return len(self.t)  # unbalanced: the translator reports it
+        j = _closing(self.t, i, open_, close)
+        return len(self.t) if j is None else j  # unbalanced: the translator reports it
 
     def run(self) -> None:
         self.tokens()
