@@ -92,6 +92,11 @@ class Backend {
   // The memory of `t` is not reused before the work enqueued on `stream` so
   // far has run.
   virtual void record_tensor(const at::Tensor& t, int64_t stream) = 0;
+  // Work enqueued on `stream` from now on waits for the last record of the
+  // torch.mps.Event whose id is `event_id` (torch's event pool).
+  virtual void wait_torch_event(int64_t /*stream*/, int64_t /*event_id*/) {
+    TORCH_CHECK(false, "mps_ext: torch.mps.Event belongs to the mps device, not to ", name());
+  }
   // Where torch ops do not follow the current stream (the simulator, Metal
   // with torch 2.13), waits until it has run its kernels; otherwise, and on
   // the default stream, returns at once.

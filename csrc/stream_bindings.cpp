@@ -32,6 +32,9 @@ void register_stream_bindings(py::module_& m) {
                 ", the stream on ", d);
     b.record_tensor(t, s);
   });
+  m.def("_wait_torch_event", [](const std::string& d, int64_t s, int64_t event_id) {
+    backend(d).wait_torch_event(s, event_id);
+  }, no_gil);
   py::class_<Event>(m, "_Event")
       .def("record", &Event::record, no_gil)
       .def("block", &Event::block, no_gil)

@@ -112,10 +112,19 @@ class Stream:
         """True when all work enqueued on this stream has run."""
         return _C._stream_query(self.device.type, self.stream_id)
 
-    def wait_event(self, event: Event) -> None:
-        """Make work enqueued on this stream from now on wait for ``event``'s last record."""
+    def wait_event(self, event) -> None:
+        """Make work enqueued on this stream from now on wait for ``event``'s last record.
+
+        ``event`` is an :class:`Event` or, on ``mps``, a ``torch.mps.Event``
+        (which torch records on the default stream).
+        """
+        if isinstance(event, torch.mps.Event):
+            if self.device.type != "mps":
+                raise RuntimeError(f"wait_event: a torch.mps.Event belongs to mps, the stream is on {self.device}")
+            _C._wait_torch_event(self.device.type, self.stream_id, _torch_event_id(event))
+            return
         if not isinstance(event, Event):
-            raise TypeError(f"wait_event() expects an mps_ext.Event, got {type(event).__name__}")
+            raise TypeError(f"wait_event() expects an mps_ext.Event or a torch.mps.Event, got {type(event).__name__}")
         event.wait(self)
 
     def wait_stream(self, stream) -> None:
@@ -125,8 +134,19 @@ class Stream:
             raise RuntimeError(f"wait_stream: a stream on {self.device} cannot wait for a stream on {other.device}")
         self.wait_event(other.record_event())
 
-    def record_event(self, event: Event | None = None) -> Event:
-        """Record ``event`` (a new one when None) on this stream and return it."""
+    def record_event(self, event=None):
+        """Record ``event`` (a new :class:`Event` when None) on this stream and return it.
+
+        A ``torch.mps.Event`` can be recorded on the default ``mps`` stream
+        only (torch's limit); an :class:`Event` works on every stream.
+        """
+        if isinstance(event, torch.mps.Event):
+            if self.device.type != "mps" or self.stream_id != 0:
+                raise NotImplementedError(f"record_event: torch records a torch.mps.Event on the default mps stream "
+                                          f"only, not on {self!r}: record an mps_ext.Event instead")
+            with stream(self):
+                event.record()
+            return event
         event = Event() if event is None else event
         event.record(self)
         return event
@@ -148,6 +168,14 @@ def _as_stream(s) -> Stream:
     if isinstance(s, torch.Stream):
         return Stream._of(_device(s.device), s.stream_id)
     raise TypeError(f"expected an mps_ext.Stream or a torch stream, got {type(s).__name__}")
+
+
+def _torch_event_id(event) -> int:
+    """The id torch's event pool knows a ``torch.mps.Event`` by (a private attribute on torch 2.13-2.15)."""
+    event_id = getattr(event, "_Event__eventId", None)
+    if not isinstance(event_id, int):
+        raise TypeError("this torch.mps.Event keeps no event id mps_ext knows how to read")
+    return event_id
 
 
 def default_stream(device=None) -> Stream:

@@ -32,24 +32,6 @@ def reduction_scale(dtype: torch.dtype, n: int, signed_terms: bool = True) -> fl
     return max(1.0, n / 32 if signed_terms else n ** 0.5 / 64)
 
 
-def dot_atol(x: torch.Tensor, w: torch.Tensor) -> float:
-    """Extra absolute tolerance for ``x @ w.T`` summed in float32 in another
-    order than the reference's.
-
-    Where terms cancel, a dot product near 0 keeps the rounding error of its
-    partial sums, about sqrt(K) float32 ulps of their size, which a
-    tolerance relative to the result cannot cover (a half or bfloat16 result
-    then differs in many ulps). Bounded by 8 * 2^-24 * sqrt(K) * the largest
-    sqrt(sum_i (x_i w_ji)^2), the typical size of a partial sum.
-    """
-    k = x.shape[-1]
-    if x.numel() == 0 or w.numel() == 0:
-        return 0.0
-    xs, ws = x.detach().cpu().double().reshape(-1, k), w.detach().cpu().double().reshape(-1, k)
-    squares = (xs.square() @ ws.square().t()).nan_to_num(0, 0, 0)
-    return float(8 * 2.0**-24 * k**0.5 * squares.max().sqrt())
-
-
 def linalg_scale(n: int) -> float:
     """How much to widen the float32/complex64 tolerance for LU factors and
     solutions of well-conditioned order-``n`` systems compared with torch's
@@ -66,6 +48,25 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtyp
     rtol, dtype_atol = TOLERANCES[dtype or actual.dtype]
     torch.testing.assert_close(actual.cpu(), expected.cpu().to(actual.dtype), rtol=rtol * scale,
                                atol=dtype_atol * scale + atol, equal_nan=True)
+
+
+def assert_close_dot(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, k: int):
+    """Results of length-``k`` dot products accumulated in float32 in any order,
+    against a reference computed the same way but in another order.
+
+    The two float32 sums differ by at most about ``k * 2^-24`` times the sum of
+    the terms' magnitudes (``magnitude``, e.g. ``|a| @ |b|``), and that difference
+    can move the rounding to a half or bfloat16 output by one unit: the bound
+    is that plus the output dtype's tolerance. NaNs compare equal.
+    """
+    rtol, atol = TOLERANCES[actual.dtype]
+    got, want = actual.detach().cpu().double(), expected.detach().cpu().double()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    bound = rtol * want.abs() + atol + max(k, 1) * 2.0**-24 * magnitude.detach().cpu().double()
+    same = (got == want) | (got.isnan() & want.isnan())
+    bad = ~same & ~((got - want).abs() <= bound)
+    assert not bad.any(), (f"{int(bad.sum())} of {got.numel()} differ; first at {bad.nonzero()[0].tolist()}: "
+                           f"{got[bad][0].item()} vs {want[bad][0].item()}")
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -98,22 +99,3 @@ def mps_usable() -> tuple[bool, str]:
     if got != 4096 * 4095:
         return False, f"MPS is reported but computes wrong results ({got} != {4096 * 4095})"
     return True, "usable"
-
-
-def assert_close_dot(actual: torch.Tensor, expected: torch.Tensor, magnitude: torch.Tensor, k: int):
-    """Results of length-``k`` dot products accumulated in float32 in any order,
-    against a reference computed the same way but in another order.
-
-    The two float32 sums differ by at most about ``k * 2^-24`` times the sum of
-    the terms' magnitudes (``magnitude``, e.g. ``|a| @ |b|``), and that difference
-    can move the rounding to a half or bfloat16 output by one unit: the bound
-    is that plus the output dtype's tolerance. NaNs compare equal.
-    """
-    rtol, atol = TOLERANCES[actual.dtype]
-    got, want = actual.detach().cpu().double(), expected.detach().cpu().double()
-    assert got.shape == want.shape, (got.shape, want.shape)
-    bound = rtol * want.abs() + atol + max(k, 1) * 2.0**-24 * magnitude.detach().cpu().double()
-    same = (got == want) | (got.isnan() & want.isnan())
-    bad = ~same & ~((got - want).abs() <= bound)
-    assert not bad.any(), (f"{int(bad.sum())} of {got.numel()} differ; first at {bad.nonzero()[0].tolist()}: "
-                           f"{got[bad][0].item()} vs {want[bad][0].item()}")

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mps_ext
-from tolerances import assert_close, dot_atol, reduction_scale
+from tolerances import assert_close, assert_close_dot
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
@@ -31,7 +31,8 @@ def check(x, w, b=None, kernel=None, device="cpu"):
         got = mps_ext.linear(x.to(device), w.to(device), None if b is None else b.to(device)).cpu()
     want = reference(x, w, b)
     assert got.dtype == want.dtype and got.shape == want.shape
-    assert_close(got, want, scale=reduction_scale(got.dtype, x.shape[-1]), atol=dot_atol(x, w))
+    magnitude = x.cpu().float().abs() @ w.cpu().float().abs().t() + (0 if b is None else b.cpu().float().abs())
+    assert_close_dot(got, want, magnitude, x.shape[-1])
     backend = "simulator" if device == "cpu" else "metal"
     assert len(t.kernels) == 1 and t.kernels[0].backend == backend
     rows = max(1, x.numel() // max(1, x.shape[-1]))

@@ -312,6 +312,38 @@ def test_torch_streams_are_accepted():
         assert mps_ext.current_stream("cpu") == mps_ext.default_stream("cpu")
 
 
+def _unrecorded_torch_event():
+    # torch.mps.Event() needs a Metal device; one with id 0 is never released by its __del__.
+    event = torch.mps.Event.__new__(torch.mps.Event)
+    event._Event__eventId = 0
+    return event
+
+
+def test_torch_mps_event_misuse():
+    with pytest.raises(RuntimeError, match="belongs to mps, the stream is on cpu"):
+        mps_ext.Stream("cpu").wait_event(_unrecorded_torch_event())
+    with pytest.raises(NotImplementedError, match="default mps stream only"):
+        mps_ext.Stream("cpu").record_event(_unrecorded_torch_event())
+    with pytest.raises(NotImplementedError, match="record an mps_ext.Event instead"):
+        mps_ext.Stream._of(torch.device("mps"), 3).record_event(_unrecorded_torch_event())
+
+
+def test_a_stream_waits_for_a_torch_mps_event(device):
+    if device != "mps":
+        pytest.skip("torch.mps.Event needs mps")
+    x = torch.randn(512, 4096, device="mps")
+    y = torch.exp(x) * 2  # a torch op on the default stream
+    event = torch.mps.Event()
+    mps_ext.default_stream("mps").record_event(event)
+    s = mps_ext.Stream("mps")
+    s.wait_event(event)
+    with mps_ext.stream(s):
+        z = mps_ext.softmax(y, -1)
+    s.synchronize()
+    assert event.query()
+    assert_close(z.cpu(), torch.softmax(torch.exp(x.cpu()) * 2, -1))
+
+
 # Lifetimes
 
 

@@ -118,6 +118,9 @@ class MetalBackend final : public Backend {
   bool query(int64_t stream) override { return metal_streams::query(stream); }
   std::unique_ptr<Event> new_event() override { return metal_streams::new_event(device_); }
   void record_tensor(const at::Tensor& t, int64_t stream) override { metal_streams::record_tensor(t, stream); }
+  void wait_torch_event(int64_t stream, int64_t event_id) override {
+    metal_streams::wait_torch_event(stream, event_id);
+  }
   void before_torch_ops() override { metal_streams::before_torch_ops(); }
 
   id<MTLDevice> device() const { return device_; }

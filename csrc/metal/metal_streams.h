@@ -27,6 +27,7 @@ void synchronize(int64_t stream_id);
 bool query(int64_t stream_id);
 std::unique_ptr<Event> new_event(id<MTLDevice> device);
 void record_tensor(const at::Tensor& t, int64_t stream_id);
+void wait_torch_event(int64_t stream_id, int64_t event_id);
 void before_torch_ops();
 
 // Inside a block on stream->queue(), after encoding work that uses `tensors`

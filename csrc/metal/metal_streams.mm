@@ -1,6 +1,7 @@
 #include "metal/metal_streams.h"
 
 #include <ATen/mps/MPSDevice.h>
+#include <ATen/mps/MPSEvent.h>
 #include <torch/headeronly/version.h>
 
 #include <array>
@@ -218,6 +219,23 @@ void record_tensor(const at::Tensor& t, int64_t stream_id) {
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
     keep_until_completed(stream, {t});
   });
+#endif
+}
+
+void wait_torch_event(int64_t stream_id, int64_t event_id) {
+#if MPS_EXT_TORCH_AT_LEAST(15)
+  at::mps::getMPSEventPool()->waitForEvent(static_cast<id_t>(event_id), /*syncEvent=*/false, by_id(stream_id));
+#else
+  // Before 2.15 torch's pool waits on the default stream only, where torch
+  // also records its events: any other stream waits for the default stream's
+  // work so far, which includes the event's last record.
+  if (stream_id == 0) {
+    at::mps::getMPSEventPool()->waitForEvent(static_cast<id_t>(event_id), /*syncEvent=*/false);
+    return;
+  }
+  MetalEvent after(at::mps::MPSDevice::getInstance()->device());
+  after.record(0);
+  after.block(stream_id);
 #endif
 }
 

@@ -78,7 +78,15 @@ API_AVAILABLE(macos(10.11), ios(8.0))
 // MTLEvent.h, MTLCommandBuffer.h, MTLCommandQueue.h
 @protocol MTLEvent <NSObject>
 @end
+@interface MTLSharedEventListener : NSObject
+@end
+@protocol MTLSharedEvent;
+typedef void (^MTLSharedEventNotificationBlock)(id<MTLSharedEvent>, uint64_t value);
 @protocol MTLSharedEvent <MTLEvent>
+- (void)notifyListener:(MTLSharedEventListener*)listener
+               atValue:(uint64_t)value
+                 block:(MTLSharedEventNotificationBlock)block;
+@property(readwrite) uint64_t signaledValue;
 @end
 
 @protocol MTLCommandBuffer;
