@@ -165,7 +165,7 @@ def fp8_cases() -> Iterator[Case]:
             got = fp8.scaled_mm(dev[0], dev[1].t(), sa.to(device), sb.to(device), out_dtype=dtype)
             return got, ((a.float() * sa) @ (w.float().t() * sb)).to(dtype), 1.0
 
-        def linear(device, dtype=dtype, m=3):
+        def fp8_linear(device, dtype=dtype, m=3):
             x, w = ints(m, 72, seed=5).to(dtype), ints(40, 72, seed=6).to(f8)
             s = torch.tensor([[0.5, 2.0, 0.25], [1.0, 4.0, 0.5]])
             got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), s.to(device), block_size=(32, 32))
@@ -178,7 +178,7 @@ def fp8_cases() -> Iterator[Case]:
         for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
             kind = "tiled" if m > 8 else "gemv"
             yield Case(f"scaled_mm {kind} fp8->{t} {m}x72x40", lambda d, f=scaled_mm, m=m: f(d, m=m))
-            yield Case(f"fp8_linear {kind} {t} {m}x72x40", lambda d, f=linear, m=m: f(d, m=m))
+            yield Case(f"fp8_linear {kind} {t} {m}x72x40", lambda d, f=fp8_linear, m=m: f(d, m=m))
 
 
 def grouped_mm_cases() -> Iterator[Case]:
