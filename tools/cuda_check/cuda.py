@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -66,6 +67,7 @@ class Driver:
         torch.zeros(1, device="cuda")  # torch makes the primary context current
         self.modules = {}
         self.functions: dict[str, ctypes.c_void_p] = {}
+        self.max_threads: dict[str, int] = {}
 
     def check(self, rc, what):
         if rc != 0:
@@ -82,6 +84,15 @@ class Driver:
             fn = ctypes.c_void_p()
             self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, (SYMBOL_PREFIX + name).encode()), f"kernel {name}")
             self.functions[name] = fn
+            limit = ctypes.c_int()
+            self.check(self.lib.cuFuncGetAttribute(ctypes.byref(limit), 0, fn), f"attributes of {name}")
+            self.max_threads[name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+
+    def alloc(self, nbytes: int) -> "Raw":
+        """A plain cuMemAlloc of exactly nbytes (never freed: for the planted controls)."""
+        ptr = ctypes.c_uint64()
+        self.check(self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+        return Raw(ptr.value)
 
     def launch(self, name: str, grid, block, addresses: list[int]):
         args = (ctypes.c_uint64 * 16)(*addresses, *([0] * (16 - len(addresses))))
@@ -89,10 +100,41 @@ class Driver:
         stream = torch.cuda.current_stream().cuda_stream
         g = (list(grid) + [1, 1])[:3]
         b = (list(block) + [1, 1])[:3]
+        if b[0] * b[1] * b[2] > self.max_threads[name]:
+            raise RuntimeError(f"{name}: {b} threads, the kernel takes at most {self.max_threads[name]} "
+                               f"(LAUNCH_BOUNDS in translate_cuda.py)")
         rc = self.lib.cuLaunchKernel(self.functions[name], ctypes.c_uint(g[0]), ctypes.c_uint(g[1]),
                                      ctypes.c_uint(g[2]), ctypes.c_uint(b[0]), ctypes.c_uint(b[1]),
                                      ctypes.c_uint(b[2]), ctypes.c_uint(0), ctypes.c_void_p(stream), params, None)
         self.check(rc, f"launching {name} grid {g} block {b}")
+
+
+class Raw:
+    """A device address that is not a tensor, bound like one."""
+
+    def __init__(self, address: int):
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def resource_usage(cubin: Path) -> dict[str, dict[str, int]]:
+    """{host name: {REG, STACK, SHARED, LOCAL}} from cuobjdump (empty when it is not installed)."""
+    tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    if not Path(tool).exists():
+        return {}
+    proc = subprocess.run([tool, "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
+    usage, name = {}, None
+    for line in proc.stdout.splitlines():
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            name = m.group(1)
+            name = name[len(SYMBOL_PREFIX):] if name.startswith(SYMBOL_PREFIX) else None
+            continue
+        if name and "REG:" in line:
+            usage[name] = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
+    return usage
 
 
 def u32s(*values) -> torch.Tensor:

@@ -80,7 +80,11 @@ def render(res: dict) -> str:
           "Correctness: cases (odd sizes, NaN/inf rows, every dtype; plus the model sizes below) whose output "
           "matches a float64 reference within the dtype's tolerance, every output element written (outputs "
           "are poisoned with NaN first). Sanitizers ran over the small cases.", "",
-          "| file | kernel | correct | racecheck | synccheck | memcheck |", "| --- | --- | --- | --- | --- | --- |"]
+          "Registers, stack bytes and threadgroup (shared) bytes per thread/threadgroup are cuobjdump's: a "
+          "stack frame means a thread-private array went to local memory.", "",
+          "| file | kernel | correct | racecheck | synccheck | memcheck | regs | stack | shared |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    usage = res.get("usage", {})
     for stem, names in res["kernels"].items():
         for k in names:
             oks = per.get(k, [])
@@ -88,7 +92,8 @@ def render(res: dict) -> str:
             if oks and not all(oks):
                 corr = f"**{corr}**"
             L.append(f"| {stem} | `{k}` | {corr} | " + " | ".join(_verdict(san, t, k) for t in
-                                                                  ("racecheck", "synccheck", "memcheck")) + " |")
+                                                                  ("racecheck", "synccheck", "memcheck")) +
+                     " | " + " | ".join(str(usage.get(k, {}).get(f, "?")) for f in ("REG", "STACK", "SHARED")) + " |")
     L.append("")
 
     # Model sizes
@@ -125,7 +130,7 @@ def summary(res: dict) -> str:
     small, large = res.get("small", []), res.get("large", [])
     bad = [r["name"] for r in small + large if not r["ok"]]
     san = res.get("sanitizers", {})
-    flagged = {t: sorted(k for k, v in r.get("errors", {}).items() if v) for t, r in san.items()}
+    flagged = {t: sorted(k for k, v in r.get("errors", {}).items() if v) for t, r in san.items() if "errors" in r}
     lines = [f"sweep {sum(r['ok'] for r in small)}/{len(small)} ok, model sizes {sum(r['ok'] for r in large)}/"
              f"{len(large)} ok; failures: {bad}", f"sanitizers flagged: {flagged}"]
     for r in large:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 import cases as C  # noqa: E402
-from cuda import Driver, Launch, Launcher, build, env_no_caching, u32s  # noqa: E402
+from cuda import Driver, Launch, Launcher, build, env_no_caching, resource_usage, u32s  # noqa: E402
 from translate_cuda import ROOT, translate  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -55,7 +55,7 @@ def load_all(build_dir: Path, with_planted=False):
     for src in srcs:
         names[src.stem] = [e.host for e in translate(src, [ROOT / "metal" / "include"])[1]]
         drv.load(src.stem, cubins[src.stem], names[src.stem])
-    return drv, names
+    return drv, names, cubins
 
 
 def run_case(launcher: Launcher, case: C.Case) -> dict:
@@ -110,7 +110,8 @@ def run_controls(drv: Driver, launcher: Launcher, tool: str):
     out = torch.zeros(256, device="cuda")
     name = CONTROL[tool]
     if tool == "memcheck":
-        launches = [Launch(name, (4,), (64,), [out, u32s(256)])]
+        # Its own allocation of exactly 200 floats: torch rounds sizes up, which would hide the overrun.
+        launches = [Launch(name, (1,), (200,), [drv.alloc(200 * 4), u32s(200)])]
     elif tool == "synccheck":
         launches = [Launch(name, (1,), (64,), [out])]
     else:
@@ -124,12 +125,14 @@ def run_controls(drv: Driver, launcher: Launcher, tool: str):
 
 def sanitize_child(args):
     """Inside compute-sanitizer: the sweep with a marker before each launch, then the tool's control."""
-    drv, _ = load_all(args.build, with_planted=True)
+    drv, _, _ = load_all(args.build, with_planted=True)
     launcher = Launcher(drv, trace=lambda k: log(MARK + k))
     families = args.families.split(",")
     sweep(launcher, families)
     log(MARK + CONTROL[args.sanitize])
     run_controls(drv, launcher, args.sanitize)
+    torch.cuda.synchronize()
+    time.sleep(1)  # reports of the control's last launch come before the end marker
     log(MARK + "__end__")
 
 
@@ -150,8 +153,9 @@ def parse_sanitizer(text: str) -> dict[str, list[str]]:
     current = "__unattributed__"
     for line in text.splitlines():
         if line.startswith(MARK):
-            current = line[len(MARK):].strip()
-            found.setdefault(current, [])
+            if line[len(MARK):].strip() != "__end__":  # late reports belong to the last kernel
+                current = line[len(MARK):].strip()
+                found.setdefault(current, [])
             continue
         if line.startswith("=========") and _ERROR.match(line) and "ERROR SUMMARY" not in line:
             found.setdefault(current, []).append(line.strip())
@@ -164,7 +168,9 @@ def run_sanitizers(args, out_dir: Path) -> dict:
         return {"error": "compute-sanitizer not found"}
 
     def one(tool):
-        cmd = [tool_path, "--tool", tool, "--print-limit", "20", "--show-backtrace", "no"]
+        cmd = [tool_path, "--tool", tool, "--print-limit", "200", "--show-backtrace", "no"]
+        if tool == "memcheck":
+            cmd += ["--padding", "1024"]  # no allocation directly after another
         if tool == "racecheck":
             cmd += ["--racecheck-report", "all"]
         cmd += [sys.executable, str(HERE / "run.py"), "--sanitize", tool, "--build", str(args.build),
@@ -232,8 +238,11 @@ def main():
     families = args.families.split(",")
     t0 = time.time()
     log("build:")
-    drv, names = load_all(args.build, with_planted=True)
+    drv, names, cubins = load_all(args.build, with_planted=True)
     log(f"  built in {time.time() - t0:.0f} s")
+    usage = {}
+    for cubin in cubins.values():
+        usage.update(resource_usage(cubin))
     launcher = Launcher(drv)
     # The sanitizers run beside the (untimed) sweep, and are done before anything is timed.
     pool = ThreadPoolExecutor(max_workers=1)
@@ -258,7 +267,7 @@ def main():
         large = large_cases(launcher, families, info["copy_gbs"], args.reps)
     info["seconds"] = round(time.time() - t0)
     all_names = {stem: n for stem, n in names.items() if stem != PLANTED.stem}
-    result = {"info": info, "small": small, "large": large, "sanitizers": san, "kernels": all_names,
+    result = {"info": info, "small": small, "large": large, "sanitizers": san, "kernels": all_names, "usage": usage,
               "launched": sorted(launcher.launched)}
     (args.out / "cuda_check.json").write_text(json.dumps(result, indent=1, default=str))
     import report

@@ -47,6 +47,17 @@ _RENAMED = {"half": "mtl_half", "bfloat": "mtl_bfloat"}
 _RENAMED.update({f"{s}{n}": f"mtl_{s}{n}" for s in _SCALARS for n in (2, 3, 4)})
 _SWIZZLE = re.compile(r"[xyzw]{2,4}|[rgba]{2,4}")
 # Metal functions called unqualified after `using namespace metal` that CUDA also declares globally.
+# The most threads per threadgroup the host launches each kernel with (csrc/ops/*.cpp), as
+# __launch_bounds__: a bound of 1024 for every kernel would cap registers at 64 per thread and spill
+# kernels that Apple's compiler is free to give more (a Metal pipeline lowers its own thread limit instead).
+LAUNCH_BOUNDS = [(re.compile(r"(log_)?softmax_block_"), 1024), (re.compile(r"gemv_splitk_"), 512)]
+DEFAULT_LAUNCH_BOUND = 256
+
+
+def launch_bound(host: str) -> int:
+    return next((n for pattern, n in LAUNCH_BOUNDS if pattern.match(host)), DEFAULT_LAUNCH_BOUND)
+
+
 # The CUDA symbol of a host name's trampoline (a kernel whose host name is its own name would clash).
 SYMBOL_PREFIX = "mtlk_"
 _METAL_CALLS = {"max", "min", "exp", "log", "fabs", "isnan", "isinf", "clamp", "dot", "ceil", "floor", "sqrt",
@@ -187,7 +198,7 @@ class CudaTranslator(T._Translator):
         for e in self.entries_cuda:
             function = re.sub(r"\b\w+\b", lambda m: _RENAMED.get(m.group(0), m.group(0)), e.function)
             lines.append(f"#line {e.line} {T._c_string(e.file)}")
-            lines.append(f'extern "C" __global__ void __launch_bounds__(1024) {SYMBOL_PREFIX}{e.host}(::mtlcuda::Args a) {{ '
+            lines.append(f'extern "C" __global__ void __launch_bounds__({launch_bound(e.host)}) {SYMBOL_PREFIX}{e.host}(::mtlcuda::Args a) {{ '
                          f"::mtlcuda::Entry<&{function}>::run<{', '.join(e.binders)}>(a); }}")
         return "\n".join(lines) + "\n"
 
