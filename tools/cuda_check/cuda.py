@@ -88,6 +88,14 @@ class Driver:
             self.check(self.lib.cuFuncGetAttribute(ctypes.byref(limit), 0, fn), f"attributes of {name}")
             self.max_threads[name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 
+    def resident(self, name: str, threads: int) -> int:
+        """Threadgroups of this size one SM holds at once (registers, shared memory, thread limits)."""
+        n = ctypes.c_int()
+        self.check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.functions[name],
+                                                                         ctypes.c_int(threads), ctypes.c_size_t(0)),
+                   f"occupancy of {name}")
+        return n.value
+
     def alloc(self, nbytes: int) -> "Raw":
         """A plain cuMemAlloc of exactly nbytes (never freed: for the planted controls)."""
         ptr = ctypes.c_uint64()

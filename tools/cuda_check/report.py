@@ -101,12 +101,18 @@ def render(res: dict) -> str:
     L += ["## Model sizes: parity and bandwidth", "",
           "GB/s counts the fewest bytes the op must move (each input read once, each output written once) over "
           "the median time of repeated launches; % is of the measured copy bandwidth. torch: its own CUDA op "
-          "on the same inputs in the same run. Threadgroups: per launch, against the GPU's SMs.", "",
+          "on the same inputs in the same run. Threadgroups: per launch, `launched of threads-each / SMs × "
+          "threadgroups one SM holds at once` (CUDA's occupancy for the kernel's registers and threadgroup "
+          "memory), with each launch's own time when a case has several.", "",
           "| case | kernels | correct | ms | GB/s | % copy | torch GB/s | torch % | threadgroups / SMs | note |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res.get("large", []):
         pct = r.get("pct_copy")
-        tg = ", ".join(f"{t} / {sms}" for t in r["threadgroups"])
+        if r.get("launches"):
+            tg = ", ".join(f"{l['threadgroups']} of {l['threads']} / {sms}×{l['resident_per_sm']}"
+                           + (f" ({l['ms']:.3f} ms)" if "ms" in l else "") for l in r["launches"])
+        else:
+            tg = ", ".join(f"{t} / {sms}" for t in r["threadgroups"])
         tgbs = r.get("torch_gbs")
         note = []
         if r.get("tflops"):
@@ -126,6 +132,18 @@ def render(res: dict) -> str:
     return "\n".join(L)
 
 
+def main():
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description="Render the report of a CUDA check run from its JSON.")
+    ap.add_argument("json", type=Path)
+    ap.add_argument("-o", "--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.write_text(render(json.loads(args.json.read_text())))
+
+
 def summary(res: dict) -> str:
     small, large = res.get("small", []), res.get("large", [])
     bad = [r["name"] for r in small + large if not r["ok"]]
@@ -137,3 +155,7 @@ def summary(res: dict) -> str:
         lines.append(f"{r['name'][:60]:60s} {r.get('gbs', 0):7.0f} GB/s {r.get('pct_copy') or 0:4.0f}%  torch "
                      f"{r.get('torch_gbs', 0):7.0f}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

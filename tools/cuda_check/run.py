@@ -208,6 +208,17 @@ def large_cases(launcher, families, copy_gbs, reps):
                     r["torch_gbs"] = case.bytes / tms / 1e6
             except Exception as e:  # noqa: BLE001
                 r["msg"] += f"; timing failed: {type(e).__name__}: {e}"
+            # Per launch: threadgroups, how many an SM holds at once, and its own time when there are several.
+            r["launches"] = []
+            for l in case.launches:
+                threads = 1
+                for t in l.threads:
+                    threads *= t
+                entry = {"kernel": l.kernel, "threadgroups": l.threadgroups, "threads": threads,
+                         "resident_per_sm": launcher.driver.resident(l.kernel, threads)}
+                if len(case.launches) > 1:
+                    entry["ms"] = time_ms(lambda: launcher.run([l]), reps)
+                r["launches"].append(entry)
             r["bytes"] = case.bytes
             r["torch_note"] = case.torch_note
             r["pct_copy"] = 100 * r["gbs"] / copy_gbs if "gbs" in r else None
