@@ -80,9 +80,11 @@ def nbytes(*ts) -> int:
 
 # ---------------------------------------------------------------- softmax
 
-def softmax_case(shape, dim, log, dt_in, dt_out=None, large=False, special=False):
+def softmax_case(shape, dim, log, dt_in, dt_out=None, large=False, special=False, unaligned=False):
     dt_out = dt_out or dt_in
     x = randn(*shape, dtype=dt_in, scale=4.0)
+    if unaligned:
+        x = offset_view(x)
     if special:
         x.view(-1)[::97] = float("-inf")
         x.view(-1)[5] = float("inf") if log else x.view(-1)[5]
@@ -90,7 +92,8 @@ def softmax_case(shape, dim, log, dt_in, dt_out=None, large=False, special=False
     poison(y)
     fn = torch.log_softmax if log else torch.softmax
     ref = fn(x.double(), dim)
-    name = f"{'log_' if log else ''}softmax {tuple(shape)} dim={dim} {DT[dt_in]}->{DT[dt_out]}"
+    name = (f"{'log_' if log else ''}softmax {tuple(shape)} dim={dim} {DT[dt_in]}->{DT[dt_out]}"
+            f"{' unaligned' if unaligned else ''}")
     tfn = lambda: fn(x, dim, dtype=dt_out)
     return Case("softmax", name, launches, compare(y, ref, dt_out, torch_out=tfn if large else None),
                 nbytes(x, y), 0, tfn if large else None)
@@ -104,7 +107,8 @@ def softmax_small():
                       softmax_case((5, 1000), -1, log, dt_in, dt_out, special=True),
                       softmax_case((3, 999), -1, log, dt_in, dt_out),
                       softmax_case((3, 5003), -1, log, dt_in, dt_out),
-                      softmax_case((2, 37, 600), 1, log, dt_in, dt_out)]
+                      softmax_case((2, 37, 600), 1, log, dt_in, dt_out),
+                      softmax_case((3, 5000), -1, log, dt_in, dt_out, unaligned=True)]
     return cases
 
 
@@ -122,14 +126,32 @@ def softmax_large():
 
 # ---------------------------------------------------------------- GEMV
 
-def gemv_case(m, n, k, dt, bias=False, large=False):
+def offset_view(t: torch.Tensor, offset=1) -> torch.Tensor:
+    """The same values one element past a 16-byte boundary: the kernels' per-element load paths."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def padded_rows(t: torch.Tensor, pad=3) -> torch.Tensor:
+    """t (rows, cols) with a row stride of cols + pad."""
+    buf = torch.empty(t.shape[0], t.shape[1] + pad, dtype=t.dtype, device=t.device)
+    buf[:, :t.shape[1]] = t
+    return buf[:, :t.shape[1]]
+
+
+def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False):
     x, w = randn(m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5)
+    if unaligned:
+        x, w = offset_view(x), padded_rows(w)
     b = randn(n, dtype=dt) if bias else None
     launches, y = ops.gemv(x, w, b)
     poison(y)
     ref = x.double() @ w.double().T + (b.double() if bias else 0)
     tfn = lambda: F.linear(x, w, b)
-    return Case("gemv", f"linear m={m} n={n} k={k} {DT[dt]}{' +bias' if bias else ''}", launches,
+    return Case("gemv", f"linear m={m} n={n} k={k} {DT[dt]}{' +bias' if bias else ''}"
+                f"{' unaligned x, padded W rows' if unaligned else ''}", launches,
                 compare(y, ref, dt, torch_out=tfn if large else None), nbytes(x, w, y) + (nbytes(b) if bias else 0),
                 2 * m * n * k, tfn if large else None)
 
@@ -140,6 +162,7 @@ def gemv_small():
         for i, m in enumerate((1, 2, 3, 7)):
             cases.append(gemv_case(m, 1001, 300, dt, bias=i % 2 == 0))   # dense
             cases.append(gemv_case(m, 37, 3000, dt, bias=i % 2 == 1))    # split K
+        cases += [gemv_case(3, 1001, 300, dt, unaligned=True), gemv_case(1, 37, 3000, dt, unaligned=True)]
     return cases
 
 
@@ -198,9 +221,11 @@ def dequantize_case(rows, cols, br, bc, dt, large=False):
                 "torch: convert and multiply (expanded scales)")
 
 
-def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False):
+def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False, unaligned=False):
     a = e4m3(randn(m, k, scale=2.0))
     w = e4m3(randn(n, k, scale=2.0))
+    if unaligned:
+        a, w = padded_rows(a), padded_rows(w)
     b = w.t()
     if rowwise:
         sa, sb = torch.rand(m, 1, device=DEV) + 0.5, torch.rand(1, n, device=DEV) + 0.5
@@ -223,7 +248,7 @@ def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False):
         return torch._scaled_mm(ap, b, sap if rowwise else sa.view(()), sb.view(1, -1) if rowwise else sb.view(()),
                                 bias=bias_t, out_dtype=out_dt)[:m]
 
-    kind = "row-wise" if rowwise else "tensor-wise"
+    kind = ("row-wise" if rowwise else "tensor-wise") + (", padded rows" if unaligned else "")
     return Case("fp8", f"scaled_mm m={m} n={n} k={k} {kind} ->{DT[out_dt]}", launches,
                 compare(out, ref, out_dt, torch_out=tfn if large else None),
                 nbytes(a, w, out), 2 * m * n * k, tfn if large else None,
@@ -263,6 +288,7 @@ def fp8_small():
             cases.append(fp8_linear_case(m, 40, 160, dt, (16, 32) if i % 2 else None, bias=i == 2))
         cases.append(scaled_mm_case(37, 40, 72, dt, rowwise=True, bias=True))
         cases.append(fp8_linear_case(37, 40, 72, dt, (16, 24)))
+        cases.append(scaled_mm_case(3, 40, 160, dt, rowwise=True, unaligned=True))
     return cases
 
 
@@ -402,7 +428,7 @@ def lu_factor_case(batch, n, dt, large=False):
         same_piv = torch.equal(piv.cpu().to(piv_t.dtype), piv_t)
         e = rel_err(LU.cpu(), LU_t)
         ok = same_piv and e <= TOL[dt] * 10 and int(info.abs().sum()) == 0
-        return ok, f"LU rel err vs torch {e:.2e}; pivots {'equal' if same_piv else 'DIFFER'}"
+        return ok, f"LU rel err vs LAPACK {e:.2e}; pivots {'equal' if same_piv else 'DIFFER'}"
 
     return Case("linalg", f"lu_factor batch={batch} n={n} {DT[dt]} (vs LAPACK)", launches, check,
                 nbytes(A) * 2 + batch * n * 4, 0, (lambda: torch.linalg.lu_factor(A)) if large else None,

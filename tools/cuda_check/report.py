@@ -8,17 +8,52 @@ import re
 # name pattern: stated after reading the run, so a reader knows whether the
 # figure is a flaw to fix or a property of the case.
 REASONS = [
-    (r"^softmax \(256, 151936\)|^log_softmax \(256, 151936\)",
-     "two passes over each row (partials, then finalize re-reads the row): 1.5x the minimal traffic"),
+    (r"softmax \(256, 151936\)",
+     "latency, not bytes: partials and finalize take about as long in bf16 as in fp32 (per-launch times); "
+     "each thread handles only 8 elements and each of the 19200 threadgroups ends in two threadgroup "
+     "reductions (~36 waves of short threadgroups); finalize re-reads the row (1.5x the minimal traffic). "
+     "Flag: more elements per thread"),
+    (r"softmax \(16384, 4096\)",
+     "one 1024-thread threadgroup per row, one 4-element load per thread, then two reductions over 32 SIMD "
+     "groups with barriers; one such threadgroup fits an SM at a time: latency-bound"),
+    (r"softmax \(2097152, 64\)",
+     "a SIMD group per 64-element row: half its lanes idle, 128 bytes per SIMD group"),
+    (r"dim=1",
+     "too little parallelism: one thread per column, 8192 threads = 32 threadgroups for 132 SMs, each walking "
+     "4096 elements twice in sequence (torch is as slow). The host moves the dimension last only below 1024 "
+     "columns"),
+    (r"^linear m=1 n=14336 k=4096 (fp16|bf16)",
+     "at the border (43-50% over three runs; torch's GEMV 48-62% in the same runs): 4 x 16-byte loads in flight "
+     "per lane, 8 threadgroups per SM"),
+    (r"^linear m=8 ",
+     "each step a lane issues 8 x-row loads (from cache) beside its 4 weight loads and 256 FMAs; 120 registers, "
+     "4 threadgroups per SM: instruction-bound at m=8"),
+    (r"^linear m=1 n=4096 k=14336",
+     "too few SIMD groups: 256 threadgroups fill 24% of the 132 x 8 resident slots; the host splits K only below "
+     "kFillSimdGroups = 1024 SIMD groups (sized for an M-series GPU)"),
+    (r"^linear m=1 n=128 k=7168", "1.8 MB, L2-resident, 32 threadgroups: launch-bound (torch alike)"),
+    (r"scaled_mm m=(1|8) |fp8_linear m=(1|4) ",
+     "the e4m3 decode (shift trick, half-to-float conversions, NaN test per 4 bytes) costs more ALU time per "
+     "weight byte than its transfer; the m >= 2 variants keep 48-160 bytes of stack (cuobjdump). torch's own "
+     "fp8 GEMV (_scaled_mm) is no faster"),
     (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows",
-     "compute-bound tiles; simdgroup_matrix is emulated with warp shuffles here (correctness, not speed)"),
-    (r"batch=4096 n=4 ", "4096 systems of 4x4 are a few hundred KB: launch-bound, 64 threadgroups for 132 SMs"),
-    (r"linear m=1 n=128 k=7168", "1.8 MB, resident in L2 between repetitions; launch-bound"),
-    (r"grouped_mm decode G=128 m=128 ", "64 experts' weights of 6 MB each spread over 96 x 128 threadgroups "
-     "that mostly exit at once (empty groups); the data per group is small"),
-    (r"solve_triangular batch=4096 n=64 k=64|lu_factor batch=4096 n=32|solve batch=4096 n=32",
-     "latency-bound: one SIMD group per system steps through n dependent pivots/substitutions"),
-    (r"fp8.quantize", "two kernels (amax, then quantize re-reads x): 1.5x the minimal traffic, with atomics"),
+     "compute-bound tiles, and simdgroup_matrix is emulated with warp shuffles here (correctness, not speed)"),
+    (r"fp8.quantize",
+     "two kernels (amax reads x, quantize re-reads it: 1.5x the minimal traffic) and one element per thread: "
+     "2-byte loads and 1-byte stores, no vector accesses. Flag: several elements per thread"),
+    (r"fp8.dequantize", "one element per thread: 1-byte loads and 2-byte stores, no vector accesses"),
+    (r"grouped_mm decode",
+     "189 registers leave 2 threadgroups (8 SIMD groups) per SM, each SIMD group streaming 4 weight rows of 4 KB "
+     "(8 steps): too little in flight; groups of more than 8 rows re-read their weights (m=1024)"),
+    (r"^solve_triangular batch=4096 n=4 ",
+     "4096 systems of order 4 are a few hundred KB: launch-bound, and a SIMD group per right-hand side keeps 4 "
+     "of its 32 lanes busy"),
+    (r"batch=4096 n=4 ",
+     "4096 systems of order 4 are a few hundred KB: 64 threadgroups (a thread per system) for 132 SMs, "
+     "launch-bound (torch slower still)"),
+    (r"batch=4096 n=(32|64) ",
+     "latency-bound: a SIMD group (trsm_inverse: a threadgroup) per system steps through n dependent "
+     "pivot/substitution steps with barriers or broadcasts"),
 ]
 
 
@@ -80,8 +115,12 @@ def render(res: dict) -> str:
           "Correctness: cases (odd sizes, NaN/inf rows, every dtype; plus the model sizes below) whose output "
           "matches a float64 reference within the dtype's tolerance, every output element written (outputs "
           "are poisoned with NaN first). Sanitizers ran over the small cases.", "",
-          "Registers, stack bytes and threadgroup (shared) bytes per thread/threadgroup are cuobjdump's: a "
-          "stack frame means a thread-private array went to local memory.", "",
+          "memcheck ran with every tensor its own allocation and padding between allocations; an overrun "
+          "that stays inside torch's rounding of a tensor's size (512 bytes) is not seen.", "",
+          "Registers, stack bytes and threadgroup (shared) bytes are cuobjdump's. A kernel with SIMD-group "
+          "reductions reserves 128 stack bytes for the shim's exact partial-SIMD-group path (not taken when "
+          "the whole SIMD group is active); more than that means a thread-private array went to local memory.",
+          "",
           "| file | kernel | correct | racecheck | synccheck | memcheck | regs | stack | shared |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     usage = res.get("usage", {})

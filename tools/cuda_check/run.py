@@ -24,6 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+if "--dry-run" in sys.argv:
+    os.environ["CUDA_CHECK_DEVICE"] = "cpu"
 
 import torch  # noqa: E402
 
@@ -232,6 +234,20 @@ def large_cases(launcher, families, copy_gbs, reps):
     return rows
 
 
+def dry_run(families):
+    """Cases, plans and references on the CPU (launches skipped): every launched name must be a host name."""
+    names = {k for n in host_names().values() for k in n}
+    used = set()
+    for fam in families:
+        for case in C.SMALL[fam]():
+            for l in case.launches:
+                if l.kernel not in names:
+                    raise SystemExit(f"{case.name}: no kernel {l.kernel}")
+                used.add(l.kernel)
+            case.check()  # the outputs are unwritten: only that it runs
+    log(f"dry run: {len(used)} of {len(names)} kernels launched by the sweep; never: {sorted(names - used)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("cuda_check_out"))
@@ -242,7 +258,11 @@ def main():
     ap.add_argument("--no-sanitize", action="store_true")
     ap.add_argument("--no-large", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="no GPU: build every small case on the CPU and check its kernels exist")
     args = ap.parse_args()
+    if args.dry_run:
+        return dry_run(args.families.split(","))
     if args.sanitize:
         return sanitize_child(args)
     args.out.mkdir(parents=True, exist_ok=True)
