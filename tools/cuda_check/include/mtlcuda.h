@@ -271,18 +271,12 @@ MTLCUDA_FN float divide(float a, float b) { return __fdiv_rn(a, b); }
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 MTLCUDA_FN void threadgroup_barrier(mem_flags) { __syncthreads(); }
-MTLCUDA_FN void simdgroup_barrier(mem_flags) { __syncwarp(__activemask()); }
 
 enum memory_order { memory_order_relaxed };
 struct atomic_uint {
   unsigned int v;
 };
-struct atomic_int {
-  int v;
-};
 MTLCUDA_FN uint atomic_fetch_max_explicit(atomic_uint* p, uint v, memory_order) { return atomicMax(&p->v, v); }
-MTLCUDA_FN uint atomic_fetch_add_explicit(atomic_uint* p, uint v, memory_order) { return atomicAdd(&p->v, v); }
-MTLCUDA_FN int atomic_fetch_add_explicit(atomic_int* p, int v, memory_order) { return atomicAdd(&p->v, v); }
 
 // ------------------------------------------------------------------ SIMD groups
 
