@@ -23,7 +23,7 @@ REASONS = [
      "4096 elements twice in sequence (torch is as slow). The host moves the dimension last only below 1024 "
      "columns"),
     (r"^linear m=1 n=14336 k=4096 (fp16|bf16)",
-     "at the border (43-50% over three runs; torch's GEMV 48-62% in the same runs): 4 x 16-byte loads in flight "
+     "at the border (43-51% over five runs; torch's GEMV 48-62% in the same runs): 4 x 16-byte loads in flight "
      "per lane, 8 threadgroups per SM"),
     (r"^linear m=8 ",
      "each step a lane issues 8 x-row loads (from cache) beside its 4 weight loads and 256 FMAs; 120 registers, "
