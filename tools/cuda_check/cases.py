@@ -1,0 +1,492 @@
+"""The cases the CUDA check runs: each op at odd small sizes (every host name
+at least once: the correctness sweep and what the sanitizers run) and at real
+model sizes (parity with torch's CUDA op, achieved bandwidth).
+
+A case builds its inputs (fresh random data), its launches (ops.py), a float64
+reference, and for the large ones torch's own CUDA op to time beside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+
+from cuda import DEV
+import torch.nn.functional as F
+
+import ops
+
+F32, F16, BF16, C64 = torch.float32, torch.float16, torch.bfloat16, torch.complex64
+DT = {F32: "fp32", F16: "fp16", BF16: "bf16", C64: "c64"}
+# Relative L2 error allowed against a float64 reference, by output dtype: the
+# output's own rounding plus float accumulation.
+TOL = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2, C64: 2e-5}
+
+
+@dataclasses.dataclass
+class Case:
+    family: str
+    name: str
+    launches: list
+    check: Callable[[], tuple[bool, str]]
+    bytes: int = 0  # the fewest bytes the op must move (inputs once, outputs once)
+    flops: int = 0
+    torch_fn: Callable[[], object] | None = None
+    torch_note: str = ""
+    note: str = ""
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.to(torch.complex128 if out.is_complex() else torch.float64), ref.to(out.dtype if out.is_complex()
+                                                                                         else torch.float64)
+    finite = torch.isfinite(ref)
+    if not torch.equal(torch.isfinite(out), finite) or not torch.equal(torch.isnan(out), torch.isnan(ref)):
+        return float("inf")
+    if not finite.all() and not torch.equal(out[~finite & ~torch.isnan(ref)], ref[~finite & ~torch.isnan(ref)]):
+        return float("inf")
+    d = (out[finite] - ref[finite]).abs().norm()
+    n = ref[finite].abs().norm()
+    return float(d / n) if n > 0 else float(d)
+
+
+def compare(out, ref, dtype, extra=1.0, torch_out=None):
+    def check():
+        e = rel_err(out, ref)
+        tol = TOL[dtype] * extra
+        msg = f"rel err {e:.2e} (tol {tol:.0e})"
+        if torch_out is not None:
+            t = torch_out() if callable(torch_out) else torch_out
+            msg += f"; torch {rel_err(t, ref):.2e}"
+        return e <= tol, msg
+    return check
+
+
+def poison(t: torch.Tensor):
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    else:
+        t.fill_(0x7F if t.dtype == torch.uint8 else -7)
+
+
+def randn(*shape, dtype=F32, scale=1.0):
+    return (torch.randn(*shape, device=DEV) * scale).to(dtype)
+
+
+def nbytes(*ts) -> int:
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+# ---------------------------------------------------------------- softmax
+
+def softmax_case(shape, dim, log, dt_in, dt_out=None, large=False, special=False, unaligned=False):
+    dt_out = dt_out or dt_in
+    x = randn(*shape, dtype=dt_in, scale=4.0)
+    if unaligned:
+        x = offset_view(x)
+    if special:
+        x.view(-1)[::97] = float("-inf")
+        x.view(-1)[5] = float("inf") if log else x.view(-1)[5]
+    launches, y = ops.softmax(x, dim, log, dt_out)
+    poison(y)
+    fn = torch.log_softmax if log else torch.softmax
+    ref = fn(x.double(), dim)
+    name = (f"{'log_' if log else ''}softmax {tuple(shape)} dim={dim} {DT[dt_in]}->{DT[dt_out]}"
+            f"{' unaligned' if unaligned else ''}")
+    tfn = lambda: fn(x, dim, dtype=dt_out)
+    return Case("softmax", name, launches, compare(y, ref, dt_out, torch_out=tfn if large else None),
+                nbytes(x, y), 0, tfn if large else None)
+
+
+def softmax_small():
+    cases = []
+    for dt_in, dt_out in ((F32, F32), (F16, F16), (BF16, BF16), (F16, F32), (BF16, F32)):
+        for log in (False, True):
+            cases += [softmax_case((37, 100), -1, log, dt_in, dt_out),
+                      softmax_case((5, 1000), -1, log, dt_in, dt_out, special=True),
+                      softmax_case((3, 999), -1, log, dt_in, dt_out),
+                      softmax_case((3, 5003), -1, log, dt_in, dt_out),
+                      softmax_case((2, 37, 600), 1, log, dt_in, dt_out),
+                      softmax_case((3, 5000), -1, log, dt_in, dt_out, unaligned=True)]
+    return cases
+
+
+def softmax_large():
+    return [softmax_case((256, 151936), -1, False, F32, large=True),
+            softmax_case((256, 151936), -1, False, BF16, large=True),
+            softmax_case((256, 151936), -1, True, F16, large=True),
+            softmax_case((256, 151936), -1, True, BF16, F32, large=True),
+            softmax_case((16384, 4096), -1, False, BF16, large=True),
+            softmax_case((16384, 4096), -1, True, F32, large=True),
+            softmax_case((1 << 20, 128), -1, False, F32, large=True),
+            softmax_case((1 << 21, 64), -1, False, BF16, large=True),
+            softmax_case((32, 4096, 256), 1, False, F32, large=True)]
+
+
+# ---------------------------------------------------------------- GEMV
+
+def offset_view(t: torch.Tensor, offset=1) -> torch.Tensor:
+    """The same values one element past a 16-byte boundary: the kernels' per-element load paths."""
+    buf = torch.empty(t.numel() + offset, dtype=t.dtype, device=t.device)
+    view = buf[offset:].view(t.shape)
+    view.copy_(t)
+    return view
+
+
+def padded_rows(t: torch.Tensor, pad=3) -> torch.Tensor:
+    """t (rows, cols) with a row stride of cols + pad."""
+    buf = torch.empty(t.shape[0], t.shape[1] + pad, dtype=t.dtype, device=t.device)
+    buf[:, :t.shape[1]] = t
+    return buf[:, :t.shape[1]]
+
+
+def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False):
+    x, w = randn(m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5)
+    if unaligned:
+        x, w = offset_view(x), padded_rows(w)
+    b = randn(n, dtype=dt) if bias else None
+    launches, y = ops.gemv(x, w, b)
+    poison(y)
+    ref = x.double() @ w.double().T + (b.double() if bias else 0)
+    tfn = lambda: F.linear(x, w, b)
+    return Case("gemv", f"linear m={m} n={n} k={k} {DT[dt]}{' +bias' if bias else ''}"
+                f"{' unaligned x, padded W rows' if unaligned else ''}", launches,
+                compare(y, ref, dt, torch_out=tfn if large else None), nbytes(x, w, y) + (nbytes(b) if bias else 0),
+                2 * m * n * k, tfn if large else None)
+
+
+def gemv_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        for i, m in enumerate((1, 2, 3, 7)):
+            cases.append(gemv_case(m, 1001, 300, dt, bias=i % 2 == 0))   # dense
+            cases.append(gemv_case(m, 37, 3000, dt, bias=i % 2 == 1))    # split K
+        cases += [gemv_case(3, 1001, 300, dt, unaligned=True), gemv_case(1, 37, 3000, dt, unaligned=True)]
+    return cases
+
+
+def gemv_large():
+    return [gemv_case(1, 14336, 4096, F16, large=True), gemv_case(1, 14336, 4096, BF16, large=True),
+            gemv_case(1, 14336, 4096, F32, large=True), gemv_case(8, 14336, 4096, BF16, large=True),
+            gemv_case(1, 4096, 14336, BF16, large=True), gemv_case(1, 128, 7168, BF16, large=True)]
+
+
+# ---------------------------------------------------------------- FP8
+
+def e4m3(t):
+    return t.to(torch.float8_e4m3fn)
+
+
+def quantize_case(rows, cols, br, bc, dt, large=False):
+    x = randn(rows, cols, dtype=dt, scale=3.0)
+    launches, (q, scale) = ops.fp8_quantize(x, br, bc)
+    poison(q)
+    poison(scale)
+
+    def reference():
+        xf = x.float()
+        sr, sc = -(-rows // min(br, rows)), -(-cols // min(bc, cols))
+        pad = torch.zeros(sr * min(br, rows), sc * min(bc, cols), device=DEV)
+        pad[:rows, :cols] = xf.abs()
+        amax = pad.view(sr, min(br, rows), sc, min(bc, cols)).amax(dim=(1, 3))
+        # A tensor divisor: torch turns `tensor / python scalar` into a multiply by its reciprocal on CUDA.
+        s = torch.where(amax == 0, torch.ones_like(amax), amax / torch.full_like(amax, 448.0))
+        full = s.repeat_interleave(min(br, rows), 0)[:rows].repeat_interleave(min(bc, cols), 1)[:, :cols]
+        return e4m3(xf / full).view(torch.uint8), s
+
+    def check():
+        q_ref, s_ref = reference()
+        bad = int((q != q_ref).sum())
+        ok = bad == 0 and torch.equal(scale, s_ref)
+        return ok, f"{bad} of {q.numel()} bytes differ from torch's e4m3fn conversion; scales {'equal' if torch.equal(scale, s_ref) else 'DIFFER'}"
+
+    return Case("fp8", f"fp8.quantize ({rows}, {cols}) blocks ({br}, {bc}) {DT[dt]}", launches, check,
+                nbytes(x, q, scale), 0, (lambda: reference()) if large else None,
+                "torch: amax, divide, .to(float8_e4m3fn) (several kernels)")
+
+
+def dequantize_case(rows, cols, br, bc, dt, large=False):
+    x = randn(rows, cols, scale=3.0)
+    q = e4m3(x).view(torch.uint8)
+    sr, sc = -(-rows // min(br, rows)), -(-cols // min(bc, cols))
+    scale = torch.rand(sr, sc, device=DEV) + 0.5
+    launches, out = ops.fp8_dequantize(q, scale, br, bc, dt)
+    poison(out)
+    full = scale.repeat_interleave(min(br, rows), 0)[:rows].repeat_interleave(min(bc, cols), 1)[:, :cols]
+    ref = q.view(torch.float8_e4m3fn).double() * full.double()
+    tfn = lambda: (q.view(torch.float8_e4m3fn).float() * full).to(dt)
+    return Case("fp8", f"fp8.dequantize ({rows}, {cols}) blocks ({br}, {bc}) ->{DT[dt]}", launches,
+                compare(out, ref, dt), nbytes(q, scale, out), 0, tfn if large else None,
+                "torch: convert and multiply (expanded scales)")
+
+
+def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False, unaligned=False):
+    a = e4m3(randn(m, k, scale=2.0))
+    w = e4m3(randn(n, k, scale=2.0))
+    if unaligned:
+        a, w = padded_rows(a), padded_rows(w)
+    b = w.t()
+    if rowwise:
+        sa, sb = torch.rand(m, 1, device=DEV) + 0.5, torch.rand(1, n, device=DEV) + 0.5
+    else:
+        sa, sb = torch.tensor([[0.7]], device=DEV), torch.tensor([[1.3]], device=DEV)
+    bias_t = randn(n, dtype=out_dt) if bias else None
+    launches, out = ops.scaled_mm(a, b, sa, sb, out_dt, bias_t)
+    poison(out)
+    ref = (a.double() * sa.double()) @ (b.double() * sb.double()) + (bias_t.double() if bias else 0)
+
+    def tfn():
+        if m % 16 == 0:
+            return torch._scaled_mm(a, b, sa.view(-1, 1) if rowwise else sa.view(()),
+                                    sb.view(1, -1) if rowwise else sb.view(()), bias=bias_t, out_dtype=out_dt)
+        # torch needs m % 16 == 0: time it on a padded a
+        ap = torch.zeros(16, k, device=DEV).to(torch.float8_e4m3fn)
+        ap[:m] = a
+        sap = torch.ones(16, 1, device=DEV)
+        sap[:m] = sa if rowwise else sa.expand(m, 1)
+        return torch._scaled_mm(ap, b, sap if rowwise else sa.view(()), sb.view(1, -1) if rowwise else sb.view(()),
+                                bias=bias_t, out_dtype=out_dt)[:m]
+
+    kind = ("row-wise" if rowwise else "tensor-wise") + (", padded rows" if unaligned else "")
+    return Case("fp8", f"scaled_mm m={m} n={n} k={k} {kind} ->{DT[out_dt]}", launches,
+                compare(out, ref, out_dt, torch_out=tfn if large else None),
+                nbytes(a, w, out), 2 * m * n * k, tfn if large else None,
+                "torch._scaled_mm" + (" (a padded to 16 rows)" if m % 16 else ""))
+
+
+def fp8_linear_case(m, n, k, dt, block, bias=False, large=False):
+    x = randn(m, k, dtype=dt)
+    w = e4m3(randn(n, k, scale=2.0))
+    if block is None:
+        ws = torch.rand(n, device=DEV) + 0.5
+        full = ws.view(n, 1).expand(n, k)
+    else:
+        bn, bk = block
+        ws = torch.rand(-(-n // bn), -(-k // bk), device=DEV) + 0.5
+        full = ws.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    bias_t = randn(n, dtype=dt) if bias else None
+    launches, out = ops.fp8_linear(x, w, ws, block, bias_t)
+    poison(out)
+    wd = w.double() * full.double()
+    ref = x.double() @ wd.T + (bias_t.double() if bias else 0)
+    w_dense = (w.float() * full).to(dt)
+    tfn = lambda: F.linear(x, w_dense, bias_t)
+    return Case("fp8", f"fp8_linear m={m} n={n} k={k} {DT[dt]} blocks {block or 'per-row'}", launches,
+                compare(out, ref, dt, torch_out=tfn if large else None),
+                nbytes(x, w, ws, out), 2 * m * n * k, tfn if large else None,
+                f"torch: F.linear with the weight dequantized to {DT[dt]} (reads 2x the weight bytes)")
+
+
+def fp8_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        cases += [quantize_case(37, 300, 16, 128, dt), quantize_case(37, 300, 1, 300, dt),
+                  dequantize_case(37, 300, 16, 128, dt)]
+        for i, m in enumerate((1, 2, 3, 7)):
+            cases.append(scaled_mm_case(m, 40, 160, dt, rowwise=i % 2 == 0, bias=i == 3))
+            cases.append(fp8_linear_case(m, 40, 160, dt, (16, 32) if i % 2 else None, bias=i == 2))
+        cases.append(scaled_mm_case(37, 40, 72, dt, rowwise=True, bias=True))
+        cases.append(fp8_linear_case(37, 40, 72, dt, (16, 24)))
+        cases.append(scaled_mm_case(3, 40, 160, dt, rowwise=True, unaligned=True))
+    return cases
+
+
+def fp8_large():
+    return [scaled_mm_case(1, 14336, 4096, BF16, rowwise=False, large=True),
+            scaled_mm_case(1, 14336, 4096, BF16, rowwise=True, large=True),
+            scaled_mm_case(8, 14336, 4096, BF16, rowwise=True, large=True),
+            scaled_mm_case(512, 14336, 4096, BF16, rowwise=True, large=True),
+            fp8_linear_case(1, 14336, 4096, BF16, (128, 128), large=True),
+            fp8_linear_case(4, 14336, 4096, F16, None, large=True),
+            fp8_linear_case(256, 14336, 4096, BF16, (128, 128), large=True),
+            quantize_case(4096, 14336, 1, 14336, BF16, large=True),
+            quantize_case(4096, 14336, 128, 128, BF16, large=True),
+            dequantize_case(4096, 14336, 128, 128, BF16, large=True)]
+
+
+# ---------------------------------------------------------------- grouped_mm
+
+def partition(total, groups, empty_every=0):
+    """int32 cumulative ends of `groups` random sizes summing to `total` (some empty)."""
+    w = torch.rand(groups)
+    if empty_every:
+        w[::empty_every] = 0
+    sizes = torch.floor(w / w.sum() * total).long()
+    sizes[-1] += total - sizes.sum()
+    return torch.cumsum(sizes, 0).to(torch.int32).to(DEV)
+
+
+def grouped_ref(a, b, offs):
+    """The float64 result and a function selecting the part of an output the groups cover."""
+    a64, b64 = a.double(), b.double()
+    whole = lambda t: t
+    if a.dim() == 3 and b.dim() == 3:
+        return a64 @ b64, whole
+    ends = offs.tolist()
+    starts = [0] + ends[:-1]
+    if a.dim() == 2 and b.dim() == 3:
+        out = torch.zeros(a.shape[0], b.shape[-1], dtype=torch.float64, device=DEV)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            out[s:e] = a64[s:e] @ b64[g]
+        return out, lambda t: t[:ends[-1]]
+    if a.dim() == 3 and b.dim() == 2:
+        out = torch.zeros(a.shape[1], b.shape[1], dtype=torch.float64, device=DEV)
+        for g, (s, e) in enumerate(zip(starts, ends)):
+            out[:, s:e] = a64[g] @ b64[:, s:e]
+        return out, lambda t: t[:, :ends[-1]]
+    out = torch.zeros(len(ends), a.shape[0], b.shape[1], dtype=torch.float64, device=DEV)
+    for g, (s, e) in enumerate(zip(starts, ends)):
+        out[g] = a64[:, s:e] @ b64[s:e]
+    return out, whole
+
+
+def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
+    """kind: decode/rows (2D a x 3D b, b the transposed expert weights), none (3D x 3D), cols (3D x 2D), k (2D x 2D)."""
+    offs = None
+    if kind in ("decode", "rows"):
+        a = randn(m, k, dtype=dt)
+        b = randn(groups, n, k, dtype=dt, scale=k ** -0.5).transpose(-2, -1)
+        offs = partition(m, groups, empty_every)
+    elif kind == "none":
+        a, b = randn(groups, m, k, dtype=dt), randn(groups, n, k, dtype=dt, scale=k ** -0.5).transpose(-2, -1)
+    elif kind == "cols":
+        a, b = randn(groups, m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5).t()
+        offs = partition(n, groups, empty_every)
+    else:
+        a, b = randn(m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5).t()
+        offs = partition(k, groups, empty_every)
+    launches, out = ops.grouped_mm(a, b, offs)
+    poison(out)
+    ref, covered = grouped_ref(a, b, offs)
+    tfn = lambda: torch._grouped_mm(a, b, offs)
+
+    def check():
+        # Only what the groups cover is written, as in torch.
+        ok, msg = compare(covered(out), covered(ref), dt)()
+        if large:
+            try:
+                msg += f"; torch {rel_err(covered(tfn()), covered(ref)):.2e}"
+            except Exception as e:  # noqa: BLE001 - torch may not support this dtype or layout
+                msg += f"; torch._grouped_mm unavailable ({type(e).__name__})"
+        return ok, msg
+
+    if kind in ("decode", "rows"):
+        used = torch.unique(torch.bucketize(torch.arange(m, device=DEV), offs.long(), right=True)).numel()
+        moved = used * n * k * a.element_size() + nbytes(a) + m * n * a.element_size()
+    else:
+        moved = nbytes(a, b, out)
+    flops = 2 * m * n * k * (groups if kind == "none" else 1)
+    return Case("grouped_mm", f"grouped_mm {kind} G={groups} m={m} n={n} k={k} {DT[dt]}", launches, check, moved,
+                flops, tfn if large else None, "torch._grouped_mm")
+
+
+def grouped_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        cases += [grouped_case("decode", dt, 5, 21, 40, 48, empty_every=3),
+                  grouped_case("rows", dt, 4, 50, 40, 40),      # TM 16
+                  grouped_case("rows", dt, 3, 80, 33, 40),      # TM 32
+                  grouped_case("rows", dt, 2, 150, 40, 36, empty_every=2),  # TM 64
+                  grouped_case("none", dt, 3, 20, 40, 24),
+                  grouped_case("cols", dt, 3, 20, 70, 24),
+                  grouped_case("k", dt, 3, 20, 40, 70)]
+    return cases
+
+
+def grouped_large():
+    return [grouped_case("decode", BF16, 128, 128, 1536, 2048, large=True),
+            grouped_case("decode", BF16, 128, 1024, 1536, 2048, large=True),
+            grouped_case("rows", BF16, 128, 32768, 1536, 2048, large=True),
+            grouped_case("rows", F32, 128, 8192, 768, 2048, large=True)]
+
+
+# ---------------------------------------------------------------- linalg
+
+def well_conditioned(batch, n, dt):
+    A = torch.randn(batch, n, n, dtype=dt, device=DEV)
+    return A + n * torch.eye(n, dtype=dt, device=DEV)
+
+
+def lu_factor_case(batch, n, dt, large=False):
+    A = well_conditioned(batch, n, dt)
+    A[0] = torch.randn(n, n, dtype=dt)  # one system without a dominant diagonal: pivoting matters
+    launches, (LU, piv, info) = ops.lu_factor(A)
+    poison(LU)
+
+    def check():
+        # LAPACK's pivots (icamax: |re| + |im| for complex), as the kernels promise; cuSOLVER may pick others.
+        LU_t, piv_t = torch.linalg.lu_factor(A.cpu())
+        same_piv = torch.equal(piv.cpu().to(piv_t.dtype), piv_t)
+        e = rel_err(LU.cpu(), LU_t)
+        ok = same_piv and e <= TOL[dt] * 10 and int(info.abs().sum()) == 0
+        return ok, f"LU rel err vs LAPACK {e:.2e}; pivots {'equal' if same_piv else 'DIFFER'}"
+
+    return Case("linalg", f"lu_factor batch={batch} n={n} {DT[dt]} (vs LAPACK)", launches, check,
+                nbytes(A) * 2 + batch * n * 4, 0, (lambda: torch.linalg.lu_factor(A)) if large else None,
+                "torch.linalg.lu_factor")
+
+
+def solve_case(batch, n, k, dt, large=False):
+    A, B = well_conditioned(batch, n, dt), torch.randn(batch, n, k, dtype=dt, device=DEV)
+    launches, X = ops.solve(A, B)
+    poison(X)
+    ref = torch.linalg.solve(A.to(torch.complex128 if dt == C64 else torch.float64),
+                             B.to(torch.complex128 if dt == C64 else torch.float64))
+    tfn = lambda: torch.linalg.solve(A, B)
+    return Case("linalg", f"solve batch={batch} n={n} k={k} {DT[dt]}", launches,
+                compare(X, ref, dt, extra=10, torch_out=tfn if large else None), nbytes(A, B, X) + nbytes(A), 0,
+                tfn if large else None, "torch.linalg.solve")
+
+
+def lu_solve_case(batch, n, k, dt, adjoint=False, large=False):
+    A, B = well_conditioned(batch, n, dt), torch.randn(batch, n, k, dtype=dt, device=DEV)
+    LU, piv = torch.linalg.lu_factor(A)
+    launches, X = ops.lu_solve(LU, piv.to(torch.int32), B, adjoint)
+    poison(X)
+    wide = torch.complex128 if dt == C64 else torch.float64
+    A64 = A.to(wide).mH if adjoint else A.to(wide)
+    ref = torch.linalg.solve(A64, B.to(wide))
+    tfn = lambda: torch.linalg.lu_solve(LU, piv, B, adjoint=adjoint)
+    return Case("linalg", f"lu_solve batch={batch} n={n} k={k} {DT[dt]}{' adjoint' if adjoint else ''}", launches,
+                compare(X, ref, dt, extra=10, torch_out=tfn if large else None), nbytes(LU, B, X) + piv.numel() * 4,
+                0, tfn if large else None, "torch.linalg.lu_solve")
+
+
+def trsm_case(batch, n, k, dt, upper, unit=False, large=False):
+    A = well_conditioned(batch, n, dt)
+    A = A.triu() if upper else A.tril()
+    B = torch.randn(batch, n, k, dtype=dt, device=DEV)
+    launches, X = ops.solve_triangular(A, B, upper, unit)
+    poison(X)
+    wide = torch.complex128 if dt == C64 else torch.float64
+    ref = torch.linalg.solve_triangular(A.to(wide), B.to(wide), upper=upper, unitriangular=unit)
+    tfn = lambda: torch.linalg.solve_triangular(A, B, upper=upper, unitriangular=unit)
+    return Case("linalg", f"solve_triangular batch={batch} n={n} k={k} {DT[dt]} {'upper' if upper else 'lower'}"
+                f"{' unit' if unit else ''}", launches, compare(X, ref, dt, extra=10, torch_out=tfn if large else None),
+                nbytes(A, B, X), 0, tfn if large else None, "torch.linalg.solve_triangular")
+
+
+def linalg_small():
+    cases = []
+    for dt in (F32, C64):
+        cases += [lu_factor_case(37, 3, dt), lu_factor_case(5, 37, dt), solve_case(37, 4, 2, dt),
+                  solve_case(5, 37, 3, dt), lu_solve_case(37, 3, 2, dt), lu_solve_case(37, 3, 2, dt, adjoint=True),
+                  lu_solve_case(5, 40, 3, dt, adjoint=True), trsm_case(5, 37, 3, dt, upper=True),
+                  trsm_case(5, 37, 3, dt, upper=False, unit=True)]
+    cases += [trsm_case(3, 32, 9, F32, upper=False), trsm_case(3, 16, 8, F32, upper=True, unit=True)]
+    return cases
+
+
+def linalg_large():
+    return [lu_factor_case(4096, 4, F32, large=True), solve_case(4096, 4, 1, F32, large=True),
+            lu_solve_case(4096, 4, 4, F32, large=True), trsm_case(4096, 4, 4, F32, upper=False, large=True),
+            solve_case(4096, 4, 1, C64, large=True), lu_factor_case(4096, 32, F32, large=True),
+            solve_case(4096, 32, 8, F32, large=True), trsm_case(4096, 64, 64, F32, upper=True, large=True),
+            trsm_case(4096, 64, 4, C64, upper=False, large=True)]
+
+
+SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
+         "linalg": linalg_small}
+LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
+         "linalg": linalg_large}

@@ -1,0 +1,189 @@
+"""Builds the translated kernels and launches them on torch's current CUDA stream.
+
+The CUDA driver API is reached through ctypes (no compiled helper): modules are
+cubins loaded with cuModuleLoadData, kernels are the `extern "C"` trampolines
+named by their Metal host names, launched with cuLaunchKernel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import re
+import shutil
+import struct
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from translate_cuda import ROOT, SYMBOL_PREFIX, translate
+
+HERE = Path(__file__).resolve().parent
+# Where tensors live: "cpu" exercises the Python side (cases, plans, checks) on a machine without a GPU.
+DEV = os.environ.get("CUDA_CHECK_DEVICE", "cuda")
+NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-std=c++17", "-use_fast_math", "-lineinfo", "-I", str(HERE / "include")]
+
+
+def nvcc_path() -> str:
+    for cand in (shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    raise RuntimeError("nvcc not found")
+
+
+def build(sources: list[Path], out: Path, log=print) -> dict[str, Path]:
+    """Translates and compiles each .metal file; returns {stem: cubin}. Reuses a cubin newer than its inputs."""
+    out.mkdir(parents=True, exist_ok=True)
+    nvcc = nvcc_path()
+    header = HERE / "include" / "mtlcuda.h"
+    deps = [header, HERE / "translate_cuda.py", *sorted((ROOT / "metal" / "include").rglob("*.h"))]
+
+    def one(src: Path):
+        cu, cubin = out / f"{src.stem}.cu", out / f"{src.stem}.cubin"
+        newest = max(p.stat().st_mtime for p in [src, *deps])
+        if cubin.exists() and cubin.stat().st_mtime > newest:
+            return src.stem, cubin, "cached"
+        text, _ = translate(src, [ROOT / "metal" / "include"])
+        cu.write_text(text)
+        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(cubin), str(cu)], capture_output=True, text=True)
+        if proc.returncode:
+            raise RuntimeError(f"nvcc failed for {src}:\n{proc.stderr[-4000:]}")
+        return src.stem, cubin, "built"
+
+    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+        results = list(pool.map(one, sources))
+    for stem, _, how in results:
+        log(f"  {stem}: {how}")
+    return {stem: cubin for stem, cubin, _ in results}
+
+
+class Driver:
+    """The few driver calls the launcher needs."""
+
+    def __init__(self):
+        self.lib = ctypes.CDLL("libcuda.so.1")
+        torch.zeros(1, device="cuda")  # torch makes the primary context current
+        self.modules = {}
+        self.functions: dict[str, ctypes.c_void_p] = {}
+        self.max_threads: dict[str, int] = {}
+
+    def check(self, rc, what):
+        if rc != 0:
+            name = ctypes.c_char_p()
+            self.lib.cuGetErrorName(rc, ctypes.byref(name))
+            raise RuntimeError(f"{what}: CUDA error {rc} ({name.value.decode() if name.value else '?'})")
+
+    def load(self, stem: str, cubin: Path, names: list[str]):
+        data = cubin.read_bytes()
+        module = ctypes.c_void_p()
+        self.check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(data)), f"loading {cubin}")
+        self.modules[stem] = (module, data)
+        for name in names:
+            fn = ctypes.c_void_p()
+            self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, (SYMBOL_PREFIX + name).encode()), f"kernel {name}")
+            self.functions[name] = fn
+            limit = ctypes.c_int()
+            self.check(self.lib.cuFuncGetAttribute(ctypes.byref(limit), 0, fn), f"attributes of {name}")
+            self.max_threads[name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+
+    def resident(self, name: str, threads: int) -> int:
+        """Threadgroups of this size one SM holds at once (registers, shared memory, thread limits)."""
+        n = ctypes.c_int()
+        self.check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.functions[name],
+                                                                         ctypes.c_int(threads), ctypes.c_size_t(0)),
+                   f"occupancy of {name}")
+        return n.value
+
+    def alloc(self, nbytes: int) -> "Raw":
+        """A plain cuMemAlloc of exactly nbytes (never freed: for the planted controls)."""
+        ptr = ctypes.c_uint64()
+        self.check(self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), "cuMemAlloc")
+        return Raw(ptr.value)
+
+    def launch(self, name: str, grid, block, addresses: list[int]):
+        args = (ctypes.c_uint64 * 16)(*addresses, *([0] * (16 - len(addresses))))
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
+        stream = torch.cuda.current_stream().cuda_stream
+        g = (list(grid) + [1, 1])[:3]
+        b = (list(block) + [1, 1])[:3]
+        if b[0] * b[1] * b[2] > self.max_threads[name]:
+            raise RuntimeError(f"{name}: {b} threads, the kernel takes at most {self.max_threads[name]} "
+                               f"(LAUNCH_BOUNDS in translate_cuda.py)")
+        rc = self.lib.cuLaunchKernel(self.functions[name], ctypes.c_uint(g[0]), ctypes.c_uint(g[1]),
+                                     ctypes.c_uint(g[2]), ctypes.c_uint(b[0]), ctypes.c_uint(b[1]),
+                                     ctypes.c_uint(b[2]), ctypes.c_uint(0), ctypes.c_void_p(stream), params, None)
+        self.check(rc, f"launching {name} grid {g} block {b}")
+
+
+class Raw:
+    """A device address that is not a tensor, bound like one."""
+
+    def __init__(self, address: int):
+        self.address = address
+
+    def data_ptr(self) -> int:
+        return self.address
+
+
+def resource_usage(cubin: Path) -> dict[str, dict[str, int]]:
+    """{host name: {REG, STACK, SHARED, LOCAL}} from cuobjdump (empty when it is not installed)."""
+    tool = shutil.which("cuobjdump") or "/usr/local/cuda/bin/cuobjdump"
+    if not Path(tool).exists():
+        return {}
+    proc = subprocess.run([tool, "--dump-resource-usage", str(cubin)], capture_output=True, text=True)
+    usage, name = {}, None
+    for line in proc.stdout.splitlines():
+        m = re.search(r"Function (\S+):", line)
+        if m:
+            name = m.group(1)
+            name = name[len(SYMBOL_PREFIX):] if name.startswith(SYMBOL_PREFIX) else None
+            continue
+        if name and "REG:" in line:
+            usage[name] = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", line)}
+    return usage
+
+
+def u32s(*values) -> torch.Tensor:
+    """A parameter struct of uint32 fields as a device buffer (what setBytes binds)."""
+    raw = struct.pack(f"<{len(values)}I", *(int(v) & 0xFFFFFFFF for v in values))
+    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(DEV)
+
+
+class Launch:
+    """One dispatch: host name, threadgroups, threads per threadgroup, buffers by slot."""
+
+    def __init__(self, kernel: str, grid, threads, buffers: list[torch.Tensor]):
+        self.kernel, self.grid, self.threads, self.buffers = kernel, tuple(grid), tuple(threads), buffers
+        self.addresses = [b.data_ptr() for b in buffers]
+
+    @property
+    def threadgroups(self) -> int:
+        n = 1
+        for g in self.grid:
+            n *= g
+        return n
+
+
+class Launcher:
+    def __init__(self, driver: Driver, trace=None):
+        self.driver = driver
+        self.launched: set[str] = set()
+        self.trace = trace  # called with each host name before its launch (sanitizer attribution)
+
+    def run(self, launches: list[Launch]):
+        for l in launches:
+            if self.trace:
+                self.trace(l.kernel)
+            self.launched.add(l.kernel)
+            self.driver.launch(l.kernel, l.grid, l.threads, l.addresses)
+            if self.trace:
+                torch.cuda.synchronize()
+
+
+def env_no_caching() -> dict:
+    """Every tensor its own cudaMalloc, so memcheck sees accesses past any tensor's end."""
+    env = dict(os.environ)
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    return env

@@ -1,0 +1,496 @@
+// The part of Metal's standard library that mps_ext's kernels use, for CUDA
+// (tools/cuda_check/translate_cuda.py renames MSL's vector and half types to
+// the mtl_* names below and qualifies calls to these functions with metal::).
+//
+// Semantics follow MSL where they differ from CUDA's:
+// - half and bfloat are storage types with arithmetic: half op half is half
+//   (computed in float, rounded once: the same as a native half operation),
+//   half op float is float, as Metal promotes.
+// - vectors have component-wise arithmetic, splat and converting
+//   constructors, and every copy of a 4-, 8- or 16-byte vector is one load or
+//   store of that width (vcopy), so half4 and uint4 reads stay single
+//   accesses.
+// - SIMD-group functions: 32-lane warp shuffles when the whole warp is
+//   active; otherwise an exact path over the active lanes only, combining
+//   in the simulator's order.
+// - simdgroup_matrix 8x8: two elements per lane, multiplied through shuffles
+//   (correct, not a model of Apple's matrix hardware).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math_constants.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+typedef unsigned int uint;
+typedef unsigned short ushort;
+typedef unsigned char uchar;
+typedef unsigned long ulong;
+
+#define MTLCUDA_FN __device__ __forceinline__
+
+// ------------------------------------------------------------------ scalars
+
+template <class Tag>
+struct mtl_small_float;
+
+struct mtl_half_tag {
+  static MTLCUDA_FN float to_float(unsigned short b) { return __half2float(__ushort_as_half(b)); }
+  static MTLCUDA_FN unsigned short from_float(float f) { return __half_as_ushort(__float2half_rn(f)); }
+};
+struct mtl_bfloat_tag {
+  static MTLCUDA_FN float to_float(unsigned short b) { return __bfloat162float(__ushort_as_bfloat16(b)); }
+  static MTLCUDA_FN unsigned short from_float(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+};
+
+template <class Tag>
+struct alignas(2) mtl_small_float {
+  unsigned short bits;
+  mtl_small_float() = default;
+  MTLCUDA_FN mtl_small_float(float f) : bits(Tag::from_float(f)) {}
+  template <class U, std::enable_if_t<std::is_integral_v<U>, int> = 0>
+  MTLCUDA_FN mtl_small_float(U v) : bits(Tag::from_float(float(v))) {}
+  template <class OtherTag, std::enable_if_t<!std::is_same_v<OtherTag, Tag>, int> = 0>
+  MTLCUDA_FN explicit mtl_small_float(mtl_small_float<OtherTag> o) : bits(Tag::from_float(float(o))) {}
+  MTLCUDA_FN operator float() const { return Tag::to_float(bits); }
+  MTLCUDA_FN mtl_small_float operator-() const { return mtl_small_float(-float(*this)); }
+#define MTLCUDA_ASSIGN(op)                                                      \
+  MTLCUDA_FN mtl_small_float& operator op##=(mtl_small_float o) {               \
+    *this = mtl_small_float(float(*this) op float(o));                          \
+    return *this;                                                               \
+  }
+  MTLCUDA_ASSIGN(+) MTLCUDA_ASSIGN(-) MTLCUDA_ASSIGN(*) MTLCUDA_ASSIGN(/)
+#undef MTLCUDA_ASSIGN
+};
+
+typedef mtl_small_float<mtl_half_tag> mtl_half;
+typedef mtl_small_float<mtl_bfloat_tag> mtl_bfloat;
+
+#define MTLCUDA_SMALL_OPS(op)                                                                           \
+  template <class Tag>                                                                                  \
+  MTLCUDA_FN mtl_small_float<Tag> operator op(mtl_small_float<Tag> a, mtl_small_float<Tag> b) {        \
+    return mtl_small_float<Tag>(float(a) op float(b));                                                 \
+  }                                                                                                     \
+  template <class Tag>                                                                                  \
+  MTLCUDA_FN float operator op(mtl_small_float<Tag> a, float b) { return float(a) op b; }              \
+  template <class Tag>                                                                                  \
+  MTLCUDA_FN float operator op(float a, mtl_small_float<Tag> b) { return a op float(b); }              \
+  template <class Tag, class U, std::enable_if_t<std::is_integral_v<U>, int> = 0>                      \
+  MTLCUDA_FN mtl_small_float<Tag> operator op(mtl_small_float<Tag> a, U b) {                           \
+    return mtl_small_float<Tag>(float(a) op float(b));                                                 \
+  }                                                                                                     \
+  template <class Tag, class U, std::enable_if_t<std::is_integral_v<U>, int> = 0>                      \
+  MTLCUDA_FN mtl_small_float<Tag> operator op(U a, mtl_small_float<Tag> b) {                           \
+    return mtl_small_float<Tag>(float(a) op float(b));                                                 \
+  }
+MTLCUDA_SMALL_OPS(+) MTLCUDA_SMALL_OPS(-) MTLCUDA_SMALL_OPS(*) MTLCUDA_SMALL_OPS(/)
+#undef MTLCUDA_SMALL_OPS
+
+#define MTLCUDA_SMALL_CMP(op)                                                                                   \
+  template <class Tag>                                                                                          \
+  MTLCUDA_FN bool operator op(mtl_small_float<Tag> a, mtl_small_float<Tag> b) { return float(a) op float(b); } \
+  template <class Tag>                                                                                          \
+  MTLCUDA_FN bool operator op(mtl_small_float<Tag> a, float b) { return float(a) op b; }                       \
+  template <class Tag>                                                                                          \
+  MTLCUDA_FN bool operator op(float a, mtl_small_float<Tag> b) { return a op float(b); }
+MTLCUDA_SMALL_CMP(<) MTLCUDA_SMALL_CMP(>) MTLCUDA_SMALL_CMP(<=) MTLCUDA_SMALL_CMP(>=) MTLCUDA_SMALL_CMP(==)
+MTLCUDA_SMALL_CMP(!=)
+#undef MTLCUDA_SMALL_CMP
+
+// ------------------------------------------------------------------ vectors
+
+namespace mtlcuda {
+
+// The machine word a vector of this size moves as: one access per copy.
+template <int Bytes> struct raw_of { typedef void type; };
+template <> struct raw_of<2> { typedef unsigned short type; };
+template <> struct raw_of<4> { typedef unsigned int type; };
+template <> struct raw_of<8> { typedef ::uint2 type; };
+template <> struct raw_of<16> { typedef ::uint4 type; };
+
+template <class T, int N> struct fields;
+template <class T> struct fields<T, 2> { T x, y; };
+template <class T> struct fields<T, 3> { T x, y, z; };
+template <class T> struct fields<T, 4> { T x, y, z, w; };
+
+constexpr int vec_align(int size, int n) { return size * (n == 3 ? 4 : n); }
+
+}  // namespace mtlcuda
+
+namespace metal {
+
+template <class T, int N>
+struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
+  static constexpr int kBytes = mtlcuda::vec_align(sizeof(T), N);
+  typedef typename mtlcuda::raw_of<kBytes>::type raw_t;
+
+  vec() = default;
+  // Copies are one access of the vector's width (vcopy).
+  MTLCUDA_FN vec(const vec& o) { vcopy(this, &o); }
+  MTLCUDA_FN vec& operator=(const vec& o) {
+    vcopy(this, &o);
+    return *this;
+  }
+  template <class U, std::enable_if_t<std::is_arithmetic_v<U> || std::is_class_v<U> && sizeof(U) == 2, int> = 0>
+  MTLCUDA_FN explicit vec(U s) {
+    for (int i = 0; i < N; ++i) (*this)[i] = T(s);
+  }
+  MTLCUDA_FN vec(T a, T b) { static_assert(N == 2); this->x = a; this->y = b; }
+  MTLCUDA_FN vec(T a, T b, T c) { static_assert(N == 3); this->x = a; this->y = b; this->z = c; }
+  MTLCUDA_FN vec(T a, T b, T c, T d) { static_assert(N == 4); this->x = a; this->y = b; this->z = c; this->w = d; }
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
+  MTLCUDA_FN explicit vec(const vec<U, N>& o) {
+    for (int i = 0; i < N; ++i) (*this)[i] = T(o[i]);
+  }
+  MTLCUDA_FN T& operator[](int i) { return reinterpret_cast<T*>(this)[i]; }
+  MTLCUDA_FN const T& operator[](int i) const { return reinterpret_cast<const T*>(this)[i]; }
+  // Two-component swizzles (the translator turns v.xy into v.xy()).
+  MTLCUDA_FN vec<T, 2> xy() const { return vec<T, 2>((*this)[0], (*this)[1]); }
+  MTLCUDA_FN vec<T, 2> zw() const { return vec<T, 2>((*this)[2], (*this)[3]); }
+  MTLCUDA_FN vec<T, 3> xyz() const { return vec<T, 3>((*this)[0], (*this)[1], (*this)[2]); }
+
+  static MTLCUDA_FN void vcopy(vec* dst, const vec* src) {
+    if constexpr (std::is_void_v<raw_t>) {
+      for (int i = 0; i < N; ++i) (*dst)[i] = (*src)[i];
+    } else {
+      *reinterpret_cast<raw_t*>(dst) = *reinterpret_cast<const raw_t*>(src);
+    }
+  }
+};
+
+}  // namespace metal
+
+#define MTLCUDA_VEC_OPS(op)                                                                                      \
+  template <class T, int N>                                                                                      \
+  MTLCUDA_FN metal::vec<T, N> operator op(const metal::vec<T, N>& a, const metal::vec<T, N>& b) {               \
+    metal::vec<T, N> r;                                                                                          \
+    for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                                                             \
+    return r;                                                                                                    \
+  }                                                                                                              \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>                        \
+  MTLCUDA_FN metal::vec<T, N> operator op(const metal::vec<T, N>& a, S s) {                                     \
+    metal::vec<T, N> r;                                                                                          \
+    for (int i = 0; i < N; ++i) r[i] = a[i] op T(s);                                                             \
+    return r;                                                                                                    \
+  }                                                                                                              \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>                        \
+  MTLCUDA_FN metal::vec<T, N> operator op(S s, const metal::vec<T, N>& a) {                                     \
+    metal::vec<T, N> r;                                                                                          \
+    for (int i = 0; i < N; ++i) r[i] = T(s) op a[i];                                                             \
+    return r;                                                                                                    \
+  }                                                                                                              \
+  template <class T, int N, class S>                                                                             \
+  MTLCUDA_FN metal::vec<T, N>& operator op##=(metal::vec<T, N>& a, const S& b) {                                \
+    a = a op b;                                                                                                  \
+    return a;                                                                                                    \
+  }
+MTLCUDA_VEC_OPS(+) MTLCUDA_VEC_OPS(-) MTLCUDA_VEC_OPS(*) MTLCUDA_VEC_OPS(/) MTLCUDA_VEC_OPS(&) MTLCUDA_VEC_OPS(|)
+MTLCUDA_VEC_OPS(<<) MTLCUDA_VEC_OPS(>>)
+#undef MTLCUDA_VEC_OPS
+
+template <class T, int N>
+MTLCUDA_FN metal::vec<T, N> operator-(const metal::vec<T, N>& a) {
+  metal::vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = -a[i];
+  return r;
+}
+
+#define MTLCUDA_VEC_TYPES(T)                    \
+  typedef metal::vec<T, 2> mtl_##T##2;          \
+  typedef metal::vec<T, 3> mtl_##T##3;          \
+  typedef metal::vec<T, 4> mtl_##T##4;
+MTLCUDA_VEC_TYPES(float) MTLCUDA_VEC_TYPES(int) MTLCUDA_VEC_TYPES(uint) MTLCUDA_VEC_TYPES(short)
+MTLCUDA_VEC_TYPES(ushort) MTLCUDA_VEC_TYPES(char) MTLCUDA_VEC_TYPES(uchar) MTLCUDA_VEC_TYPES(bool)
+typedef metal::vec<mtl_half, 2> mtl_half2;
+typedef metal::vec<mtl_half, 3> mtl_half3;
+typedef metal::vec<mtl_half, 4> mtl_half4;
+typedef metal::vec<mtl_bfloat, 2> mtl_bfloat2;
+typedef metal::vec<mtl_bfloat, 3> mtl_bfloat3;
+typedef metal::vec<mtl_bfloat, 4> mtl_bfloat4;
+#undef MTLCUDA_VEC_TYPES
+
+// ------------------------------------------------------------------ functions
+
+namespace metal {
+
+template <class To, class From>
+MTLCUDA_FN To as_type(const From& f) {
+  static_assert(sizeof(To) == sizeof(From), "as_type: sizes differ");
+  To t;
+  __builtin_memcpy(&t, &f, sizeof(To));
+  return t;
+}
+
+template <class T> struct is_vec : std::false_type {};
+template <class T, int N> struct is_vec<vec<T, N>> : std::true_type {};
+
+// Component-wise application of a float function to vectors.
+#define MTLCUDA_UNARY(name, expr)                                          \
+  MTLCUDA_FN float name(float x) { return expr; }                          \
+  template <class T, int N>                                                \
+  MTLCUDA_FN vec<T, N> name(const vec<T, N>& v) {                          \
+    vec<T, N> r;                                                           \
+    for (int i = 0; i < N; ++i) r[i] = T(name(float(v[i])));               \
+    return r;                                                              \
+  }
+MTLCUDA_UNARY(exp, __expf(x))
+MTLCUDA_UNARY(log, __logf(x))
+MTLCUDA_UNARY(fabs, fabsf(x))
+MTLCUDA_UNARY(ceil, ceilf(x))
+MTLCUDA_UNARY(floor, floorf(x))
+MTLCUDA_UNARY(sqrt, sqrtf(x))
+MTLCUDA_UNARY(rsqrt, rsqrtf(x))
+#undef MTLCUDA_UNARY
+
+MTLCUDA_FN bool isnan(float x) { return ::isnan(x); }
+MTLCUDA_FN bool isinf(float x) { return ::isinf(x); }
+
+MTLCUDA_FN float max(float a, float b) { return fmaxf(a, b); }
+MTLCUDA_FN float min(float a, float b) { return fminf(a, b); }
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+MTLCUDA_FN T max(T a, T b) { return a < b ? b : a; }
+template <class T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+MTLCUDA_FN T min(T a, T b) { return b < a ? b : a; }
+template <class T>
+MTLCUDA_FN T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
+
+template <class T, int N>
+MTLCUDA_FN T dot(const vec<T, N>& a, const vec<T, N>& b) {
+  T s = a[0] * b[0];
+  for (int i = 1; i < N; ++i) s += a[i] * b[i];
+  return s;
+}
+
+namespace precise {
+MTLCUDA_FN float divide(float a, float b) { return __fdiv_rn(a, b); }
+}  // namespace precise
+
+// ------------------------------------------------------------------ barriers, atomics
+
+enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
+MTLCUDA_FN void threadgroup_barrier(mem_flags) { __syncthreads(); }
+
+enum memory_order { memory_order_relaxed };
+struct atomic_uint {
+  unsigned int v;
+};
+MTLCUDA_FN uint atomic_fetch_max_explicit(atomic_uint* p, uint v, memory_order) { return atomicMax(&p->v, v); }
+
+// ------------------------------------------------------------------ SIMD groups
+
+MTLCUDA_FN uint simd_lane() {
+  uint lane;
+  asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
+// A value of any size moved between lanes as 32-bit words.
+template <class T>
+MTLCUDA_FN T shuffle_value(unsigned mask, const T& v, uint src) {
+  constexpr int kWords = (sizeof(T) + 3) / 4;
+  unsigned w[kWords] = {};
+  __builtin_memcpy(w, &v, sizeof(T));
+  for (int i = 0; i < kWords; ++i) w[i] = __shfl_sync(mask, w[i], src);
+  T r;
+  __builtin_memcpy(&r, w, sizeof(T));
+  return r;
+}
+
+template <class T>
+MTLCUDA_FN T simd_shuffle(T v, ushort src) {
+  return shuffle_value(__activemask(), v, src);
+}
+template <class T>
+MTLCUDA_FN T simd_broadcast(T v, ushort src) {
+  return shuffle_value(__activemask(), v, src);
+}
+
+// The simulator's order: lane i combines with lane i + s for s = 16 .. 1, an
+// inactive partner leaving the value as it is; every lane gets lane 0's.
+template <class T, class F>
+MTLCUDA_FN T simd_reduce(T v, F combine) {
+  const unsigned mask = __activemask();
+  if (mask == 0xffffffffu) {
+    for (int s = 16; s > 0; s >>= 1) {
+      const T other = shuffle_value(mask, v, simd_lane() + s < 32 ? simd_lane() + s : simd_lane());
+      if (simd_lane() + s < 32) v = combine(v, other);
+    }
+    return shuffle_value(mask, v, 0);
+  }
+  // Some lanes inactive: gather the active lanes' values and reduce them in
+  // every lane, in the same order.
+  T acc[32];
+  unsigned present = 0;
+  for (int i = 0; i < 32; ++i)
+    if ((mask >> i) & 1u) {
+      acc[i] = shuffle_value(mask, v, i);
+      present |= 1u << i;
+    }
+  for (int s = 16; s > 0; s >>= 1)
+    for (int i = 0; i < s; ++i) {
+      const bool a = (present >> i) & 1u, b = (present >> (i + s)) & 1u;
+      if (a && b) {
+        acc[i] = combine(acc[i], acc[i + s]);
+      } else if (b) {
+        acc[i] = acc[i + s];
+        present |= 1u << i;
+      }
+    }
+  return acc[0];
+}
+
+struct SumFn {
+  template <class T> MTLCUDA_FN T operator()(T a, T b) const { return a + b; }
+};
+struct MaxFn {
+  template <class T> MTLCUDA_FN T operator()(T a, T b) const { return max(a, b); }
+};
+struct MinFn {
+  template <class T> MTLCUDA_FN T operator()(T a, T b) const { return min(a, b); }
+};
+
+template <class T> MTLCUDA_FN T simd_sum(T v) { return simd_reduce(v, SumFn()); }
+template <class T> MTLCUDA_FN T simd_max(T v) { return simd_reduce(v, MaxFn()); }
+template <class T> MTLCUDA_FN T simd_min(T v) { return simd_reduce(v, MinFn()); }
+
+// ------------------------------------------------------------------ simdgroup matrices
+
+// Lane l holds row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1.
+template <class T, int R, int C>
+struct simdgroup_matrix {
+  static_assert(R == 8 && C == 8, "only 8x8 simdgroup matrices");
+  T e[2];
+};
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+
+template <class T, int R, int C>
+MTLCUDA_FN simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
+  simdgroup_matrix<T, R, C> m;
+  m.e[0] = m.e[1] = v;
+  return m;
+}
+
+template <class T, int R, int C, class U>
+MTLCUDA_FN void simdgroup_load(simdgroup_matrix<T, R, C>& m, const U* src, ulong elements_per_row = C) {
+  const uint lane = simd_lane(), r = lane / 4, c = 2 * (lane % 4);
+  m.e[0] = T(src[r * elements_per_row + c]);
+  m.e[1] = T(src[r * elements_per_row + c + 1]);
+}
+
+template <class T, int R, int C, class U>
+MTLCUDA_FN void simdgroup_store(const simdgroup_matrix<T, R, C>& m, U* dst, ulong elements_per_row = C) {
+  const uint lane = simd_lane(), r = lane / 4, c = 2 * (lane % 4);
+  dst[r * elements_per_row + c] = U(m.e[0]);
+  dst[r * elements_per_row + c + 1] = U(m.e[1]);
+}
+
+template <class T>
+MTLCUDA_FN void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T, 8, 8>& a,
+                                              const simdgroup_matrix<T, 8, 8>& b, const simdgroup_matrix<T, 8, 8>& c) {
+  const unsigned full = 0xffffffffu;
+  const uint lane = simd_lane(), r = lane / 4, cq = lane % 4;
+  T acc0 = c.e[0], acc1 = c.e[1];
+  for (int k = 0; k < 8; ++k) {
+    const T av = __shfl_sync(full, a.e[k & 1], r * 4 + (k >> 1));
+    const T b0 = __shfl_sync(full, b.e[0], k * 4 + cq), b1 = __shfl_sync(full, b.e[1], k * 4 + cq);
+    acc0 += av * b0;
+    acc1 += av * b1;
+  }
+  d.e[0] = acc0;
+  d.e[1] = acc1;
+}
+
+}  // namespace metal
+
+// ------------------------------------------------------------------ entry points
+
+namespace mtlcuda {
+
+// What a launch passes: the buffer addresses by [[buffer(i)]] slot (a
+// parameter struct bound with setBytes is a device copy of its bytes).
+struct Args {
+  unsigned long long buf[16];
+};
+
+enum class Attr {
+  thread_position_in_grid, threads_per_grid, thread_position_in_threadgroup, threads_per_threadgroup,
+  threadgroup_position_in_grid, threadgroups_per_grid, dispatch_threads_per_threadgroup,
+  thread_index_in_threadgroup, thread_index_in_simdgroup, simdgroup_index_in_threadgroup, threads_per_simdgroup,
+  simdgroups_per_threadgroup, thread_execution_width, dispatch_simdgroups_per_threadgroup
+};
+
+template <int Slot>
+struct BufferArg {
+  template <class P>
+  static MTLCUDA_FN P get(const Args& a) {
+    if constexpr (std::is_pointer_v<P>) {
+      return reinterpret_cast<P>(a.buf[Slot]);
+    } else {
+      return *reinterpret_cast<std::remove_reference_t<P>*>(a.buf[Slot]);
+    }
+  }
+};
+
+template <class P>
+MTLCUDA_FN P position(uint x, uint y, uint z) {
+  typedef std::remove_cv_t<std::remove_reference_t<P>> V;
+  if constexpr (metal::is_vec<V>::value) {
+    V v;
+    v[0] = x;
+    v[1] = y;
+    if constexpr (sizeof(V) / sizeof(v[0]) >= 3) v[2] = z;
+    return v;
+  } else {
+    return V(x);
+  }
+}
+
+MTLCUDA_FN uint linear_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+MTLCUDA_FN uint threads_in_group() { return blockDim.x * blockDim.y * blockDim.z; }
+
+template <Attr A>
+struct AttrArg {
+  template <class P>
+  static MTLCUDA_FN P get(const Args&) {
+    typedef std::remove_cv_t<std::remove_reference_t<P>> V;
+    if constexpr (A == Attr::thread_position_in_grid)
+      return position<V>(blockIdx.x * blockDim.x + threadIdx.x, blockIdx.y * blockDim.y + threadIdx.y,
+                         blockIdx.z * blockDim.z + threadIdx.z);
+    else if constexpr (A == Attr::threads_per_grid)
+      return position<V>(gridDim.x * blockDim.x, gridDim.y * blockDim.y, gridDim.z * blockDim.z);
+    else if constexpr (A == Attr::thread_position_in_threadgroup)
+      return position<V>(threadIdx.x, threadIdx.y, threadIdx.z);
+    else if constexpr (A == Attr::threads_per_threadgroup || A == Attr::dispatch_threads_per_threadgroup)
+      return position<V>(blockDim.x, blockDim.y, blockDim.z);
+    else if constexpr (A == Attr::threadgroup_position_in_grid)
+      return position<V>(blockIdx.x, blockIdx.y, blockIdx.z);
+    else if constexpr (A == Attr::threadgroups_per_grid)
+      return position<V>(gridDim.x, gridDim.y, gridDim.z);
+    else if constexpr (A == Attr::thread_index_in_threadgroup)
+      return V(linear_tid());
+    else if constexpr (A == Attr::thread_index_in_simdgroup)
+      return V(linear_tid() % 32);
+    else if constexpr (A == Attr::simdgroup_index_in_threadgroup)
+      return V(linear_tid() / 32);
+    else if constexpr (A == Attr::simdgroups_per_threadgroup || A == Attr::dispatch_simdgroups_per_threadgroup)
+      return V((threads_in_group() + 31) / 32);
+    else
+      return V(32);
+  }
+};
+
+template <auto F>
+struct Entry;
+
+template <class... P, void (*F)(P...)>
+struct Entry<F> {
+  template <class... B>
+  static MTLCUDA_FN void run(const Args& a) {
+    static_assert(sizeof...(P) == sizeof...(B), "one binding per kernel parameter");
+    F(B::template get<P>(a)...);
+  }
+};
+
+}  // namespace mtlcuda

@@ -1,0 +1,309 @@
+"""The host side of each op, as csrc/ops/*.cpp computes it: kernel choice
+(host names built like csrc/ops/naming.h), launch geometry and parameter
+structs (field order of metal/include/mps_ext/params.h). Each function returns
+(launches, outputs); nothing runs until the launcher runs the launches.
+Keep in step with csrc/ops when those change (the constants are named alike).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cuda import Launch, u32s
+
+METAL_TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat", torch.complex64: "float2",
+              torch.float8_e4m3fn: "fp8", torch.uint8: "fp8"}
+
+
+def host_name(op: str, kernel: str, *types) -> str:
+    return "_".join([op, kernel, *(METAL_TYPE[t] for t in types)])
+
+
+def ceil_div(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def aligned16(t: torch.Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+# ---------------------------------------------------------------- softmax (csrc/ops/softmax.cpp)
+
+K_SIMD_COLS, K_BLOCK_COLS, K_SOFTMAX_ROWS_PER_SG = 128, 4096, 8
+K_SPLIT_THREADS = 256
+K_CHUNK = K_SPLIT_THREADS * 8
+K_STRIDED_THREADS = 256
+
+
+def softmax(x: torch.Tensor, dim: int, log: bool, out_dtype=None):
+    """x contiguous; dim the last one, or a middle one with enough columns for the strided kernel."""
+    out_dtype = out_dtype or x.dtype
+    dim = dim % x.dim()
+    cols = x.shape[dim]
+    inner = 1
+    for s in x.shape[dim + 1:]:
+        inner *= s
+    outer = x.numel() // (cols * inner)
+    assert inner == 1 or outer * inner >= 1024, "small strided cases move the dim last (not mirrored here)"
+    op = "log_softmax" if log else "softmax"
+    y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
+    es = x.element_size()
+    vectorized = int(inner == 1 and cols % 4 == 0 and x.data_ptr() % (4 * es) == 0)
+    if inner != 1:
+        rows = outer * inner
+        p = u32s(rows, cols, inner, 0, 0, vectorized)
+        return [Launch(host_name(op, "strided", x.dtype, out_dtype), (ceil_div(rows, K_STRIDED_THREADS),),
+                       (K_STRIDED_THREADS,), [x, y, p])], y
+    rows = x.numel() // cols
+    if cols <= K_SIMD_COLS:
+        p = u32s(rows, cols, 1, 0, 0, vectorized)
+        return [Launch(host_name(op, "simd", x.dtype, out_dtype), (ceil_div(rows, K_SOFTMAX_ROWS_PER_SG),),
+                       (32 * K_SOFTMAX_ROWS_PER_SG,), [x, y, p])], y
+    if cols <= K_BLOCK_COLS:
+        threads = min(max(ceil_div(ceil_div(cols, 4), 32) * 32, 32), 1024)
+        p = u32s(rows, cols, 1, 0, 0, vectorized)
+        return [Launch(host_name(op, "block", x.dtype, out_dtype), (rows,), (threads,), [x, y, p])], y
+    chunks = ceil_div(cols, K_CHUNK)
+    p = u32s(rows, cols, 1, chunks, K_CHUNK, vectorized)
+    partials = torch.empty((rows, chunks, 2), dtype=torch.float32, device=x.device)
+    return [Launch(host_name("softmax", "partials", x.dtype), (chunks, rows), (K_SPLIT_THREADS,), [x, partials, p]),
+            Launch(host_name(op, "finalize", x.dtype, out_dtype), (chunks, rows), (K_SPLIT_THREADS,),
+                   [x, partials, y, p])], y
+
+
+# ---------------------------------------------------------------- GEMV (csrc/ops/gemv.cpp)
+
+K_ROWS_PER_SG, K_DENSE_SG, K_FILL_SG, K_MIN_STEPS, K_MAX_SLICES = 4, 4, 1024, 2, 16
+
+
+def rows_bucket(m: int) -> int:
+    return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, bias=None):
+    """x (m <= 8, k) contiguous rows, w (n, k) with unit column stride."""
+    m, k = x.shape
+    n = w.shape[0]
+    blocks = ceil_div(n, K_ROWS_PER_SG)
+    per_step = 32 * (16 // x.element_size())
+    steps = ceil_div(k, per_step)
+    slices = min(K_MAX_SLICES, ceil_div(K_FILL_SG, blocks), steps // K_MIN_STEPS)
+    rows = f"m{rows_bucket(m)}"
+    if slices >= 2:
+        kernel, grid, threads = host_name("gemv", f"splitk_{rows}", x.dtype), (blocks,), (32 * slices,)
+    else:
+        kernel, grid, threads = host_name("gemv", f"dense_{rows}", x.dtype), (ceil_div(blocks, K_DENSE_SG),), (128,)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    es = x.element_size()
+    w_stride = k if n == 1 else w.stride(0)
+    x_stride = k if m == 1 else x.stride(0)
+    w_vec = aligned16(w) and (n == 1 or w_stride * es % 16 == 0)
+    x_vec = aligned16(x) and (m == 1 or x_stride * es % 16 == 0)
+    p = u32s(n, k, m, w_stride, x_stride, n, bias is not None, w_vec, x_vec)
+    return [Launch(kernel, grid, threads, [w, x, bias if bias is not None else w, y, p])], y
+
+
+# ---------------------------------------------------------------- FP8 (csrc/ops/fp8.cpp)
+
+K_AMAX_THREADS, K_AMAX_ELEMENTS = 256, 16384
+
+
+def fp8_block_params(rows, cols, block_rows, block_cols):
+    br = min(block_rows, max(rows, 1))
+    bc = min(block_cols, max(cols, 1))
+    return br, bc, ceil_div(cols, bc)
+
+
+def fp8_quantize(x: torch.Tensor, block_rows: int, block_cols: int):
+    rows, cols = x.shape
+    br, bc, scale_cols = fp8_block_params(rows, cols, block_rows, block_cols)
+    scale_rows = ceil_div(rows, br)
+    q = torch.empty((rows, cols), dtype=torch.uint8, device=x.device)
+    scale = torch.empty((scale_rows, scale_cols), dtype=torch.float32, device=x.device)
+    width = min(bc, cols)
+    rows_per_group = min(max(K_AMAX_ELEMENTS // width, 1), br)
+    amax = torch.zeros(scale.numel(), dtype=torch.int32, device=x.device)
+    p = u32s(rows, cols, br, bc, scale_cols, rows_per_group)
+    return [Launch(host_name("fp8", "amax", x.dtype), (scale_cols, scale_rows, ceil_div(br, rows_per_group)),
+                   (K_AMAX_THREADS,), [x, amax, p]),
+            Launch(host_name("fp8", "quantize", x.dtype), (ceil_div(cols, 64), ceil_div(rows, 4)), (64, 4),
+                   [x, amax, q, scale, p])], (q, scale)
+
+
+def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor, block_rows: int, block_cols: int, dtype):
+    rows, cols = q.shape
+    br, bc, scale_cols = fp8_block_params(rows, cols, block_rows, block_cols)
+    out = torch.empty((rows, cols), dtype=dtype, device=q.device)
+    p = u32s(rows, cols, br, bc, scale_cols, 0)
+    return [Launch(host_name("fp8", "dequantize", dtype), (ceil_div(cols, 64), ceil_div(rows, 4)), (64, 4),
+                   [byte_view(q), scale, out, p])], out
+
+
+def _fp8_matmul(a, w, a_scale, w_scale, block_n, block_k, bias, out, fp8_a):
+    m, k = a.shape
+    n = w.shape[0]
+    bn, bk = min(block_n, n), min(block_k, k)
+    scale_cols = ceil_div(k, bk)
+    epilogue = block_k >= k
+    a_size = a.element_size()
+    a_vec = (a.stride(0) * a_size) % 16 == 0 and a.data_ptr() % 16 == 0
+    w_vec = w.stride(0) % 16 == 0 and w.data_ptr() % 16 == 0
+    p = u32s(m, n, k, a.stride(0), w.stride(0), out.stride(0), a_scale is not None,
+             1 if a_scale is not None and a_scale.numel() > 1 else 0, bn, bk, scale_cols, epilogue,
+             bias is not None, a_vec, w_vec)
+    few_rows = m <= 8 and (epilogue or bk % 16 == 0)
+    variant = f"gemv_m{rows_bucket(m)}" if few_rows else "tiled"
+    kernel = (host_name("scaled_mm", variant, torch.uint8, out.dtype) if fp8_a
+              else host_name("fp8_linear", variant, a.dtype))
+    grid = (ceil_div(n, 16),) if few_rows else (ceil_div(n, 32), ceil_div(m, 32))
+    return [Launch(kernel, grid, (128,), [byte_view(a) if fp8_a else a, byte_view(w),
+                                          a_scale if a_scale is not None else w_scale, w_scale,
+                                          bias if bias is not None else w_scale, out, p])], out
+
+
+def scaled_mm(a, b, scale_a, scale_b, out_dtype, bias=None):
+    """a (m, k) e4m3fn row-major, b (k, n) e4m3fn column-major (b = w.t())."""
+    m, n = a.shape[0], b.shape[1]
+    out = torch.empty((m, n), dtype=out_dtype, device=a.device)
+    w = b.t()
+    w_scale = scale_b.contiguous().view(1 if scale_b.numel() == 1 else n, 1)
+    bias_f = bias.float().contiguous() if bias is not None else None
+    return _fp8_matmul(a, w, scale_a.contiguous(), w_scale, n if scale_b.numel() == 1 else 1, a.shape[1], bias_f,
+                       out, True)
+
+
+def fp8_linear(x, weight, weight_scale, block_size=None, bias=None):
+    n, k = weight.shape
+    if block_size:
+        block_n, block_k = block_size
+    elif weight_scale.numel() != 1:
+        block_n, block_k = 1, k
+    else:
+        block_n, block_k = n, k
+    out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
+    scales = weight_scale.float().contiguous().view(ceil_div(n, block_n), -1)
+    bias_f = bias.float().contiguous() if bias is not None else None
+    return _fp8_matmul(x, weight, None, scales, block_n, block_k, bias_f, out, False)
+
+
+# ---------------------------------------------------------------- grouped_mm (csrc/ops/grouped_mm.cpp)
+
+K_DECODE_COLUMNS, K_DECODE_MAX_AVG, K_TILE_COLUMNS = 16, 8, 32
+SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_K = 0, 1, 2, 3
+
+
+def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
+    a2, b2 = a.dim() == 2, b.dim() == 2
+    if a2 and b2:
+        size = [offs.shape[0], a.shape[0], b.shape[1]]
+    elif a2:
+        size = [a.shape[0], b.shape[-1]]
+    elif b2:
+        size = [a.shape[1], b.shape[1]]
+    else:
+        size = [a.shape[0], a.shape[1], b.shape[-1]]
+    align = 16 // a.element_size()
+    padded = ceil_div(size[-1], align) * align
+    stride = [padded, 1] if len(size) == 2 else [size[1] * padded, padded, 1]
+    out = torch.empty_strided(size, stride, dtype=a.dtype, device=a.device)
+    split = SPLIT_K if a2 and b2 else SPLIT_ROWS if a2 else SPLIT_COLS if b2 else SPLIT_NONE
+    groups = offs.shape[0] if offs is not None else a.shape[0]
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a_group = 0 if a2 else a.stride(0)
+    b_group = 0 if b2 else b.stride(0)
+    a_row, a_k, b_k, b_col = a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1)
+    out_group = stride[0] if len(stride) == 3 else 0
+    out_row = stride[-2]
+    es = a.element_size()
+    a_vec = aligned16(a) and a_row * es % 16 == 0 and a_group * es % 16 == 0
+    b_vec = aligned16(b) and b_col * es % 16 == 0 and b_group * es % 16 == 0
+    p = u32s(split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec)
+    average = m // max(groups, 1) if split == SPLIT_ROWS else m
+    rows_of_weights = b_k == 1 or k == 1
+    contiguous_x = a_k == 1 or k == 1
+    bufs = [a, b, offs if offs is not None else a, out, p]
+    if split in (SPLIT_ROWS, SPLIT_NONE) and rows_of_weights and contiguous_x and average <= K_DECODE_MAX_AVG:
+        return [Launch(host_name("grouped_mm", "decode", a.dtype), (ceil_div(n, K_DECODE_COLUMNS), groups), (128,),
+                       bufs)], out
+    tm = 16 if average <= 16 else 32 if average <= 32 else 64
+    x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
+    if split == SPLIT_ROWS:
+        y += groups
+    elif split == SPLIT_COLS:
+        x += groups
+    else:
+        z = groups
+    return [Launch(host_name("grouped_mm", f"tiled_m{tm}", a.dtype), (x, y, z), (128,), bufs)], out
+
+
+# ---------------------------------------------------------------- linalg (csrc/ops/linalg.cpp)
+
+K_TINY_N, K_THREADS_PER_GROUP, K_SOLVE_SG, K_INVERSE_MIN_RHS = 4, 64, 4, 8
+F_ADJOINT, F_CONJ_RHS, F_UPPER, F_UNIT = 1, 2, 4, 8
+
+
+def _bind(t: torch.Tensor) -> torch.Tensor:
+    return torch.view_as_real(t) if t.is_complex() else t
+
+
+def _linalg_params(n, k, batch, a, p_bs=0, b=None, flags=0, transposed_b=False):
+    a_s = (a.stride(0), a.stride(1), a.stride(2))
+    b_s = (0, 0, 0) if b is None else (b.stride(0), b.stride(2) if transposed_b else b.stride(1),
+                                       b.stride(1) if transposed_b else b.stride(2))
+    return u32s(n, k, batch, *a_s, p_bs, *b_s, flags, 0)
+
+
+def lu_factor(A: torch.Tensor):
+    """A (batch, n, n)."""
+    batch, n = A.shape[0], A.shape[-1]
+    buf = torch.empty_like(A)
+    piv = torch.empty((batch, n), dtype=torch.int32, device=A.device)
+    info = torch.zeros(batch, dtype=torch.int32, device=A.device)
+    p = _linalg_params(n, 0, batch, A)
+    tiny = n <= K_TINY_N
+    kernel = host_name("lu", "factor_thread" if tiny else "factor_simd", A.dtype)
+    grid = (ceil_div(batch, K_THREADS_PER_GROUP),) if tiny else (batch,)
+    return [Launch(kernel, grid, (K_THREADS_PER_GROUP if tiny else 32,),
+                   [_bind(A), _bind(buf), piv, info, p])], (buf.mT, piv, info)
+
+
+def lu_solve(LU: torch.Tensor, piv: torch.Tensor, B: torch.Tensor, adjoint=False):
+    batch, n, k = B.shape
+    buf = torch.empty((batch, k, n), dtype=B.dtype, device=B.device)
+    p = _linalg_params(n, k, batch, LU, n, B, F_ADJOINT if adjoint else 0)
+    tiny = n <= K_TINY_N
+    kernel = host_name("lu", "solve_thread" if tiny else "solve_simd", B.dtype)
+    grid = (ceil_div(batch, K_THREADS_PER_GROUP),) if tiny else (ceil_div(batch * k, K_SOLVE_SG),)
+    return [Launch(kernel, grid, (K_THREADS_PER_GROUP if tiny else 32 * K_SOLVE_SG,),
+                   [_bind(LU), piv.contiguous(), _bind(B), _bind(buf), p])], buf.mT
+
+
+def solve(A: torch.Tensor, B: torch.Tensor):
+    """linalg.solve for A (batch, n, n), B (batch, n, k): fused for n <= 4, else factor + solve."""
+    batch, n, k = B.shape
+    if n > K_TINY_N:
+        l1, (LU, piv, info) = lu_factor(A)
+        l2, X = lu_solve(LU, piv, B)
+        return l1 + l2, X
+    lu_buf = torch.empty_like(A)
+    x_buf = torch.empty((batch, k, n), dtype=A.dtype, device=A.device)
+    piv = torch.empty((batch, n), dtype=torch.int32, device=A.device)
+    info = torch.empty(batch, dtype=torch.int32, device=A.device)
+    p = _linalg_params(n, k, batch, A, 0, B, 0)
+    return [Launch(host_name("lu", "solve_fused_thread", A.dtype), (ceil_div(batch, K_THREADS_PER_GROUP),),
+                   (K_THREADS_PER_GROUP,), [_bind(A), _bind(B), _bind(x_buf), _bind(lu_buf), piv, info, p])], x_buf.mT
+
+
+def solve_triangular(A: torch.Tensor, B: torch.Tensor, upper: bool, unit=False):
+    """Left solves: A (batch, n, n), B (batch, n, k)."""
+    batch, n, k = B.shape
+    buf = torch.empty((batch, k, n), dtype=B.dtype, device=B.device)
+    p = _linalg_params(n, k, batch, A, 0, B, (F_UPPER if upper else 0) | (F_UNIT if unit else 0))
+    inverse = A.dtype == torch.float32 and n in (16, 32, 64) and k >= K_INVERSE_MIN_RHS
+    kernel = host_name("trsm", "inverse" if inverse else "simd", A.dtype)
+    grid = (batch,) if inverse else (ceil_div(batch * k, K_SOLVE_SG),)
+    return [Launch(kernel, grid, (n if inverse else 32 * K_SOLVE_SG,), [_bind(A), _bind(B), _bind(buf), p])], buf.mT
