@@ -1,4 +1,4 @@
-"""Command line: ``python -m mps_ext info`` and ``python -m mps_ext selftest``."""
+"""Command line: ``python -m mps_ext info | selftest | demo``."""
 
 from __future__ import annotations
 
@@ -48,9 +48,16 @@ def selftest() -> int:
 
 
 def main(argv=None) -> int:
+    from . import demo
+
     parser = argparse.ArgumentParser(prog="python -m mps_ext")
-    parser.add_argument("command", choices=["info", "selftest"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help=info.__doc__)
+    commands.add_parser("selftest", help=selftest.__doc__)
+    demo.add_arguments(commands.add_parser("demo", help="decode a transformers model with and without mps_ext"))
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo.main(args)
     return {"info": info, "selftest": selftest}[args.command]()
 
 
