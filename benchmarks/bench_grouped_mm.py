@@ -41,7 +41,7 @@ def routed(tokens, experts, top_k, k):
 
 
 TITLE = "torch._grouped_mm (MoE experts), bf16"
-COLUMNS = [Column("model", "model", "", 14), Column("proj", "proj", "", 8), Column("tokens", "tokens", "", 6),
+COLUMNS = [Column("model", "model", "", 14), Column("proj", "proj", "", 8), Column("tokens", "tokens", "d", 6),
            Column("experts", "experts", "", 8), *TIMING]
 
 

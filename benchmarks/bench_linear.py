@@ -77,7 +77,7 @@ assert len(SHAPES) >= 96
 
 
 TITLE = f"F.linear (decode GEMV), bf16, {len(SHAPES)} layer shapes"
-COLUMNS = [Column("model", "model", "", 16), Column("layer", "layer", "", 20), Column("rows", "rows", "", 4),
+COLUMNS = [Column("model", "model", "", 16), Column("layer", "layer", "", 20), Column("rows", "rows", "d", 4),
            Column("shape", "n x k", "", 14), *TIMING]
 
 

@@ -28,8 +28,8 @@ GPU_OPS = ["softmax", "linear", "fp8", "grouped_mm", "linalg"]
 
 @dataclass
 class Column:
-    """A column of a result table: the row's key, its header, how numbers are written and the text width
-    (0: last column, unpadded)."""
+    """A column of a result table: the row's key, its header, the format of its numbers (none: a text
+    column) and its width in printed tables."""
 
     key: str
     header: str
@@ -52,10 +52,13 @@ def geomean(values) -> float | None:
 def print_table(rows, columns: list[Column], out=print) -> list[dict]:
     """Prints ``rows`` (an iterable, printed as they come) under the columns' headers, then the geometric-mean
     speedup where there is a speedup column; returns the rows."""
-    out("  ".join(f"{c.header:>{c.width}}" if c.width else c.header for c in columns))
+    def line(texts):  # numbers right-aligned, text left-aligned
+        return "  ".join(f"{t:>{c.width}}" if c.fmt else f"{t:<{c.width}}" for c, t in zip(columns, texts)).rstrip()
+
+    out(line(c.header for c in columns))
     done = []
     for row in rows:
-        out("  ".join(f"{c.text(row):>{c.width}}" if c.width else c.text(row) for c in columns))
+        out(line(c.text(row) for c in columns))
         done.append(row)
     g = geomean(r.get("speedup") for r in done)
     if g and any(c.key == "speedup" for c in columns):

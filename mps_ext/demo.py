@@ -276,7 +276,8 @@ def run(model: str = "qwen3-moe", tokens: int = 32, prompt_tokens: int = 12, pro
     if tokenizer is not None:
         input_ids = tokenizer(prompt or "The capital of France is", return_tensors="pt").input_ids.to(device)
     else:
-        input_ids = torch.randint(0, net.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(seed)).to(device)
+        prompt_ids = torch.randint(0, net.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(seed))
+        input_ids = prompt_ids.to(device)
 
     out(f"mps_ext demo: {desc}, {dtype}{', linear layers in FP8 (mps_ext.fp8.convert)' if fp8 else ''}")
     if backend == "metal":
@@ -350,8 +351,9 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
         tps = f"{run_.tokens_per_s:.2f} tokens/s" if run_.tokens_per_s else "n/a"
         out(f"  {label + ':':<18} {tps} on {where} ({how}; prefill {run_.prefill_s * 1e3:.0f} ms)")
     if r.backend == "simulator":
-        out("  note: the mps_ext timings are CPU-simulation timings of the Metal kernels (a testing tool), not GPU\n"
-            "        speed; on an Apple-silicon Mac this demo runs them on the GPU (python -m mps_ext bench times them)")
+        out("  note: the mps_ext timings are CPU-simulation timings of the Metal kernels (the simulator is a testing\n"
+            "        tool), not GPU speed; on an Apple-silicon Mac this demo runs them on the GPU, and\n"
+            "        python -m mps_ext bench times each kernel against torch's")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

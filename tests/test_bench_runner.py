@@ -15,11 +15,13 @@ from mps_ext import bench
 from mps_ext.testing import mps_usable
 
 ROOT = Path(__file__).resolve().parent.parent
+# Subprocesses import this checkout (and what PYTHONPATH already adds).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 
 def run_cli(*args, cwd=ROOT):
     return subprocess.run([sys.executable, "-m", "mps_ext", "bench", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                          cwd=cwd, env=ENV, timeout=300)
 
 
 @pytest.mark.skipif(mps_usable()[0], reason="a usable Apple GPU runs the GPU benchmarks instead")

@@ -15,6 +15,8 @@ pytest.importorskip("transformers", reason='the demo needs transformers: pip ins
 from mps_ext import demo  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# Subprocesses import this checkout (and what PYTHONPATH already adds).
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
 
 # What each model's decode calls and which of our kernel families serve it (tests/../clients.md): the router
 # F.linear and the projections go to GEMV, the router's softmax to softmax, the experts' _grouped_mm to
@@ -69,7 +71,7 @@ def test_cli_writes_the_report(tmp_path):
     out = tmp_path / "demo.json"
     p = subprocess.run([sys.executable, "-m", "mps_ext", "demo", "--size", "tiny", "--tokens", "4", "--device", "cpu",
                         "--no-progress", "--json", str(out)], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                       env=ENV, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Qwen3-MoE (Qwen3MoeForCausalLM, random weights, tiny size)" in p.stdout
     assert "route of each overridden aten op" in p.stdout and "aten::_grouped_mm" in p.stdout
@@ -83,6 +85,6 @@ def test_without_transformers_it_says_how_to_get_it():
     code = ("import sys; sys.modules['transformers'] = None\n"
             "from mps_ext.__main__ import main; sys.exit(main(['demo']))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+                       env=ENV, timeout=120)
     assert p.returncode == 2
     assert 'pip install "mps_ext[demo]"' in p.stderr and "Traceback" not in p.stderr
