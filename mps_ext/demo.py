@@ -276,8 +276,8 @@ def run(model: str = "qwen3-moe", tokens: int = 32, prompt_tokens: int = 12, pro
     if tokenizer is not None:
         input_ids = tokenizer(prompt or "The capital of France is", return_tensors="pt").input_ids.to(device)
     else:
-        prompt_ids = torch.randint(0, net.config.vocab_size, (1, prompt_tokens), generator=torch.Generator().manual_seed(seed))
-        input_ids = prompt_ids.to(device)
+        generator = torch.Generator().manual_seed(seed)
+        input_ids = torch.randint(0, net.config.vocab_size, (1, prompt_tokens), generator=generator).to(device)
 
     out(f"mps_ext demo: {desc}, {dtype}{', linear layers in FP8 (mps_ext.fp8.convert)' if fp8 else ''}")
     if backend == "metal":
