@@ -285,10 +285,10 @@ def run(model: str = "qwen3-moe", tokens: int = 32, prompt_tokens: int = 12, pro
 
         out(f"device: mps ({dict(_C._metal_device_info()).get('name', 'Apple GPU')}): mps_ext's kernels run on the GPU")
     else:
-        out(f"device: cpu: mps_ext's Metal kernels run in the simulator, overrides enabled for cpu "
-            f"(no Apple GPU here: {why})" if not usable else "device: cpu (simulator), as asked")
+        out("device: cpu; mps_ext's Metal kernels run in the simulator (overrides enabled for cpu)"
+            + (f"; no Apple GPU here: {why}" if not usable else ""))
     out(f"torch {torch.__version__}, transformers {transformers.__version__}; greedy decode of {tokens} tokens after a "
-        f"{input_ids.shape[1]}-token prompt, with torch's kernels, then with mps_ext's\n")
+        f"{input_ids.shape[1]}-token prompt, with torch's kernels, then with mps_ext's")
 
     def reference():  # how torch alone runs the model
         return _fp8_dequantized(net, torch_dtype) if fp8 else contextlib.nullcontext()
@@ -322,7 +322,9 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
     for op, s in sorted(r.routing.items()):
         if s["hits"] or s["fallbacks"]:
             reasons = ", ".join(f"{why} ({n})" for why, n in sorted(s["reasons"].items()))
-            out(f"  {op:<22} {s['hits']:>15} {s['fallbacks']:>7}  {reasons}")
+            out(f"  {op:<22} {s['hits']:>15} {s['fallbacks']:>7}  {reasons}".rstrip())
+    if r.backend == "simulator" and r.routing.get("aten::mm", {}).get("fallbacks"):
+        out("  (on cpu, a linear left to torch reaches aten::mm through torch's decomposition: counted there too)")
     if r.fp8:
         out("  FP8Linear layers call mps_ext.fp8_linear itself (no override needed): its kernels are listed below")
     out("  (ops without an mps_ext kernel, e.g. attention, norms, activations, run torch's own)")
@@ -340,9 +342,11 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
     if tokenizer is not None:
         out(f"  torch text:        {tokenizer.decode(r.torch_run.tokens)!r}")
         out(f"  mps_ext text:      {tokenizer.decode(r.mps_ext_run.tokens)!r}")
+    elif d["tokens_identical"]:
+        out(f"  tokens:            {_short(r.torch_run.tokens)}")
     else:
-        out(f"  tokens (torch):    {r.torch_run.tokens}")
-        out(f"  tokens (mps_ext):  {r.mps_ext_run.tokens}")
+        out(f"  tokens (torch):    {_short(r.torch_run.tokens)}")
+        out(f"  tokens (mps_ext):  {_short(r.mps_ext_run.tokens)}")
     where = {"metal": "mps (GPU)", "simulator": "cpu"}[r.backend]
     theirs = "torch's kernels" + (f", FP8 weights dequantized to {r.dtype} (nn.Linear)" if r.fp8 else "")
     for label, run_, how in (("torch", r.torch_run, theirs),
@@ -354,6 +358,10 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
         out("  note: the mps_ext timings are CPU-simulation timings of the Metal kernels (the simulator is a testing\n"
             "        tool), not GPU speed; on an Apple-silicon Mac this demo runs them on the GPU, and\n"
             "        python -m mps_ext bench times each kernel against torch's")
+
+
+def _short(tokens: list[int], n: int = 16) -> str:
+    return " ".join(map(str, tokens[:n])) + (f" ... ({len(tokens)} tokens)" if len(tokens) > n else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
