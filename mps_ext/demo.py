@@ -150,21 +150,18 @@ def _overrides(device: str, on: bool):
 def _fp8_dequantized(model: torch.nn.Module, dtype: torch.dtype):
     """torch's way to run an FP8 model without mps_ext: every FP8Linear replaced by an nn.Linear holding its
     weight dequantized to ``dtype`` (the same values the FP8 kernels compute with) inside the block."""
-    from . import fp8
+    from .fp8 import _dequantized_weight
     from .nn import FP8Linear
 
     swapped = []
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if isinstance(child, FP8Linear):
-                block = child.block_size
-                scale = child.weight_scale_inv
-                if block is None and scale.numel() > 1:
-                    scale = scale.reshape(-1, 1)
                 linear = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
                                          device=child.weight.device, dtype=dtype)
                 with torch.no_grad():
-                    linear.weight.copy_(fp8.dequantize(child.weight, scale, dtype, block=block))
+                    linear.weight.copy_(_dequantized_weight(child.weight, child.weight_scale_inv, child.block_size,
+                                                            dtype))
                     if child.bias is not None:
                         linear.bias.copy_(child.bias)
                 setattr(parent, name, linear)
@@ -176,14 +173,35 @@ def _fp8_dequantized(model: torch.nn.Module, dtype: torch.dtype):
             setattr(parent, name, child)
 
 
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+
 def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm progress bar on stderr (transformers depends on tqdm), or none."""
     try:
         from tqdm.auto import tqdm
-    except ImportError:  # transformers depends on tqdm; a bare counter otherwise
-        tqdm = None
-    if tqdm is None or not enabled:
-        return contextlib.nullcontext(type("NoBar", (), {"update": lambda self, n=1: None})())
+    except ImportError:
+        enabled = False
+    if not enabled:
+        return contextlib.nullcontext(_NoBar())
     return tqdm(total=total, desc=desc, unit="tok", leave=True, dynamic_ncols=True, file=sys.stderr)
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings and log messages about generation settings silenced inside the block."""
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", module="transformers")
+            yield
+    finally:
+        logging.set_verbosity(verbosity)
 
 
 def decode(model, input_ids: torch.Tensor, new_tokens: int, desc: str = "", progress: bool = True) -> Decode:
@@ -254,12 +272,17 @@ def run(model: str = "qwen3-moe", tokens: int = 32, prompt_tokens: int = 12, pro
         fp8: bool = False, seed: int = 0, progress: bool = True, out=print) -> Report:
     """The demo as a function: builds the model, decodes with the overrides off then on, prints the report
     through ``out`` and returns it."""
+    if tokens < 1:
+        raise ValueError(f"tokens must be at least 1, got {tokens}")
+    with _quiet_transformers():
+        return _run(model, tokens, prompt_tokens, prompt, dtype, device, size, layers, fp8, seed, progress, out)
+
+
+def _run(model, tokens, prompt_tokens, prompt, dtype, device, size, layers, fp8, seed, progress, out) -> Report:
     import transformers
 
     from . import fp8 as fp8_module
 
-    transformers.logging.set_verbosity_error()
-    warnings.filterwarnings("ignore", module="transformers")
     usable, why = mps_usable()
     if device == "auto":
         device = "mps" if usable else "cpu"
@@ -364,12 +387,19 @@ def _short(tokens: list[int], n: int = 16) -> str:
     return " ".join(map(str, tokens[:n])) + (f" ... ({len(tokens)} tokens)" if len(tokens) > n else "")
 
 
+def _at_least_one(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="qwen3-moe",
                         help="qwen3-moe (default), llama (random weights, built in code), or a local path or hub "
                              "id of a causal LM")
-    parser.add_argument("--tokens", type=int, default=32, help="tokens to decode (default 32)")
-    parser.add_argument("--prompt-tokens", type=int, default=12,
+    parser.add_argument("--tokens", type=_at_least_one, default=32, help="tokens to decode (default 32)")
+    parser.add_argument("--prompt-tokens", type=_at_least_one, default=12,
                         help="random prompt length for the built-in models (default 12)")
     parser.add_argument("--prompt", help="prompt text for a checkpoint")
     parser.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
@@ -378,7 +408,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=["tiny", "small", "real"],
                         help="built-in model size: real (default on mps: published layer shapes), small (default "
                              "on cpu), tiny")
-    parser.add_argument("--layers", type=int, help="number of layers of a built-in model")
+    parser.add_argument("--layers", type=_at_least_one, help="number of layers of a built-in model")
     parser.add_argument("--fp8", action="store_true", help="convert the linear layers to FP8 (mps_ext.fp8.convert)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
