@@ -1,7 +1,7 @@
 """FP8 weight-only linear on an Apple-silicon Mac: mps_ext.fp8_linear vs the
 bf16 linear of the same shape and vs what torch offers for an FP8 weight.
 
-torch's FP8 path: 2.13/2.14 cannot hold float8 tensors on mps, so users
+torch's FP8 path (torch's own kernels): 2.13/2.14 cannot hold float8 tensors on mps, so users
 dequantize (here: mps_ext.fp8.dequantize to bf16, then F.linear); 2.15 holds
 them and dequantizes with `weight.to(bf16) * scale` before F.linear. For
 scaled_mm (fp8 x fp8) on 2.15, torch's native `F.scaled_mm` is timed too.
@@ -10,60 +10,63 @@ byte per FP8 weight, two per bf16 weight), % of peak, and speedups.
 Usage: python benchmarks/bench_fp8.py
 """
 
+import argparse
+import sys
+
 import torch
 import torch.nn.functional as F
 
 import mps_ext
-from _common import peak_gbps, require_mps, time_us
+from _common import Column, compare, main, peak_gbps, time_us
 
 SHAPES = ((4096, 4096), (14336, 4096), (4096, 14336), (151936, 2048))  # (out_features, in_features)
 ROWS = (1, 4, 8, 512)  # decode and prefill
 
 
-def gbps(nbytes: int, us: float) -> float:
-    return nbytes / (us * 1e-6) / 1e9
+TITLE = "FP8 (e4m3fn) weight-only linear and scaled_mm, bf16 activations"
+COLUMNS = [Column("op", "op", "", 9), Column("shape", "rows x out x in", "", 20),
+           Column("bf16_us", "bf16 µs", ".1f", 9), Column("torch_us", "torch fp8 µs", ".1f", 13),
+           Column("mps_ext_us", "fp8 µs", ".1f", 8), Column("gbps", "GB/s", ".1f", 7),
+           Column("pct_peak", "% peak", ".1f", 7), Column("vs_bf16", "vs bf16", ".2f", 8),
+           Column("speedup", "vs torch", ".2f", 9)]
 
 
-def main():
-    name = require_mps()
-    peak = peak_gbps(name)
+def parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def rows(args, chip):
+    peak = peak_gbps(chip)
     torch215 = tuple(int(v) for v in torch.__version__.split(".")[:2]) >= (2, 15)
-    print(f"{name}, peak {peak or '?'} GB/s, torch {torch.__version__}")
-    print(f"{'rows x out x in':>20} {'bf16 µs':>9} {'torch fp8 µs':>13} {'fp8 µs':>8} {'fp8 GB/s':>9} {'% peak':>7} "
-          f"{'vs bf16':>8} {'vs torch':>9}")
     for n, k in SHAPES:
         w = torch.randn(n, k, device="mps", dtype=torch.bfloat16) * 0.02
         q, scale = mps_ext.fp8.quantize(w, dim=1)
         for m in ROWS:
             x = torch.randn(m, k, device="mps", dtype=torch.bfloat16)
-            t_bf16 = time_us(lambda: F.linear(x, w))
             if torch215:
-                t_torch = time_us(lambda: F.linear(x, q.to(torch.bfloat16) * scale.bfloat16()))
+                theirs = lambda: F.linear(x, q.to(torch.bfloat16) * scale.bfloat16())  # noqa: E731
             else:
-                t_torch = time_us(lambda: F.linear(x, mps_ext.fp8.dequantize(q, scale, torch.bfloat16)))
-            t_fp8 = time_us(lambda: mps_ext.fp8_linear(x, q, scale))
-            moved = n * k + 2 * m * (k + n)
-            bw = gbps(moved, t_fp8)
-            share = f"{100 * bw / peak:6.1f}%" if peak else "     ?"
-            print(f"{f'{m}x{n}x{k}':>20} {t_bf16:>9.1f} {t_torch:>13.1f} {t_fp8:>8.1f} {bw:>9.1f} {share:>7} "
-                  f"{t_bf16 / t_fp8:>7.2f}x {t_torch / t_fp8:>8.2f}x")
-    print("\nscaled_mm (fp8 x fp8, row-wise scales, bf16 out)")
-    print(f"{'M x N x K':>20} {'torch µs':>9} {'mps_ext µs':>11} {'speedup':>8}")
+                theirs = lambda: F.linear(x, mps_ext.fp8.dequantize(q, scale, torch.bfloat16))  # noqa: E731
+            t_bf16 = time_us(lambda: F.linear(x, w))  # mps_ext's bf16 GEMV up to 8 rows (the overrides)
+            row = compare(f"fp8_linear {m}x{n}x{k}", theirs, lambda: mps_ext.fp8_linear(x, q, scale),
+                          moved=n * k + 2 * m * (k + n), peak=peak, op="linear", shape=f"{m}x{n}x{k}", bf16_us=t_bf16)
+            row["vs_bf16"] = t_bf16 / row["mps_ext_us"]
+            yield row
+    # scaled_mm (fp8 x fp8, row-wise scales, bf16 out); torch has an MPS kernel from 2.15 only.
     for n, k in SHAPES[:3]:
         wq, ws = mps_ext.fp8.quantize(torch.randn(n, k, device="mps"), dim=1)
         for m in ROWS:
             aq, as_ = mps_ext.fp8.quantize(torch.randn(m, k, device="mps"), dim=1)
             b, sb = wq.t(), ws.t()
-            t_ours = time_us(lambda: mps_ext.scaled_mm(aq, b, as_, sb))
+            ours = lambda: mps_ext.scaled_mm(aq, b, as_, sb)  # noqa: E731
             if torch215:
                 sr = F.ScalingType.RowWise
-                t_torch = time_us(lambda: F.scaled_mm(aq, b, as_, sr, sb, sr, output_dtype=torch.bfloat16))
-                theirs = f"{t_torch:>9.1f}"
-                ratio = f"{t_torch / t_ours:>7.2f}x"
+                theirs = lambda: F.scaled_mm(aq, b, as_, sr, sb, sr, output_dtype=torch.bfloat16)  # noqa: E731
+                yield compare(f"scaled_mm {m}x{n}x{k}", theirs, ours, check=False, op="scaled_mm", shape=f"{m}x{n}x{k}")
             else:
-                theirs, ratio = f"{'—':>9}", f"{'—':>8}"
-            print(f"{f'{m}x{n}x{k}':>20} {theirs} {t_ours:>11.1f} {ratio}")
+                yield {"case": f"scaled_mm {m}x{n}x{k}", "op": "scaled_mm", "shape": f"{m}x{n}x{k}",
+                       "mps_ext_us": time_us(ours), "speedup": None, "note": "torch < 2.15: no MPS kernel"}
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

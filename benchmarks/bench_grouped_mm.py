@@ -11,11 +11,12 @@ Usage: python benchmarks/bench_grouped_mm.py [--tokens 1 2 4 8] [--filter gpt]
 
 import argparse
 import math
+import sys
 
 import torch
 
 import mps_ext
-from _common import peak_gbps, require_mps, time_us
+from _common import TIMING, Column, compare, main, peak_gbps
 
 # (model, projection, K, N, experts, top-k) from each model's config.json
 # (hidden_size, moe_intermediate_size / intermediate_size, num_experts, top-k);
@@ -39,17 +40,20 @@ def routed(tokens, experts, top_k, k):
     return a, offs, int((counts > 0).sum())
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 512])
-    parser.add_argument("--filter", default="", help="only models whose name contains this")
-    args = parser.parse_args()
-    name = require_mps()
-    peak = peak_gbps(name)
-    print(f"{name}, peak {peak or '?'} GB/s, torch {torch.__version__}, bf16")
-    print(f"{'model':<14} {'proj':<8} {'tokens':>6} {'experts':>8} {'torch µs':>9} {'mps_ext µs':>11} {'GB/s':>7} "
-          f"{'% peak':>7} {'speedup':>8}  kernel")
-    speedups = []
+TITLE = "torch._grouped_mm (MoE experts), bf16"
+COLUMNS = [Column("model", "model", "", 14), Column("proj", "proj", "", 8), Column("tokens", "tokens", "d", 6),
+           Column("experts", "experts", "", 8), *TIMING]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokens", type=int, nargs="+", default=[1, 2, 4, 8, 512])
+    p.add_argument("--filter", default="", help="only models whose name contains this")
+    return p
+
+
+def rows(args, chip):
+    peak = peak_gbps(chip)
     for model, proj, k, n, e, top_k in SHAPES:
         if args.filter not in model:
             continue
@@ -57,25 +61,12 @@ def main():
         b = weights.transpose(-2, -1)
         for tokens in args.tokens:
             a, offs, touched = routed(tokens, e, top_k, k)
-            mps_ext.overrides.disable("mps")  # torch's own op
-            want = torch._grouped_mm(a, b, offs=offs)
-            t_torch = time_us(lambda: torch._grouped_mm(a, b, offs=offs))
-            with mps_ext.trace() as t:
-                got = mps_ext.grouped_mm(a, b, offs)
-            err = (got.float() - want.float()).abs().max().item()
-            assert err <= 0.02 * want.float().abs().max().item() + 1e-3, f"{model} {proj}: max error {err}"
-            t_ours = time_us(lambda: mps_ext.grouped_mm(a, b, offs))
             moved = (touched * n * k + a.numel() + a.shape[0] * n) * 2
-            gbps = moved / (t_ours * 1e-6) / 1e9
-            share = f"{100 * gbps / peak:6.1f}%" if peak else "     ?"
-            speedups.append(t_torch / t_ours)
-            print(f"{model:<14} {proj:<8} {tokens:>6} {f'{touched}/{e}':>8} {t_torch:>9.1f} {t_ours:>11.1f} "
-                  f"{gbps:>7.1f} {share:>7} {t_torch / t_ours:>7.2f}x  {', '.join(t.names) or 'torch'}")
+            yield compare(f"{model} {proj} {tokens} tok", lambda: torch._grouped_mm(a, b, offs=offs),
+                          lambda: mps_ext.grouped_mm(a, b, offs), moved=moved, peak=peak, model=model, proj=proj,
+                          tokens=tokens, experts=f"{touched}/{e}")
         del weights, b
-    mps_ext.overrides.enable("mps")
-    if speedups:
-        print(f"geomean speedup {math.exp(sum(map(math.log, speedups)) / len(speedups)):.2f}x over {len(speedups)} cases")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

@@ -9,10 +9,13 @@ kernel (torch 2.13: linalg.lu_solve) its column says so.
 Usage: python benchmarks/bench_linalg.py
 """
 
+import argparse
+import sys
+
 import torch
 
 import mps_ext
-from _common import require_mps, time_us
+from _common import TIMING, Column, compare, main
 
 
 def cases():
@@ -40,23 +43,18 @@ def cases():
     yield "solve 1024 x 8x8 complex64", lambda: torch.linalg.solve(A, B), lambda: mps_ext.solve(A, B)
 
 
-def main():
-    name = require_mps()
-    print(f"{name}, torch {torch.__version__}")
-    print(f"{'case':<40} {'torch µs':>10} {'mps_ext µs':>11} {'speedup':>8}")
+TITLE = "small-matrix linear algebra, float32 (complex64 where noted)"
+COLUMNS = [Column("case", "case", "", 40), *TIMING[:2], TIMING[4], Column("note", "note", "", 0)]
+
+
+def parser() -> argparse.ArgumentParser:
+    return argparse.ArgumentParser(description=__doc__.splitlines()[0])
+
+
+def rows(args, chip):
     for label, theirs, ours in cases():
-        mps_ext.overrides.disable("mps")  # torch's own kernels
-        try:
-            t_torch = time_us(theirs)
-        except (RuntimeError, NotImplementedError) as e:  # no MPS kernel in this torch
-            t_torch = None
-            print(f"  ({label}: torch has no MPS kernel: {str(e).splitlines()[0][:60]})")
-        t_ours = time_us(ours)
-        torch_col = f"{t_torch:>10.1f}" if t_torch else f"{'—':>10}"
-        speedup = f"{t_torch / t_ours:>7.2f}x" if t_torch else f"{'—':>8}"
-        print(f"{label:<40} {torch_col} {t_ours:>11.1f} {speedup}")
-    mps_ext.overrides.enable("mps")
+        yield compare(label, theirs, ours, check=False)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

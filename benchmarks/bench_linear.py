@@ -9,12 +9,13 @@ shapes. Usage: python benchmarks/bench_linear.py [--rows 1 4] [--filter Llama]
 
 import argparse
 import math
+import sys
 
 import torch
 import torch.nn.functional as F
 
 import mps_ext
-from _common import peak_gbps, require_mps, time_us
+from _common import TIMING, Column, compare, main, peak_gbps
 
 
 def dense(model, hidden, inter, heads, kv_heads, head_dim, vocab):
@@ -75,45 +76,33 @@ SHAPES = [
 assert len(SHAPES) >= 96
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--filter", default="", help="only models whose name contains this")
-    args = parser.parse_args()
-    name = require_mps()
-    peak = peak_gbps(name)
-    print(f"{name}, peak {peak or '?'} GB/s, torch {torch.__version__}, bf16, {len(SHAPES)} layer shapes")
-    print(f"{'model':<16} {'layer':<20} {'rows':>4} {'n x k':>14} {'torch µs':>9} {'mps_ext µs':>11} {'GB/s':>7} "
-          f"{'% peak':>7} {'speedup':>8}  kernel")
-    speedups = {rows: [] for rows in args.rows}
+TITLE = f"F.linear (decode GEMV), bf16, {len(SHAPES)} layer shapes"
+COLUMNS = [Column("model", "model", "", 16), Column("layer", "layer", "", 20), Column("rows", "rows", "d", 4),
+           Column("shape", "n x k", "", 14), *TIMING]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--filter", default="", help="only models whose name contains this")
+    return p
+
+
+def rows(args, chip):
+    peak = peak_gbps(chip)
     for model, layer, n, k in SHAPES:
         if args.filter not in model:
             continue
         w = torch.randn(n, k, device="mps", dtype=torch.bfloat16) / math.sqrt(k)
         # gpt-oss projections carry a bias (fused into the kernel).
         b = torch.randn(n, device="mps", dtype=torch.bfloat16) if "gpt-oss" in model and layer != "lm_head" else None
-        for rows in args.rows:
-            x = torch.randn(rows, 1, k, device="mps", dtype=torch.bfloat16)
-            mps_ext.overrides.disable("mps")  # torch's own kernel
-            want = F.linear(x, w, b)
-            t_torch = time_us(lambda: F.linear(x, w, b))
-            with mps_ext.trace() as t:
-                got = mps_ext.linear(x, w, b)
-            err = (got.float() - want.float()).abs().max().item()
-            assert err <= 0.02 * want.float().abs().max().item() + 1e-3, f"{model} {layer}: max error {err}"
-            t_ours = time_us(lambda: mps_ext.linear(x, w, b))
-            moved = (n * k + rows * k + rows * n + (n if b is not None else 0)) * 2
-            gbps = moved / (t_ours * 1e-6) / 1e9
-            share = f"{100 * gbps / peak:6.1f}%" if peak else "     ?"
-            speedups[rows].append(t_torch / t_ours)
-            print(f"{model:<16} {layer:<20} {rows:>4} {f'{n}x{k}':>14} {t_torch:>9.1f} {t_ours:>11.1f} {gbps:>7.1f} "
-                  f"{share:>7} {t_torch / t_ours:>7.2f}x  {', '.join(t.names) or 'torch'}")
+        for m in args.rows:
+            x = torch.randn(m, 1, k, device="mps", dtype=torch.bfloat16)
+            moved = (n * k + m * k + m * n + (n if b is not None else 0)) * 2
+            yield compare(f"{model} {layer} {m}x{n}x{k}", lambda: F.linear(x, w, b), lambda: mps_ext.linear(x, w, b),
+                          moved=moved, peak=peak, model=model, layer=layer, rows=m, shape=f"{n}x{k}")
         del w
-    mps_ext.overrides.enable("mps")
-    for rows, s in speedups.items():
-        if s:
-            print(f"{rows} row(s): geomean speedup {math.exp(sum(map(math.log, s)) / len(s)):.2f}x over {len(s)} shapes")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

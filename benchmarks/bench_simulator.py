@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import mps_ext.sim
+from _common import Column, print_table
 
 KERNELS = Path(__file__).resolve().parent.parent / "tests" / "kernels"
 
@@ -55,14 +56,27 @@ def cases():
            lambda: torch.linalg.lu_factor(a))
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--repeat", type=int, default=5)
-    args = parser.parse_args()
-    print(f"{'case':<24} {'simulator ms':>13} {'torch cpu ms':>13} {'ratio':>8}")
+TITLE = "the Metal simulator running test kernels, against torch's CPU ops (a testing tool, not a CPU backend)"
+COLUMNS = [Column("case", "case", "", 24), Column("simulator_ms", "simulator ms", ".2f", 13),
+           Column("torch_cpu_ms", "torch cpu ms", ".3f", 13), Column("slowdown", "slowdown", ".0f", 9)]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeat", type=int, default=5)
+    return p
+
+
+def rows(args, chip=None):
     for name, sim, ref in cases():
         s, t = best_ms(sim, args.repeat), best_ms(ref, args.repeat)
-        print(f"{name:<24} {s:>13.2f} {t:>13.3f} {s / t:>7.0f}x")
+        yield {"case": name, "simulator_ms": s, "torch_cpu_ms": t, "slowdown": s / t, "speedup": t / s}
+
+
+def main():
+    args = parser().parse_args()
+    print(f"torch {torch.__version__}: {TITLE}")
+    print_table(rows(args), COLUMNS)
 
 
 if __name__ == "__main__":

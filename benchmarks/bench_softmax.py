@@ -3,44 +3,44 @@ MPS kernel, on an Apple-silicon Mac.
 
 Reports microseconds, effective bandwidth (one read of the input and one
 write of the output, the least any softmax must move), its share of the
-chip's peak, and the speedup. Usage: python benchmarks/bench_softmax.py
+chip's peak, and the speedup. Usage: python benchmarks/bench_softmax.py [--op softmax log_softmax]
 """
 
 import argparse
+import sys
 
 import torch
 
 import mps_ext
-from _common import peak_gbps, require_mps, time_us
+from _common import TIMING, Column, compare, main, peak_gbps
 
 ROWS = (1, 4, 8)
 VOCABS = (32000, 128256, 151936, 201088)
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--op", choices=["softmax", "log_softmax"], default="softmax")
-    args = parser.parse_args()
-    name = require_mps()
-    peak = peak_gbps(name)
-    ours = getattr(mps_ext, args.op)
-    theirs = getattr(torch, args.op)
-    print(f"{name}, peak {peak or '?'} GB/s, torch {torch.__version__}, op {args.op}")
-    print(f"{'dtype':<5} {'shape':>12} {'torch µs':>9} {'mps_ext µs':>11} {'GB/s':>7} {'% peak':>7} {'speedup':>8}")
-    for dname, dtype in DTYPES.items():
-        for rows in ROWS:
-            for vocab in VOCABS:
-                x = torch.randn(rows, vocab, device="mps", dtype=dtype)
-                mps_ext.overrides.disable("mps")  # torch's own kernel
-                t_torch = time_us(lambda: theirs(x, -1))
-                t_ours = time_us(lambda: ours(x, -1))
-                gbps = 2 * x.numel() * x.element_size() / (t_ours * 1e-6) / 1e9
-                share = f"{100 * gbps / peak:6.1f}%" if peak else "     ?"
-                print(f"{dname:<5} {f'{rows}x{vocab}':>12} {t_torch:>9.1f} {t_ours:>11.1f} {gbps:>7.1f} {share:>7} "
-                      f"{t_torch / t_ours:>7.2f}x")
-    mps_ext.overrides.enable("mps")
+TITLE = "softmax / log_softmax over LLM vocabularies"
+COLUMNS = [Column("op", "op", "", 11), Column("dtype", "dtype", "", 5), Column("shape", "shape", "", 12), *TIMING]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--op", choices=["softmax", "log_softmax"], nargs="+", default=["softmax", "log_softmax"])
+    return p
+
+
+def rows(args, chip):
+    peak = peak_gbps(chip)
+    for op in args.op:
+        ours, theirs = getattr(mps_ext, op), getattr(torch, op)
+        for dname, dtype in DTYPES.items():
+            for n in ROWS:
+                for vocab in VOCABS:
+                    x = torch.randn(n, vocab, device="mps", dtype=dtype)
+                    yield compare(f"{op} {dname} {n}x{vocab}", lambda: theirs(x, -1), lambda: ours(x, -1),
+                                  moved=2 * x.numel() * x.element_size(), peak=peak, op=op, dtype=dname,
+                                  shape=f"{n}x{vocab}")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.modules[__name__])

@@ -1,4 +1,4 @@
-"""Command line: ``python -m mps_ext info`` and ``python -m mps_ext selftest``."""
+"""Command line: ``python -m mps_ext info | selftest | demo | bench``."""
 
 from __future__ import annotations
 
@@ -48,9 +48,19 @@ def selftest() -> int:
 
 
 def main(argv=None) -> int:
+    from . import bench, demo
+
     parser = argparse.ArgumentParser(prog="python -m mps_ext")
-    parser.add_argument("command", choices=["info", "selftest"])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help=info.__doc__)
+    commands.add_parser("selftest", help=selftest.__doc__)
+    demo.add_arguments(commands.add_parser("demo", help="decode a transformers model with and without mps_ext"))
+    bench.add_arguments(commands.add_parser("bench", help="run the benchmarks; JSON, Markdown and a plot"))
     args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo.main(args)
+    if args.command == "bench":
+        return bench.main(args)
     return {"info": info, "selftest": selftest}[args.command]()
 
 
