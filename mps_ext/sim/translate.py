@@ -344,6 +344,8 @@ class _Translator:
                 stmt_start = i
                 continue
             i += 1
+        self.member_address_spaces()
+        self.array_parameters()
         self.rewrite_tokens()
 
     def starts_statement(self, i: int) -> bool:
@@ -435,8 +437,8 @@ class _Translator:
         depth, j = 0, open_
         while j < len(self.t):
             s = self.t[j].text
-            if s == "<":
-                depth += 1
+            if s == "<" and (j == open_ or not (self.text(j - 1) == ")" or self.t[j - 1].kind == "num")):
+                depth += 1  # (after ')' or a number, '<' compares: `enable_if_t<sizeof(T) < 8>`)
             elif s in (">", ">>"):
                 depth -= len(s)
                 if depth <= 0:
@@ -729,6 +731,159 @@ class _Translator:
         self.drop(i, end + 1)
         self.replace(i, self.code(" ".join(src), i))
         return end + 1
+
+    # -- member functions qualified with an address space ----------------------------------------
+    # MSL qualifies a member function with the address space of the object it is called on
+    # (`operator float() const device`, `S() threadgroup`); C++ has no such qualifier. Each one
+    # loses it, a copy that then matches an earlier member exactly is dropped, and the class gets
+    # a forwarder (mtlsim/address_space.h) that calls the member on an object in one of those
+    # spaces through its thread-space view. Constructors need none: the simulator constructs
+    # objects in the thread space only (buffers and threadgroup memory are raw memory).
+
+    def member_address_spaces(self) -> None:
+        for i, tok in enumerate(self.t):
+            if tok.text == "{" and self.class_name(i):
+                self.class_members(i, self.match(i, "{", "}"))
+
+    def class_name(self, brace: int) -> str | None:
+        """The name of the class whose body opens at ``brace``, if it is one."""
+        j = brace - 1
+        while j >= 0 and self.text(j) not in (";", "{", "}"):
+            j -= 1
+        head = [k for k in range(j + 1, brace) if self.t[k].text != "typedef"]
+        while head and self.text(head[0]) == "template" and self.text(head[0] + 1) == "<":
+            after = self.matching_angle(head[0] + 1) + 1
+            head = [k for k in head if k >= after]
+        if not head or self.text(head[0]) not in ("struct", "class", "union"):
+            return None
+        depth = 0
+        for k in head:
+            depth += {"<": 1, ">": -1, ">>": -2}.get(self.text(k), 0)
+            if depth <= 0 and self.text(k) == "(" and self.text(k - 1) not in ("alignas", "__attribute__", "("):
+                return None  # `struct S f() {`: a function returning a struct
+        names = [k for k in head[1:] if self.t[k].kind == "id" and self.text(k) not in ("final", "alignas")]
+        return self.text(names[0]) if names else ""
+
+    def class_members(self, open_: int, close: int) -> None:
+        name = self.class_name(open_)
+        seen: set = set()
+        forwards: dict[str, tuple[set, str]] = {}  # forwarder key -> (spaces, macro call)
+        j = open_ + 1
+        while j < close:
+            start, paren, end = j, None, None
+            while j < close:
+                s = self.text(j)
+                if s == "template" and self.text(j + 1) == "<":
+                    j = self.matching_angle(j + 1) + 1
+                    continue
+                if s in ("public", "private", "protected") and self.text(j + 1) == ":":
+                    j += 2
+                    start = j
+                    continue
+                if s == "(":
+                    if paren is None and self.text(j - 1) != "__attribute__" and self.text(j - 1) != "alignas" \
+                            and not (self.text(j - 1) == "operator"):
+                        paren = j
+                    j = self.match(j, "(", ")") + 1
+                    continue
+                if s == "[":
+                    j = self.match(j, "[", "]") + 1
+                    continue
+                if s == "{":
+                    k = self.match(j, "{", "}") + 1
+                    if paren is not None and self.text(j - 1) in (")", "}") or self.is_body(paren, j):
+                        end = k
+                        j = k
+                        break
+                    j = k
+                    continue
+                if s == ";":
+                    j += 1
+                    end = j
+                    break
+                j += 1
+            if end is None:
+                break
+            if paren is not None:
+                self.member_function(start, paren, end, name, seen, forwards)
+        if forwards:
+            # By number (mtlsim::Space): the prelude defines `device`, `constant` and `threadgroup` as macros.
+            number = {"device": "1", "constant": "2", "threadgroup": "3"}
+            spaces = {k: ", ".join(sorted(number[s] for s in v[0])) for k, v in forwards.items()}
+            src = " ".join(call.replace("MTLSIM_SPACES", spaces[k]) for k, (_, call) in forwards.items())
+            kept = self.out[close] if self.out[close] is not None else [self.t[close]]
+            self.out[close] = self.code(src, close) + kept
+
+    def is_body(self, paren: int | None, brace: int) -> bool:
+        """Whether the '{' at ``brace`` opens the body of the function whose parameters open at ``paren``."""
+        if paren is None:
+            return False
+        close = self.match(paren, "(", ")")
+        qualifiers = {"const", "volatile", "thread", "device", "constant", "threadgroup", "&", "&&", "noexcept",
+                      "override", "final"}
+        return all(self.text(k) in qualifiers for k in range(close + 1, brace))
+
+    def member_function(self, start: int, paren: int, end: int, class_name, seen: set, forwards: dict) -> None:
+        close = self.match(paren, "(", ")")
+        k, spaces = close + 1, []
+        while self.text(k) in ("const", "volatile", "thread", "device", "constant", "threadgroup", "&", "&&"):
+            if self.text(k) in ("device", "constant", "threadgroup"):
+                spaces.append(k)
+            k += 1
+        body = k
+        key = tuple(self.text(m) for m in range(start, body) if m not in spaces and self.text(m) != "thread")
+        duplicate = key in seen
+        seen.add(key)
+        if not spaces:
+            return
+        if duplicate:
+            self.drop(start, end)
+        for m in spaces:
+            self.replace(m, [])
+        operator = next((m for m in range(start, paren) if self.text(m) == "operator"), None)
+        name_at = paren - 1
+        if self.text(name_at) == "~" or (operator is None and self.text(name_at) == class_name):
+            return  # constructors and destructors
+        template = self.text(start) == "template" and self.text(start + 1) == "<"
+        if operator is not None and self.t[operator + 1].kind == "id" and self.text(operator + 1) not in ("new", "delete"):
+            target = " ".join(self.text(m) for m in range(operator + 1, paren))
+            if template:
+                params = " ".join(self.text(m) for m in range(start + 2, self.matching_angle(start + 1)))
+                call = f"MTLSIM_SPACE_CONVERSION_TEMPLATE((MTLSIM_SPACES), ({params}), {target})"
+            else:
+                call = f"MTLSIM_SPACE_CONVERSION_TO((MTLSIM_SPACES), {target})"
+            fkey = "operator " + target
+        else:
+            fkey = " ".join(self.text(m) for m in range(operator, paren)) if operator is not None else self.text(name_at)
+            call = f"MTLSIM_SPACE_METHOD((MTLSIM_SPACES), {fkey})"
+        entry = forwards.setdefault(fkey, (set(), call))
+        entry[0].update(self.text(m) for m in spaces)
+
+    def array_parameters(self) -> None:
+        """``constant const int64_t strides[2]`` as a parameter -> ``(* strides)``: C++ adjusts an array
+        parameter to a pointer as MSL does, but clang refuses the address space on the array's form."""
+        for i, tok in enumerate(self.t):
+            if tok.text != "[" or self.text(i + 1) == "[" or self.text(i - 1) == "[" or self.t[i - 1].kind != "id":
+                continue
+            close = self.match(i, "[", "]")
+            if self.text(close + 1) not in (",", ")") or self.out[i - 1] is not None:
+                continue
+            j, depth, spaced = i - 2, 0, False
+            while j >= 0:
+                s = self.text(j)
+                if s in (")", "]", ">", ">>"):
+                    depth += 1
+                elif s in ("(", "[", "<"):
+                    if depth == 0:
+                        break
+                    depth -= 1
+                elif s in (",", ";", "{", "}") and depth == 0:
+                    break
+                spaced |= depth == 0 and s in ("device", "constant", "threadgroup")
+                j -= 1
+            if spaced and self.text(j) in ("(", ","):
+                self.replace(i - 1, self.code(f"( * {self.text(i - 1)} )", i - 1))
+                self.drop(i, close + 1)
 
     def rewrite_tokens(self) -> None:
         """Token-level rewrites of everything not already replaced."""

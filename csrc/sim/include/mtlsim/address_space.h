@@ -31,7 +31,7 @@
 
 namespace mtlsim {
 
-enum class Space { thread, device, constant, threadgroup };
+enum class Space { thread, device, constant, threadgroup };  // clang's address space numbers
 
 // The address space of an object type, and the type without it (cv kept).
 template <class T> struct space_of {
@@ -106,4 +106,37 @@ template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && 
 #define MTLSIM_SPACE_INDEX
 #define MTLSIM_SPACE_MEMBERS(Class)
 #define MTLSIM_SPACE_CONVERSION(Target)
+#endif
+
+// Forwarders for member functions that MSL qualifies with an address space
+// (`float get() const device`): the translator drops the qualifier and adds
+// one of these to the class, which calls the member on an object in one of the
+// spaces listed by number through its thread-space view. Empty when erased.
+#define MTLSIM_UNPAREN(...) __VA_ARGS__
+#if defined(MTLSIM_ADDRESS_SPACES)
+namespace mtlsim {
+template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>) == Space) || ...);
+}  // namespace mtlsim
+#define MTLSIM_SPACE_METHOD(spaces, ...)                                                                  \
+  template <class mtlsim_Self, class... mtlsim_A,                                                         \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr decltype(auto) __VA_ARGS__(this mtlsim_Self&& mtlsim_self, mtlsim_A&&... mtlsim_a) {          \
+    return ::mtlsim::as_generic(mtlsim_self).__VA_ARGS__(static_cast<mtlsim_A&&>(mtlsim_a)...);           \
+  }
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, ...)                                                           \
+  template <class mtlsim_Self,                                                                            \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
+    return ::mtlsim::as_generic(mtlsim_self).operator __VA_ARGS__();                                      \
+  }
+#define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)                                             \
+  template <MTLSIM_UNPAREN params, class mtlsim_Self,                                                     \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
+    return ::mtlsim::as_generic(mtlsim_self).operator __VA_ARGS__();                                      \
+  }
+#else
+#define MTLSIM_SPACE_METHOD(spaces, ...)
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, ...)
+#define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
 #endif
