@@ -12,7 +12,8 @@ Each package is pinned by version and sha256, fetched from PyPI once with
 check_macos's helpers and kept (only the Metal sources) in
 $MPS_EXT_CACHE_DIR/macos-v2/corpus. A .metal file is compiled as shipped; a
 header is compiled as the one include of a .metal file that adds one trivial
-kernel (the simulator wants at least one).
+kernel (the simulator wants at least one), after MLX's utils.h for MLX headers
+as MLX's own .metal files do.
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
     python tools/metal_corpus.py --fetch    fetch only
@@ -21,6 +22,7 @@ kernel (the simulator wants at least one).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import sys
 import tarfile
@@ -48,6 +50,10 @@ TORCH = ("torch", "2.15.0", check_macos.TORCH_WHEEL, "e808b63d616a43b326e1a5677d
 GGML_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/"
 MLX_PREFIX = "mlx/include/"
 MLX_KERNELS = "mlx/backend/metal/kernels/"
+
+# MLX's kernel headers are not self-contained: MLX's own .metal files (not in the wheel) include
+# utils.h first, and so does the corpus.
+MLX_UTILS = MLX_KERNELS + "utils.h"
 
 PROBE = "kernel void corpus_probe(device int* x [[buffer(0)]]) { x[0] = 0; }\n"
 
@@ -113,8 +119,11 @@ def entries() -> list[Entry]:
     headers += [("c10", torch_include(), h) for h in sorted((torch_include() / "c10" / "metal").glob("*.h"))]
     for tag, root, header in headers:
         rel = header.relative_to(root).as_posix()
-        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}.metal"
-        text = f'#include <metal_stdlib>\n#include "{rel}"\n{PROBE}'
+        prelude = f'#include "{MLX_UTILS}"\n' if tag == "mlx" else ""
+        text = f'#include <metal_stdlib>\n{prelude}#include "{rel}"\n{PROBE}'
+        # Named by their text too: checkouts that wrap a header differently share this cache.
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}-{digest}.metal"
         if not wrapper.is_file() or wrapper.read_text() != text:
             wrapper.write_text(text)
         short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
