@@ -734,11 +734,10 @@ class _Translator:
 
     # -- member functions qualified with an address space ----------------------------------------
     # MSL qualifies a member function with the address space of the object it is called on
-    # (`operator float() const device`, `S() threadgroup`); C++ has no such qualifier. Each one
-    # loses it, a copy that then matches an earlier member exactly is dropped, and the class gets
-    # a forwarder (mtlsim/address_space.h) that calls the member on an object in one of those
-    # spaces through its thread-space view. Constructors need none: the simulator constructs
-    # objects in the thread space only (buffers and threadgroup memory are raw memory).
+    # (`float get() const device`, `S() threadgroup`); C++ has no such qualifier. Each one loses
+    # it and gets a name of its own, and the class gets a forwarder (mtlsim/address_space.h) by
+    # the original name that calls it, through the thread-space view of the object, for objects
+    # in that space only.
 
     def member_address_spaces(self) -> None:
         for i, tok in enumerate(self.t):
@@ -767,7 +766,7 @@ class _Translator:
     def class_members(self, open_: int, close: int) -> None:
         name = self.class_name(open_)
         seen: set = set()
-        forwards: dict[str, tuple[set, str]] = {}  # forwarder key -> (spaces, macro call)
+        forwards: dict[str, tuple] = {}  # forwarder key -> (spaces, macro call[, member name])
         j = open_ + 1
         while j < close:
             start, paren, end = j, None, None
@@ -807,10 +806,12 @@ class _Translator:
             if paren is not None:
                 self.member_function(start, paren, end, name, seen, forwards)
         if forwards:
-            # By number (mtlsim::Space): the prelude defines `device`, `constant` and `threadgroup` as macros.
-            number = {"device": "1", "constant": "2", "threadgroup": "3"}
-            spaces = {k: ", ".join(sorted(number[s] for s in v[0])) for k, v in forwards.items()}
-            src = " ".join(call.replace("MTLSIM_SPACES", spaces[k]) for k, (_, call) in forwards.items())
+            calls = []
+            for spaces, call, *name in forwards.values():
+                calls.append(call.replace("MTLSIM_SPACES", ", ".join(sorted(spaces))))
+                if name and name[0] not in seen:  # no member for the thread space: erased spaces call this one
+                    calls.append(call.replace("MTLSIM_SPACE_", "MTLSIM_ERASED_SPACE_").replace("MTLSIM_SPACES", ""))
+            src = " ".join(calls)
             kept = self.out[close] if self.out[close] is not None else [self.t[close]]
             self.out[close] = self.code(src, close) + kept
 
@@ -830,34 +831,49 @@ class _Translator:
             if self.text(k) in ("device", "constant", "threadgroup"):
                 spaces.append(k)
             k += 1
-        body = k
-        key = tuple(self.text(m) for m in range(start, body) if m not in spaces and self.text(m) != "thread")
+        key = tuple(self.text(m) for m in range(start, k) if m not in spaces and self.text(m) != "thread")
         duplicate = key in seen
         seen.add(key)
-        if not spaces:
-            return
-        if duplicate:
-            self.drop(start, end)
-        for m in spaces:
-            self.replace(m, [])
         operator = next((m for m in range(start, paren) if self.text(m) == "operator"), None)
         name_at = paren - 1
-        if self.text(name_at) == "~" or (operator is None and self.text(name_at) == class_name):
-            return  # constructors and destructors
+        name = " ".join(self.text(m) for m in range(operator, paren)) if operator is not None else self.text(name_at)
+        if not spaces:
+            seen.add(name)  # a member for the thread space, which erased address spaces call instead
+            return
+        # By number (mtlsim::Space): the prelude defines `device`, `constant` and `threadgroup` as macros.
+        space = {"device": "1", "constant": "2", "threadgroup": "3"}[self.text(spaces[0])]
+        for m in spaces:
+            self.replace(m, [])
         template = self.text(start) == "template" and self.text(start + 1) == "<"
-        if operator is not None and self.t[operator + 1].kind == "id" and self.text(operator + 1) not in ("new", "delete"):
-            target = " ".join(self.text(m) for m in range(operator + 1, paren))
-            if template:
+        conversion = operator is not None and self.t[operator + 1].kind == "id" and \
+            self.text(operator + 1) not in ("new", "delete")
+        if self.text(name_at) == "~" or (operator is None and self.text(name_at) == class_name) or \
+                (conversion and template):
+            # Constructors (objects are constructed in the thread space only) and conversion templates
+            # (their target is deduced, no other name can stand for them): the thread space's copy
+            # serves, which MSL code writes with the same body.
+            if duplicate:
+                self.drop(start, end)
+            if conversion:
+                target = " ".join(self.text(m) for m in range(operator + 1, paren))
                 params = " ".join(self.text(m) for m in range(start + 2, self.matching_angle(start + 1)))
-                call = f"MTLSIM_SPACE_CONVERSION_TEMPLATE((MTLSIM_SPACES), ({params}), {target})"
-            else:
-                call = f"MTLSIM_SPACE_CONVERSION_TO((MTLSIM_SPACES), {target})"
-            fkey = "operator " + target
+                entry = forwards.setdefault("operator " + target, (set(), (
+                    f"MTLSIM_SPACE_CONVERSION_TEMPLATE((MTLSIM_SPACES), ({params}), {target})")))
+                entry[0].add(space)
+            return
+        # Others keep their body under a name of their own, which the forwarder for their space calls.
+        n = len(forwards)
+        renamed = f"mtlsim_space{space}_{self.text(name_at) if operator is None else f'operator{n}'}"
+        if conversion:
+            target = " ".join(self.text(m) for m in range(operator + 1, paren))
+            self.replace(operator, self.code(f"{target} {renamed}", operator))
+            self.drop(operator + 1, paren)
+            forwards[renamed] = ({space}, f"MTLSIM_SPACE_CONVERSION_TO((MTLSIM_SPACES), {renamed}, {target})", name)
         else:
-            fkey = " ".join(self.text(m) for m in range(operator, paren)) if operator is not None else self.text(name_at)
-            call = f"MTLSIM_SPACE_METHOD((MTLSIM_SPACES), {fkey})"
-        entry = forwards.setdefault(fkey, (set(), call))
-        entry[0].update(self.text(m) for m in spaces)
+            self.replace(operator if operator is not None else name_at, self.code(renamed, name_at))
+            if operator is not None:
+                self.drop(operator + 1, paren)
+            forwards.setdefault(renamed, ({space}, f"MTLSIM_SPACE_METHOD((MTLSIM_SPACES), {renamed}, {name})", name))
 
     def array_parameters(self) -> None:
         """``constant const int64_t strides[2]`` as a parameter -> ``(* strides)``: C++ adjusts an array

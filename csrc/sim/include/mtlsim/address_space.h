@@ -109,25 +109,26 @@ template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && 
 #endif
 
 // Forwarders for member functions that MSL qualifies with an address space
-// (`float get() const device`): the translator drops the qualifier and adds
-// one of these to the class, which calls the member on an object in one of the
-// spaces listed by number through its thread-space view. Empty when erased.
+// (`float get() const device`): the translator renames the member, drops the
+// qualifier and adds one of these to the class, which calls it on an object in
+// one of the spaces listed by number through its thread-space view. Empty when
+// erased.
 #define MTLSIM_UNPAREN(...) __VA_ARGS__
 #if defined(MTLSIM_ADDRESS_SPACES)
 namespace mtlsim {
 template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>) == Space) || ...);
 }  // namespace mtlsim
-#define MTLSIM_SPACE_METHOD(spaces, ...)                                                                  \
+#define MTLSIM_SPACE_METHOD(spaces, member, ...)                                                          \
   template <class mtlsim_Self, class... mtlsim_A,                                                         \
             std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
   constexpr decltype(auto) __VA_ARGS__(this mtlsim_Self&& mtlsim_self, mtlsim_A&&... mtlsim_a) {          \
-    return ::mtlsim::as_generic(mtlsim_self).__VA_ARGS__(static_cast<mtlsim_A&&>(mtlsim_a)...);           \
+    return ::mtlsim::as_generic(mtlsim_self).member(static_cast<mtlsim_A&&>(mtlsim_a)...);                \
   }
-#define MTLSIM_SPACE_CONVERSION_TO(spaces, ...)                                                           \
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)                                                   \
   template <class mtlsim_Self,                                                                            \
             std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
   constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
-    return ::mtlsim::as_generic(mtlsim_self).operator __VA_ARGS__();                                      \
+    return ::mtlsim::as_generic(mtlsim_self).member();                                                    \
   }
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)                                             \
   template <MTLSIM_UNPAREN params, class mtlsim_Self,                                                     \
@@ -135,8 +136,22 @@ template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>
   constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
     return ::mtlsim::as_generic(mtlsim_self).operator __VA_ARGS__();                                      \
   }
+#define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)
+#define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...)
 #else
-#define MTLSIM_SPACE_METHOD(spaces, ...)
-#define MTLSIM_SPACE_CONVERSION_TO(spaces, ...)
+#define MTLSIM_SPACE_METHOD(spaces, member, ...)
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
+// With address spaces erased, a member that only an address space's copy has calls that copy.
+#define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)                                                   \
+  template <class... mtlsim_A>                                                                            \
+  constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) {                                          \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                                                  \
+  }                                                                                                       \
+  template <class... mtlsim_A>                                                                            \
+  constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) const {                                    \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                                                  \
+  }
+#define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...) \
+  operator __VA_ARGS__() const { return member(); }
 #endif
