@@ -56,3 +56,46 @@ def test_array_as_type_traits_and_overloads(kernels):
     ], 1)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-5)
     assert torch.equal(bits, x.view(torch.int32))
+
+
+# The metal_stdlib internals that MLX's bf16_math.h and atomic.h call (mtlsim/internals.h).
+INTERNALS = """#include <metal_stdlib>
+using namespace metal;
+#pragma METAL internals : enable
+template <typename T> constexpr constant bool is_small = _disjunction<is_same<T, half>, is_same<T, bfloat>>::value;
+#pragma METAL internals : disable
+kernel void internals(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],
+                      uint i [[thread_position_in_grid]]) {
+  const float v = x[i];
+  constexpr metal::remove_addrspace_t<constant const int> three = 3;
+  out[i * 8 + 0] = __metal_fabs(v, __METAL_MAYBE_FAST_MATH__) + __metal_fmax3(v, 0.5f, -v, __METAL_FAST_MATH__);
+  out[i * 8 + 1] = __metal_pow(2.0f, v, __METAL_PRECISE_MATH__) + __metal_fma(v, v, 1.0f);
+  int e;
+  out[i * 8 + 2] = __metal_frexp(v, &e) + e + __metal_ldexp(v, three, __METAL_FAST_MATH__);
+  out[i * 8 + 3] = __metal_simd_sum(v) + __metal_simd_max(v);
+  out[i * 8 + 4] = __metal_simd_shuffle_xor(v, ushort(1)) + __metal_simd_broadcast(v, ushort(3));
+  out[i * 8 + 5] = __metal_simd_shuffle_and_fill_down(v, -v, ushort(2), __metal_get_simdgroup_size(ushort()));
+  out[i * 8 + 6] = as_type<float>(as_type<uint>(__metal_simd_xor(v)) ^ as_type<uint>(v));
+  out[i * 8 + 7] = float(is_small<half>) + float(is_small<float>) * 2 + __metal_simd_prefix_exclusive_sum(1.0f);
+}
+"""
+
+
+def test_metal_stdlib_internals():
+    lib = mps_ext.sim.compile_shader(INTERNALS, name="internals")
+    x = torch.linspace(-3, 4, 32)
+    out = torch.empty(32, 8)
+    with mps_ext.sim.checked():
+        lib.internals(x, out, threads=32, group_size=32)
+    lane = torch.arange(32)
+    m, e = torch.frexp(x)
+    fill = torch.where(lane + 2 < 32, x[(lane + 2) % 32], -x[(lane + 2) % 32])
+    xor_all = torch.tensor(0, dtype=torch.int32)
+    for bits in x.view(torch.int32):
+        xor_all ^= bits
+    xor_others = (xor_all ^ x.view(torch.int32)).view(torch.float32)
+    expected = torch.stack([
+        x.abs() + torch.maximum(torch.maximum(x, torch.tensor(0.5)), -x), 2 ** x + x * x + 1,
+        m + e + x * 8, x.sum().expand(32) + x.max(), x[lane ^ 1] + x[3], fill, xor_others, 1 + lane.float(),
+    ], 1)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-5)
