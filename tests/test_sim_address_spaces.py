@@ -303,3 +303,31 @@ kernel void k(device const s_t* in [[buffer(0)]], device float* out [[buffer(1)]
     out = torch.zeros(1)
     lib.k(torch.tensor([1.5]), out, threads=1)
     assert out.item() == 6
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_whole_struct_assignment_in_every_address_space(monkeypatch, mode):
+    """`buf[i] = s;`, `buf[i] = {a, b};`, `buf[i] = buf[j];` and `s = buf[i];` for user structs and
+    vectors in device and threadgroup memory, as MSL allows (MLX's fft/readwrite.h)."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(HEAD + """
+template <typename T> struct cplx { T re, im; };
+kernel void k(device cplx<float>* c [[buffer(0)]], device float2* v [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  threadgroup cplx<float> t[2];
+  cplx<float> s = {c[0].re, c[0].im};
+  t[0] = s;
+  t[1] = {5, 6};
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  c[1] = t[1];
+  c[2] = {t[0].im, t[0].re};
+  s = c[3];
+  c[0] = s;
+  v[0] = {v[1].y, 7};
+}
+""", name="struct_assignment")
+    c = torch.tensor([1.0, 2, 0, 0, 0, 0, 3, 4])
+    v = torch.tensor([0.0, 0, 8, 9])
+    lib.k(c, v, threads=1)
+    assert c.tolist() == [3, 4, 5, 6, 2, 1, 3, 4]
+    assert v.tolist() == [9, 7, 8, 9]

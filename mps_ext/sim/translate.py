@@ -540,7 +540,7 @@ class _Translator:
         """``constant T name [[function_constant(i)]];`` -> a compile-time value given at compile time."""
         end = self.find(at, (";",), "';' after the function constant")
         index_tokens = dict(self.attributes(at))["function_constant"]
-        decl = [k for k in range(start, at) if self.text(k) not in ("constant", "const")]
+        decl = [k for k in range(start, at) if self.text(k) not in ("constant", "const", "static", "constexpr")]
         if not decl or self.text(decl[-1]) in ("]",) or self.t[decl[-1]].kind != "id":
             self.err(at, "expected 'constant T name [[function_constant(index)]];'")
         name = self.text(decl[-1])
@@ -737,12 +737,26 @@ class _Translator:
     # (`float get() const device`, `S() threadgroup`); C++ has no such qualifier. Each one loses
     # it and gets a name of its own, and the class gets a forwarder (mtlsim/address_space.h) by
     # the original name that calls it, through the thread-space view of the object, for objects
-    # in that space only.
+    # in that space only. Every class (not local to a function) also gets assignments for its
+    # objects in any address space (MTLSIM_SPACE_ASSIGNMENT): `buf[i] = s;`, `buf[i] = {a, b};`.
 
     def member_address_spaces(self) -> None:
+        enclosing: list[bool] = []  # per open brace: whether classes in it may have member templates
         for i, tok in enumerate(self.t):
-            if tok.text == "{" and self.class_name(i):
-                self.class_members(i, self.match(i, "{", "}"))
+            if tok.text == "{":
+                name = self.class_name(i)
+                scope = all(enclosing)  # not a block: local classes have no member templates
+                if name and scope:
+                    self.class_members(i, self.match(i, "{", "}"))
+                enclosing.append(scope and (name is not None or self.opens_namespace(i)))
+            elif tok.text == "}" and enclosing:
+                enclosing.pop()
+
+    def opens_namespace(self, brace: int) -> bool:
+        j = brace - 1
+        while j >= 0 and (self.t[j].kind == "id" or self.text(j) == "::") and self.text(j) != "namespace":
+            j -= 1
+        return self.text(j) == "namespace" or (self.t[j].kind == "str" and self.text(j - 1) == "extern")
 
     def class_name(self, brace: int) -> str | None:
         """The name of the class whose body opens at ``brace``, if it is one."""
@@ -805,15 +819,15 @@ class _Translator:
                 break
             if paren is not None:
                 self.member_function(start, paren, end, name, seen, forwards)
+        calls = [f"MTLSIM_SPACE_ASSIGNMENT({name})"] if name else []
         if forwards:
-            calls = []
             for spaces, call, *name in forwards.values():
                 calls.append(call.replace("MTLSIM_SPACES", ", ".join(sorted(spaces))))
                 if name and name[0] not in seen:  # no member for the thread space: erased spaces call this one
                     calls.append(call.replace("MTLSIM_SPACE_", "MTLSIM_ERASED_SPACE_").replace("MTLSIM_SPACES", ""))
-            src = " ".join(calls)
+        if calls:
             kept = self.out[close] if self.out[close] is not None else [self.t[close]]
-            self.out[close] = self.code(src, close) + kept
+            self.out[close] = self.code(" ".join(calls), close) + kept
 
     def is_body(self, paren: int | None, brace: int) -> bool:
         """Whether the '{' at ``brace`` opens the body of the function whose parameters open at ``paren``."""

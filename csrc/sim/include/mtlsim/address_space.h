@@ -94,6 +94,11 @@ template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && 
   constexpr Self& operator=(this Self& self, const U& u) {                                                \
     ::mtlsim::as_generic(self) = ::mtlsim::as_generic(u);                                                 \
     return self;                                                                                          \
+  }                                                                                                       \
+  template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0> /* `v = {a, b}` */        \
+  constexpr Self& operator=(this Self& self, const Class& u) {                                            \
+    ::mtlsim::as_generic(self) = u;                                                                       \
+    return self;                                                                                          \
   }
 #define MTLSIM_SPACE_CONVERSION(Target)                                                                   \
   template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0>                           \
@@ -138,7 +143,23 @@ template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>
   }
 #define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...)
+// Assignment of a whole user-defined struct in any address space, from a value
+// (braced too) or from an object in any space, as MSL allows. Templates, so the
+// class keeps its implicit copy assignment and stays an aggregate.
+#define MTLSIM_SPACE_ASSIGNMENT(Class)                                                                    \
+  template <class mtlsim_Self, std::enable_if_t<::mtlsim::in_space_v<mtlsim_Self>, int> = 0>             \
+  constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const Class& mtlsim_value) {            \
+    ::mtlsim::as_generic(mtlsim_self) = mtlsim_value;                                                     \
+    return mtlsim_self;                                                                                   \
+  }                                                                                                       \
+  template <class mtlsim_Self, class mtlsim_U,                                                            \
+            std::enable_if_t<::mtlsim::is_in_space_v<mtlsim_U, Class>, int> = 0>                        \
+  constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const mtlsim_U& mtlsim_value) {         \
+    ::mtlsim::as_generic(mtlsim_self) = ::mtlsim::as_generic(mtlsim_value);                               \
+    return mtlsim_self;                                                                                   \
+  }
 #else
+#define MTLSIM_SPACE_ASSIGNMENT(Class)
 #define MTLSIM_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
