@@ -331,3 +331,22 @@ kernel void k(device cplx<float>* c [[buffer(0)]], device float2* v [[buffer(1)]
     lib.k(c, v, threads=1)
     assert c.tolist() == [3, 4, 5, 6, 2, 1, 3, 4]
     assert v.tolist() == [9, 7, 8, 9]
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_constant_object_built_by_a_constructor(monkeypatch, mode):
+    """MLX's logging.h: a program-scope `constant` object built from string literals, which are
+    constant-space text in MSL, and a member qualified `constant` called on it."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(HEAD + """
+struct tag_t {
+  int n;
+  constexpr tag_t(constant char* a, int b) constant : n(b + a[0]) {}
+  int length(constant char* s) const constant { int k = 0; while (s[k]) k++; return k + n; }
+};
+constant tag_t tag("A", 1);
+kernel void k(device int* out [[buffer(0)]]) { out[0] = tag.length("four"); }
+""", name="constant_object")
+    out = torch.zeros(1, dtype=torch.int32)
+    lib.k(out, threads=1)
+    assert out.item() == 4 + 1 + ord("A")

@@ -62,6 +62,8 @@ _INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsig
 _POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
     f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
 _SPECIFIERS = {"static", "constexpr", "const", "inline", "volatile", "extern", "constant"}
+# Where a string literal stays one (not a `constant char*`): attributes and compile-time text.
+_LITERAL_CALLEES = {"static_assert", "host_name", "__attribute__", "_Pragma", "asm", "deprecated", "nodiscard"}
 # Buffer and threadgroup argument slots of a Metal kernel.
 _SLOTS = 31
 
@@ -346,6 +348,7 @@ class _Translator:
             i += 1
         self.member_address_spaces()
         self.array_parameters()
+        self.constant_objects()
         self.rewrite_tokens()
 
     def starts_statement(self, i: int) -> bool:
@@ -914,6 +917,38 @@ class _Translator:
             if spaced and self.text(j) in ("(", ","):
                 self.replace(i - 1, self.code(f"( * {self.text(i - 1)} )", i - 1))
                 self.drop(i, close + 1)
+
+    def constant_objects(self) -> None:
+        """Objects in the constant address space built by a constructor (MLX's logging.h:
+        ``constant mlx::os_log logger("mlx", "binary_ops");``): string literals live in the constant
+        address space in MSL, and ``constant T x(args);`` becomes ``constant T x = T(args);``, which
+        clang allows for an object outside the generic space (the constructor runs on a temporary)."""
+        for i, tok in enumerate(self.t):
+            if tok.kind == "str" and self.out[i] is None and self.text(i - 1) in ("(", ","):
+                end = i
+                while self.t[end + 1].kind == "str":
+                    end += 1
+                if self.text(end + 1) in (")", ",") and self.callee(i) not in _LITERAL_CALLEES:
+                    self.replace(i, self.code("( constant const char * )", i) + [tok])
+            elif tok.text == "constant" and self.text(i - 1) in (";", "{", "}", "static") and self.out[i] is None:
+                j = i + 1
+                while self.text(j) not in ("(", ";", "=", "*", "&", "[", "{") and j < len(self.t) - 1:
+                    j += 1
+                if self.text(j) != "(" or self.t[j - 1].kind != "id" or self.text(self.match(j, "(", ")") + 1) != ";":
+                    continue
+                kind = [self.text(k) for k in range(i + 1, j - 1) if self.text(k) not in _SPECIFIERS]
+                if kind:
+                    self.replace(j, self.code(f"= {' '.join(kind)} (", j))
+
+    def callee(self, i: int) -> str:
+        """The name before the parenthesis that encloses token i."""
+        depth = 0
+        for j in range(i - 1, -1, -1):
+            s = self.text(j)
+            depth += {")": 1, "(": -1}.get(s, 0)
+            if depth < 0:
+                return self.text(j - 1)
+        return ""
 
     def rewrite_tokens(self) -> None:
         """Token-level rewrites of everything not already replaced."""
