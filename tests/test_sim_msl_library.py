@@ -99,3 +99,21 @@ def test_metal_stdlib_internals():
         m + e + x * 8, x.sum().expand(32) + x.max(), x[lane ^ 1] + x[3], fill, xor_others, 1 + lane.float(),
     ], 1)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-5)
+
+
+def test_uniform_values():
+    lib = mps_ext.sim.compile_shader("""#include <metal_stdlib>
+using namespace metal;
+kernel void k(device int* out [[buffer(0)]], constant int& n [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  constexpr const uniform<int> step = make_uniform(4);
+  const uniform<int> size = make_uniform(n);
+  const uniform<int> rounds = size / step;
+  const uniform<int> left = size - step * rounds;
+  int s = 0;
+  for (int r = 0; r < rounds; ++r) s += step;
+  out[i] = s * 100 + left + int(i);
+}
+""", name="uniform")
+    out = torch.zeros(3, dtype=torch.int32)
+    lib.k(out, 11, arg_casts="int32", threads=3)
+    assert out.tolist() == [803, 804, 805]

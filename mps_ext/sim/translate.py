@@ -38,7 +38,7 @@ _METAL_HEADERS = (
     "metal_stdlib", "metal_atomic", "metal_common", "metal_compute", "metal_geometric",
     "metal_integer", "metal_math", "metal_matrix", "metal_numeric", "metal_pack", "metal_relational",
     "metal_simdgroup", "metal_simdgroup_matrix", "metal_types", "metal_type_traits", "metal_utility",
-    "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat",
+    "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat", "metal_uniform",
 )
 
 # `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
