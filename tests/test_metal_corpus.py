@@ -217,3 +217,57 @@ def test_mlx_arange(tmp_path, dtype):
         getattr(lib, f"arange_{name}")(start, step, out, arg_casts=cast)
     assert [k.name for k in t.kernels] == [f"arange_{name}"]
     assert torch.equal(out, torch.arange(37, dtype=torch.float64).mul(step).add(start).to(dtype))
+
+
+def _mlx(tmp_path, name: str, headers, instantiations) -> mps_ext.sim.Library:
+    """MLX kernels instantiated as MLX's own .metal files do: utils.h, the headers, instantiate_kernel."""
+    includes = "".join(f'#include "mlx/backend/metal/kernels/{h}"\n' for h in ("utils.h", *headers))
+    source = tmp_path / f"{name}.metal"
+    source.write_text(includes + "".join(f"instantiate_kernel({i})\n" for i in instantiations))
+    return mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mlx_unary(tmp_path, dtype):
+    t = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat16_t"}[dtype]
+    ops = {"Exp": torch.exp, "Sigmoid": torch.sigmoid, "Tanh": torch.tanh, "Sqrt": torch.sqrt, "Abs": torch.abs}
+    lib = _mlx(tmp_path, f"unary_{t}", ("unary_ops.h", "unary.h"),
+               [f'"{op}", unary_v, {t}, {t}, {op}' for op in ops])
+    x = torch.linspace(-4, 4, 101).to(dtype)
+    x[7], x[11] = float("inf"), float("nan")
+    n = x.numel()
+    per_thread = 8 // x.element_size()  # WorkPerThread<T>
+    for op, ref in ops.items():
+        out = torch.full_like(x, 7)
+        with mps_ext.trace() as tr, mps_ext.sim.checked():
+            getattr(lib, op)(x, out, n, arg_casts="int32", threads=(n + per_thread - 1) // per_thread)
+        assert [k.name for k in tr.kernels] == [op]
+        assert_close(out, ref(x.float()).to(dtype), dtype=dtype)
+
+
+@pytest.mark.parametrize("op,ref", [("Add", torch.add), ("Multiply", torch.mul), ("Divide", torch.div),
+                                    ("Maximum", torch.maximum), ("Power", torch.pow)])
+def test_mlx_binary(tmp_path, op, ref):
+    lib = _mlx(tmp_path, f"binary_{op}", ("binary_ops.h", "binary.h"), [f'"vv_{op}", binary_vv, float, float, {op}'])
+    torch.manual_seed(0)
+    a, b = torch.rand(77) + 0.25, torch.randn(77)
+    out = torch.full_like(a, 7)
+    with mps_ext.trace() as tr, mps_ext.sim.checked():
+        getattr(lib, f"vv_{op}")(a, b, out, 77, arg_casts={3: "int32"}, threads=39)
+    assert [k.name for k in tr.kernels] == [f"vv_{op}"]
+    assert_close(out, ref(a, b), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mlx_softmax(tmp_path, dtype):
+    t = {torch.float32: "float", torch.float16: "half"}[dtype]
+    lib = _mlx(tmp_path, f"softmax_{t}", ("softmax.h",), [f'"softmax_{t}", softmax_single_row, {t}, float, 4'])
+    torch.manual_seed(0)
+    rows = (torch.randn(5, 300) * 4).to(dtype)
+    rows[1, 3] = -float("inf")
+    out = torch.full_like(rows, 7)
+    with mps_ext.trace() as tr, mps_ext.sim.checked():
+        mps_ext.sim.dispatch(lib, f"softmax_{t}", [rows, out, torch.tensor([300], dtype=torch.int32)], (5, 1, 1),
+                             (96, 1, 1), grid_in_threads=False)  # ceil(300 / 4) threads, in whole SIMD groups
+    assert [k.name for k in tr.kernels] == [f"softmax_{t}"]
+    assert_close(out, torch.softmax(rows.float(), 1).to(dtype), dtype=dtype)
