@@ -1,6 +1,8 @@
 """Upstream Metal code, compiled as shipped and run against torch: ggml's
-kernels (llama-cpp-python sdist), MLX's kernel headers (mlx-metal wheel) and
-PyTorch's c10/metal headers (macOS torch wheel), pinned in tools/metal_corpus.py.
+kernels (llama-cpp-python sdist), MLX's kernel headers (mlx-metal wheel; each
+after utils.h and the other includes that MLX's own .metal files, which the
+wheel does not carry, put before it) and PyTorch's c10/metal headers (macOS
+torch wheel), pinned in tools/metal_corpus.py.
 
 CI fetches the corpus (.ci/run sets MPS_EXT_CORPUS=1); elsewhere the tests run
 when it is cached and are skipped, saying how to get it, when it is not."""
@@ -40,15 +42,14 @@ elif not corpus.available():
 ENTRIES = corpus.entries()
 
 # Corpus files that do not compile in the simulator, and why (README "Supported MSL" has the same list).
-SHIM_ADDRESS_SPACES = "needs overloads and specializations that differ only by address space (simulator shim)"
 SHIM_HALF_UNION = "half is a class in the simulator, not allowed in an anonymous union (ggml-common.h block types)"
-SHIM_INTERNALS = "uses metal_stdlib internals (__metal_* builtins, _disjunction) through MLX's bf16_math.h/atomic.h"
 SHIM_MIXED_MATH = "calls metal math with mixed scalar types (pow(float, int), fmax(int, float)): simulator shim"
-SHIM_ARRAY = "metal::array is missing from the simulator shim"
 SHIM_AS_TYPE = "calls as_type unqualified from its own namespace (MSL's as_type is global; the shim's is metal::)"
 MSL4 = "MSL 4 (Metal Performance Primitives / <metal_tensor>, lambdas), beyond the MSL 3.1 the package targets"
-NOT_ALONE = ("not self-contained: it uses names of utils.h, which MLX's own .metal files (not in the wheel) "
-             "include first; with utils.h first it stops at utils.h's metal_stdlib internals")
+# MLX headers are compiled after utils.h and the other includes of the MLX .metal files that use them
+# (tools/metal_corpus.py MLX_PRELUDES); these need what those .metal files define themselves.
+MLX_REDUCE = "uses simd_size, REDUCE_N_READS..., which MLX's reduce.metal (not in the wheel) defines before including it"
+SHIM_FILLED_MATRIX = "make_filled_simdgroup_matrix is missing from the simulator shim"
 NOT_SUPPORTED = {
     **{f"ggml/{n}.metal": SHIM_HALF_UNION for n in (
         "fa_aux", "fa_f16", "fa_f32", "fa_q4_0", "fa_q4_1", "fa_q5_0", "fa_q5_1", "fa_q8_0", "fa_vec_f16",
@@ -65,26 +66,8 @@ NOT_SUPPORTED = {
     "c10/special_math.h": SHIM_MIXED_MATH,
 }
 _MLX = {
-    NOT_ALONE: (
-        "bf16_math.h", "binary.h", "binary_ops.h", "binary_two.h", "cexpf.h", "copy.h", "cross_entropy.h", "erf.h",
-        "expm1f.h", "fp4.h", "fp8.h", "fp_quantized.h", "indexing/gather_axis.h", "indexing/masked_scatter.h",
-        "indexing/scatter_axis.h", "logsumexp.h", "quantized.h", "quantized_utils.h", "reduce.h", "reduction/ops.h",
-        "reduction/reduce_all.h", "reduction/reduce_col.h", "reduction/reduce_row.h", "scan.h", "sdpa_blocked.h",
-        "sdpa_vector.h", "searchsorted.h", "softmax.h", "sort.h", "steel/conv/kernels/steel_conv.h",
-        "steel/conv/kernels/steel_conv_3d.h", "steel/conv/kernels/steel_conv_general.h", "steel/conv/loader.h",
-        "steel/conv/loaders/loader_channel_l.h", "steel/conv/loaders/loader_channel_n.h",
-        "steel/conv/loaders/loader_general.h", "steel/gemm/kernels/steel_gemm_fused.h",
-        "steel/gemm/kernels/steel_gemm_gather.h", "steel/gemm/kernels/steel_gemm_masked.h",
-        "steel/gemm/kernels/steel_gemm_segmented.h", "steel/gemm/kernels/steel_gemm_splitk.h", "ternary.h", "unary.h",
-        "unary_ops.h"),
-    SHIM_INTERNALS: (
-        "atomic.h", "dot.h", "gated_delta_update.h", "gated_delta_update_vjp.h", "gemv.h", "reduce_utils.h", "utils.h"),
-    SHIM_ADDRESS_SPACES: (
-        "complex.h", "fft.h", "fft/readwrite.h", "gemv_masked.h", "logging.h", "steel/attn/attn.h",
-        "steel/attn/kernels/steel_attention.h", "steel/attn/mma.h", "steel/conv/conv.h", "steel/gemm/gemm.h",
-        "steel/gemm/mma.h", "steel/utils/integral_constant.h", "steel/utils/type_traits.h"),
-    SHIM_ARRAY: (
-        "indexing/gather.h", "indexing/gather_front.h", "indexing/indexing.h", "indexing/scatter.h"),
+    MLX_REDUCE: ("reduce.h", "reduction/reduce_all.h", "reduction/reduce_col.h", "reduction/reduce_row.h"),
+    SHIM_FILLED_MATRIX: ("gated_delta_update.h",),
     MSL4: (
         "fp_quantized_nax.h", "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
         "quantized_nax.h", "steel/attn/kernels/steel_attention_nax.h", "steel/attn/nax.h", "steel/gemm/gemm_nax.h",
