@@ -117,3 +117,26 @@ kernel void k(device int* out [[buffer(0)]], constant int& n [[buffer(1)]], uint
     out = torch.zeros(3, dtype=torch.int32)
     lib.k(out, 11, arg_casts="int32", threads=3)
     assert out.tolist() == [803, 804, 805]
+
+
+def test_user_type_traits_in_namespace_metal():
+    """MSL 3.1's <metal_type_traits> has no is_empty or void_t: MLX's steel/utils/type_traits.h defines them
+    in namespace metal, which must not collide with the shim's."""
+    lib = mps_ext.sim.compile_shader("""#include <metal_stdlib>
+namespace metal {
+template <typename T> struct is_empty : metal::bool_constant<__is_empty(T)> {};
+template <typename... Ts> struct make_void { typedef void type; };
+template <typename... Ts> using void_t = typename make_void<Ts...>::type;
+}
+using namespace metal;
+struct none {};
+template <typename T, typename = void> struct has_x : false_type {};
+template <typename T> struct has_x<T, void_t<decltype(T::x)>> : true_type {};
+struct with_x { static constexpr constant int x = 1; };
+kernel void k(device int* out [[buffer(0)]]) {
+  out[0] = is_empty<none>::value + 2 * is_empty<with_x>::value + 4 * has_x<with_x>::value + 8 * has_x<none>::value;
+}
+""", name="user_type_traits")
+    out = torch.zeros(1, dtype=torch.int32)
+    lib.k(out, threads=1)
+    assert out.item() == 1 + 2 + 4
