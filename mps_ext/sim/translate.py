@@ -797,9 +797,8 @@ class _Translator:
                     start = j
                     continue
                 if s == "(":
-                    if paren is None and self.text(j - 1) != "__attribute__" and self.text(j - 1) != "alignas" \
-                            and not (self.text(j - 1) == "operator"):
-                        paren = j
+                    if paren is None and self.text(j - 1) not in ("__attribute__", "alignas", "operator"):
+                        paren = j  # (the parameters of `operator()` come after its own parentheses)
                     j = self.match(j, "(", ")") + 1
                     continue
                 if s == "[":
@@ -823,11 +822,10 @@ class _Translator:
             if paren is not None:
                 self.member_function(start, paren, end, name, seen, forwards)
         calls = [f"MTLSIM_SPACE_ASSIGNMENT({name})"] if name else []
-        if forwards:
-            for spaces, call, *name in forwards.values():
-                calls.append(call.replace("MTLSIM_SPACES", ", ".join(sorted(spaces))))
-                if name and name[0] not in seen:  # no member for the thread space: erased spaces call this one
-                    calls.append(call.replace("MTLSIM_SPACE_", "MTLSIM_ERASED_SPACE_").replace("MTLSIM_SPACES", ""))
+        for spaces, call, *member in forwards.values():
+            calls.append(call.replace("MTLSIM_SPACES", ", ".join(sorted(spaces))))
+            if member and member[0] not in seen:  # no member for the thread space: erased spaces call this one
+                calls.append(call.replace("MTLSIM_SPACE_", "MTLSIM_ERASED_SPACE_").replace("MTLSIM_SPACES", ""))
         if calls:
             kept = self.out[close] if self.out[close] is not None else [self.t[close]]
             self.out[close] = self.code(" ".join(calls), close) + kept
