@@ -229,3 +229,124 @@ def test_program_scope_constants(lib):
     i = torch.arange(n)
     expected = lanes[(i + 1) % 8] + 0.25 + torch.tensor([0.5, 1.5, 2.5, 3.5])[i % 4]
     torch.testing.assert_close(out, expected)
+
+
+# Member functions qualified with an address space (MLX's complex.h, logging.h, the _NoMask of its
+# masked GEMMs): the one for the object's space is called, in both modes.
+QUALIFIED_MEMBERS = HEAD + """
+struct pair_t {
+  float a, b;
+  pair_t() thread : a(0), b(0) {}
+  pair_t() threadgroup : a(0), b(0) {}
+  float sum() const thread { return a + b; }
+  float sum() const device { return 10 + a + b; }
+  float sum() const threadgroup { return 20 + a + b; }
+  float first() const constant { return a; }
+  operator float() const thread { return a - b; }
+  operator float() const device { return 100 + a - b; }
+  template <typename U, enable_if_t<sizeof(U) < 8, bool> = true>
+  float scaled(U k) const device { return a * k; }
+};
+float total(constant const float v[2], device const float w[3]) { return v[0] + v[1] + w[2]; }
+kernel void members(device const pair_t* in [[buffer(0)]], constant pair_t* c [[buffer(1)]],
+                    device float* out [[buffer(2)]], uint i [[thread_position_in_grid]]) {
+  threadgroup pair_t t[1];
+  if (i == 0) { t[0].a = 1; t[0].b = 2; }
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  pair_t p;
+  p.a = 5; p.b = 1;
+  out[0] = in[0].sum();
+  out[1] = t[0].sum();
+  out[2] = p.sum();
+  out[3] = c->first();
+  out[4] = float(in[1]);
+  out[5] = float(p);
+  out[6] = in[0].scaled(2);
+  out[7] = total(&c->a, &in[0].a);
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_members_qualified_with_an_address_space(monkeypatch, mode):
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(QUALIFIED_MEMBERS, name="qualified_members")
+    out = torch.zeros(8)
+    strict = mode == "1"
+    lib.members(torch.tensor([1.5, 0.5, 4.0, 3.0]), torch.tensor([7.0, 2.0]), out, threads=1)
+    assert out.tolist() == [12 if strict else 2, 23 if strict else 3, 6, 7, 101 if strict else 1, 4, 3, 7 + 2 + 4]
+
+
+def test_member_qualified_with_another_address_space_is_refused():
+    """As Metal: a member qualified `device` only cannot be called on a threadgroup object."""
+    source = HEAD + """
+struct s_t { float a; float get() const device { return a; } };
+kernel void k(device float* out [[buffer(0)]]) {
+  threadgroup s_t t[1];
+  out[0] = t[0].get();  // BAD
+}
+"""
+    line = next(n for n, text in enumerate(source.splitlines(), 1) if "// BAD" in text)
+    with pytest.raises(mps_ext.sim.CompileError, match=f".metal:{line}:"):
+        mps_ext.sim.compile_shader(source, name="qualified_member_refused")
+
+
+def test_member_for_one_address_space_only(monkeypatch):
+    """With address spaces erased, a member that only a `device` copy has is still found."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", "0")
+    lib = mps_ext.sim.compile_shader(HEAD + """
+struct s_t { float a; float twice() const device { return 2 * a; } operator int() const device { return 3; } };
+kernel void k(device const s_t* in [[buffer(0)]], device float* out [[buffer(1)]]) {
+  out[0] = in[0].twice() + int(in[0]);
+}
+""", name="device_only_member")
+    out = torch.zeros(1)
+    lib.k(torch.tensor([1.5]), out, threads=1)
+    assert out.item() == 6
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_whole_struct_assignment_in_every_address_space(monkeypatch, mode):
+    """`buf[i] = s;`, `buf[i] = {a, b};`, `buf[i] = buf[j];` and `s = buf[i];` for user structs and
+    vectors in device and threadgroup memory, as MSL allows (MLX's fft/readwrite.h)."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(HEAD + """
+template <typename T> struct cplx { T re, im; };
+kernel void k(device cplx<float>* c [[buffer(0)]], device float2* v [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  threadgroup cplx<float> t[2];
+  cplx<float> s = {c[0].re, c[0].im};
+  t[0] = s;
+  t[1] = {5, 6};
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  c[1] = t[1];
+  c[2] = {t[0].im, t[0].re};
+  s = c[3];
+  c[0] = s;
+  v[0] = {v[1].y, 7};
+}
+""", name="struct_assignment")
+    c = torch.tensor([1.0, 2, 0, 0, 0, 0, 3, 4])
+    v = torch.tensor([0.0, 0, 8, 9])
+    lib.k(c, v, threads=1)
+    assert c.tolist() == [3, 4, 5, 6, 2, 1, 3, 4]
+    assert v.tolist() == [9, 7, 8, 9]
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_constant_object_built_by_a_constructor(monkeypatch, mode):
+    """MLX's logging.h: a program-scope `constant` object built from string literals, which are
+    constant-space text in MSL, and a member qualified `constant` called on it."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(HEAD + """
+struct tag_t {
+  int n;
+  constexpr tag_t(constant char* a, int b) constant : n(b + a[0]) {}
+  int length(constant char* s) const constant { int k = 0; while (s[k]) k++; return k + n; }
+};
+constant tag_t tag("A", 1);
+kernel void k(device int* out [[buffer(0)]]) { out[0] = tag.length("four"); }
+""", name="constant_object")
+    out = torch.zeros(1, dtype=torch.int32)
+    lib.k(out, threads=1)
+    assert out.item() == 4 + 1 + ord("A")

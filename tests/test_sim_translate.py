@@ -319,3 +319,13 @@ def test_user_namespace_metal_extends_the_real_one_inside_the_extension(tmp_path
     cpp = translate(src, standalone=False).cpp
     assert "} namespace metal {" in cpp and "} namespace {" in cpp
     assert "} namespace metal {" not in translate(src).cpp  # separate modules stand at global scope already
+
+
+def test_function_constant_declared_static_constexpr(shader):
+    """MLX's fft.h: `static constant constexpr const int n [[function_constant(2)]];`."""
+    lib = shader(HEADER + """
+static constant constexpr const int n_ [[function_constant(2)]];
+kernel void k(device int* out [[buffer(0)]]) { out[0] = n_ + 1; }""", name="static_constant", constants={2: 41})
+    out = torch.zeros(1, dtype=torch.int32)
+    lib.k(out)
+    assert out.item() == 42

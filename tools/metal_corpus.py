@@ -12,7 +12,8 @@ Each package is pinned by version and sha256, fetched from PyPI once with
 check_macos's helpers and kept (only the Metal sources) in
 $MPS_EXT_CACHE_DIR/macos-v2/corpus. A .metal file is compiled as shipped; a
 header is compiled as the one include of a .metal file that adds one trivial
-kernel (the simulator wants at least one).
+kernel (the simulator wants at least one), after the includes MLX's own .metal
+files put before it (utils.h and a few more, see MLX_PRELUDES).
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
     python tools/metal_corpus.py --fetch    fetch only
@@ -21,6 +22,7 @@ kernel (the simulator wants at least one).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import sys
 import tarfile
@@ -48,6 +50,24 @@ TORCH = ("torch", "2.15.0", check_macos.TORCH_WHEEL, "e808b63d616a43b326e1a5677d
 GGML_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/"
 MLX_PREFIX = "mlx/include/"
 MLX_KERNELS = "mlx/backend/metal/kernels/"
+
+# MLX's kernel headers are not self-contained: MLX's own .metal files (not in the wheel) include
+# utils.h first, and the steel kernels, quantization, scatter, reduction ops and searchsorted the headers below
+# (as steel_gemm_*.metal, steel_conv*.metal, quantized.metal, scatter.metal and searchsorted.metal
+# do); the corpus compiles each header after the same includes.
+MLX_PRELUDES = (
+    (("steel/gemm/kernels/", "quantized.h", "fp_quantized.h"), ("steel/gemm/gemm.h",)),
+    (("steel/conv/kernels/", "steel/conv/loader"), ("steel/conv/conv.h", "steel/conv/params.h")),
+    (("indexing/scatter",), ("atomic.h", "reduction/ops.h")),
+    (("reduction/ops.h",), ("atomic.h",)),  # as reduce_utils.h includes it
+    (("searchsorted.h",), ("sort.h",)),
+)
+
+
+def mlx_prelude(header: str) -> list[str]:
+    """The includes (paths under the wheel's include directory) before an MLX kernel header."""
+    extra = next((h for prefixes, h in MLX_PRELUDES if header.startswith(prefixes)), ())
+    return [MLX_KERNELS + h for h in ("utils.h", *extra)]
 
 PROBE = "kernel void corpus_probe(device int* x [[buffer(0)]]) { x[0] = 0; }\n"
 
@@ -113,11 +133,14 @@ def entries() -> list[Entry]:
     headers += [("c10", torch_include(), h) for h in sorted((torch_include() / "c10" / "metal").glob("*.h"))]
     for tag, root, header in headers:
         rel = header.relative_to(root).as_posix()
-        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}.metal"
-        text = f'#include <metal_stdlib>\n#include "{rel}"\n{PROBE}'
+        short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
+        prelude = "".join(f'#include "{h}"\n' for h in mlx_prelude(short)) if tag == "mlx" else ""
+        text = f'#include <metal_stdlib>\n{prelude}#include "{rel}"\n{PROBE}'
+        # Named by their text too: checkouts that wrap a header differently share this cache.
+        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}-{digest}.metal"
         if not wrapper.is_file() or wrapper.read_text() != text:
             wrapper.write_text(text)
-        short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
         out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
     return out
 

@@ -31,7 +31,7 @@
 
 namespace mtlsim {
 
-enum class Space { thread, device, constant, threadgroup };
+enum class Space { thread, device, constant, threadgroup };  // clang's address space numbers
 
 // The address space of an object type, and the type without it (cv kept).
 template <class T> struct space_of {
@@ -94,6 +94,11 @@ template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && 
   constexpr Self& operator=(this Self& self, const U& u) {                                                \
     ::mtlsim::as_generic(self) = ::mtlsim::as_generic(u);                                                 \
     return self;                                                                                          \
+  }                                                                                                       \
+  template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0> /* `v = {a, b}` */        \
+  constexpr Self& operator=(this Self& self, const Class& u) {                                            \
+    ::mtlsim::as_generic(self) = u;                                                                       \
+    return self;                                                                                          \
   }
 #define MTLSIM_SPACE_CONVERSION(Target)                                                                   \
   template <class Self, std::enable_if_t<::mtlsim::in_space_v<Self>, int> = 0>                           \
@@ -106,4 +111,68 @@ template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && 
 #define MTLSIM_SPACE_INDEX
 #define MTLSIM_SPACE_MEMBERS(Class)
 #define MTLSIM_SPACE_CONVERSION(Target)
+#endif
+
+// Forwarders for member functions that MSL qualifies with an address space
+// (`float get() const device`): the translator renames the member, drops the
+// qualifier and adds one of these to the class, which calls it on an object in
+// one of the spaces listed by number through its thread-space view. Empty when
+// erased.
+#define MTLSIM_UNPAREN(...) __VA_ARGS__
+#if defined(MTLSIM_ADDRESS_SPACES)
+namespace mtlsim {
+template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>) == Space) || ...);
+}  // namespace mtlsim
+#define MTLSIM_SPACE_METHOD(spaces, member, ...)                                                          \
+  template <class mtlsim_Self, class... mtlsim_A,                                                         \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr decltype(auto) __VA_ARGS__(this mtlsim_Self&& mtlsim_self, mtlsim_A&&... mtlsim_a) {          \
+    return ::mtlsim::as_generic(mtlsim_self).member(static_cast<mtlsim_A&&>(mtlsim_a)...);                \
+  }
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)                                                   \
+  template <class mtlsim_Self,                                                                            \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
+    return ::mtlsim::as_generic(mtlsim_self).member();                                                    \
+  }
+#define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)                                             \
+  template <MTLSIM_UNPAREN params, class mtlsim_Self,                                                     \
+            std::enable_if_t<::mtlsim::space_among_v<mtlsim_Self, MTLSIM_UNPAREN spaces>, int> = 0>       \
+  constexpr operator __VA_ARGS__(this const mtlsim_Self& mtlsim_self) {                                   \
+    return ::mtlsim::as_generic(mtlsim_self).operator __VA_ARGS__();                                      \
+  }
+#define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)
+#define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...)
+// Assignment of a whole user-defined struct in any address space, from a value
+// (braced too) or from an object in any space, as MSL allows. Templates, so the
+// class keeps its implicit copy assignment and stays an aggregate.
+#define MTLSIM_SPACE_ASSIGNMENT(Class)                                                                    \
+  template <class mtlsim_Self, std::enable_if_t<::mtlsim::in_space_v<mtlsim_Self>, int> = 0>             \
+  constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const Class& mtlsim_value) {            \
+    ::mtlsim::as_generic(mtlsim_self) = mtlsim_value;                                                     \
+    return mtlsim_self;                                                                                   \
+  }                                                                                                       \
+  template <class mtlsim_Self, class mtlsim_U,                                                            \
+            std::enable_if_t<::mtlsim::is_in_space_v<mtlsim_U, Class>, int> = 0>                        \
+  constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const mtlsim_U& mtlsim_value) {         \
+    ::mtlsim::as_generic(mtlsim_self) = ::mtlsim::as_generic(mtlsim_value);                               \
+    return mtlsim_self;                                                                                   \
+  }
+#else
+#define MTLSIM_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_SPACE_METHOD(spaces, member, ...)
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
+#define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
+// With address spaces erased, a member that only an address space's copy has calls that copy.
+#define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)                                                   \
+  template <class... mtlsim_A>                                                                            \
+  constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) {                                          \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                                                  \
+  }                                                                                                       \
+  template <class... mtlsim_A>                                                                            \
+  constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) const {                                    \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                                                  \
+  }
+#define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...) \
+  operator __VA_ARGS__() const { return member(); }
 #endif

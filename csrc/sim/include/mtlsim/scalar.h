@@ -218,9 +218,9 @@ using std::declval;
 using std::false_type;
 using std::integral_constant;
 using std::true_type;
-using std::void_t;
 
-// What <metal_type_traits> shares with <type_traits>.
+// What <metal_type_traits> shares with <type_traits> (not is_empty and void_t, which MLX's
+// steel/utils/type_traits.h defines in namespace metal itself).
 #define MTLSIM_STD_VALUE_TRAIT(name) using std::name; using std::name##_v;
 #define MTLSIM_STD_TYPE_TRAIT(name) using std::name; using std::name##_t;
 MTLSIM_STD_VALUE_TRAIT(is_same) MTLSIM_STD_VALUE_TRAIT(is_integral) MTLSIM_STD_VALUE_TRAIT(is_unsigned)
@@ -231,7 +231,7 @@ MTLSIM_STD_VALUE_TRAIT(is_base_of) MTLSIM_STD_VALUE_TRAIT(is_union) MTLSIM_STD_V
 MTLSIM_STD_VALUE_TRAIT(is_lvalue_reference) MTLSIM_STD_VALUE_TRAIT(is_rvalue_reference)
 MTLSIM_STD_VALUE_TRAIT(is_null_pointer) MTLSIM_STD_VALUE_TRAIT(is_member_pointer)
 MTLSIM_STD_VALUE_TRAIT(is_fundamental) MTLSIM_STD_VALUE_TRAIT(is_compound) MTLSIM_STD_VALUE_TRAIT(is_object)
-MTLSIM_STD_VALUE_TRAIT(is_empty) MTLSIM_STD_VALUE_TRAIT(is_trivially_copyable)
+MTLSIM_STD_VALUE_TRAIT(is_trivially_copyable)
 MTLSIM_STD_VALUE_TRAIT(is_trivially_destructible) MTLSIM_STD_VALUE_TRAIT(is_constructible)
 MTLSIM_STD_VALUE_TRAIT(is_default_constructible) MTLSIM_STD_VALUE_TRAIT(is_assignable)
 MTLSIM_STD_VALUE_TRAIT(rank) MTLSIM_STD_VALUE_TRAIT(extent) MTLSIM_STD_VALUE_TRAIT(alignment_of)
