@@ -41,28 +41,19 @@ ENTRIES = corpus.entries()
 
 # Corpus files that do not compile in the simulator, and why (README "Supported MSL" has the same list).
 SHIM_ADDRESS_SPACES = "needs overloads and specializations that differ only by address space (simulator shim)"
-SHIM_HALF_UNION = "half is a class in the simulator, not allowed in an anonymous union (ggml-common.h block types)"
+SHIM_CONDITIONAL = ("a conditional mixes half with int or float, or a device value with a value (c ? h : 0, "
+                    "c ? buf[i] : v), ambiguous with half and vectors as classes (simulator shim)")
 SHIM_INTERNALS = "uses metal_stdlib internals (__metal_* builtins, _disjunction) through MLX's bf16_math.h/atomic.h"
-SHIM_MIXED_MATH = "calls metal math with mixed scalar types (pow(float, int), fmax(int, float)): simulator shim"
 SHIM_ARRAY = "metal::array is missing from the simulator shim"
-SHIM_AS_TYPE = "calls as_type unqualified from its own namespace (MSL's as_type is global; the shim's is metal::)"
 MSL4 = "MSL 4 (Metal Performance Primitives / <metal_tensor>, lambdas), beyond the MSL 3.1 the package targets"
 NOT_ALONE = ("not self-contained: it uses names of utils.h, which MLX's own .metal files (not in the wheel) "
              "include first; with utils.h first it stops at utils.h's metal_stdlib internals")
 NOT_SUPPORTED = {
-    **{f"ggml/{n}.metal": SHIM_HALF_UNION for n in (
-        "fa_aux", "fa_f16", "fa_f32", "fa_q4_0", "fa_q4_1", "fa_q5_0", "fa_q5_1", "fa_q8_0", "fa_vec_f16",
-        "fa_vec_f32", "fa_vec_q4_0", "fa_vec_q4_1", "fa_vec_q5_0", "fa_vec_q5_1", "fa_vec_q8_0", "mul_mm",
-        "mul_mv", "quantize")},
+    **{f"ggml/{n}.metal": SHIM_CONDITIONAL for n in (
+        "fa_aux", "fa_f16", "fa_f32", "fa_q4_0", "fa_q4_1", "fa_q5_0", "fa_q5_1", "fa_q8_0", "fa_vec_q4_0",
+        "fa_vec_q4_1", "mul_mm", "mul_mv", "quantize")},
     "ggml/fa_common.metal": "included by the fa_*.metal files, not compiled alone by ggml",
     "ggml/fa_vec_common.metal": "included by the fa_vec_*.metal files, not compiled alone by ggml",
-    "ggml/softmax.metal": SHIM_MIXED_MATH,
-    "ggml/unary.metal": SHIM_MIXED_MATH,
-    "ggml/ssm.metal": "make_filled_simdgroup_matrix is missing from the simulator shim",
-    **{f"c10/{n}.h": SHIM_AS_TYPE for n in (
-        "atomic", "common", "error", "float8", "igamma", "indexing", "reduction_utils", "utils")},
-    "c10/expm1f.h": SHIM_MIXED_MATH,
-    "c10/special_math.h": SHIM_MIXED_MATH,
 }
 _MLX = {
     NOT_ALONE: (

@@ -1,0 +1,65 @@
+"""MSL as upstream kernels write it (tests/kernels/msl_idioms.metal): what
+the ggml and c10/metal files of the corpus rely on, on the simulator,
+against torch."""
+
+import shlex
+import subprocess
+
+import pytest
+import torch
+
+import mps_ext
+import mps_ext.sim
+from mps_ext.sim import compiler
+
+
+def test_unqualified_as_type_and_integer_select_conditions(kernels):
+    lib = kernels("msl_idioms")
+    n = 37
+    x = torch.linspace(-2, 3, n)
+    bits = torch.arange(n, dtype=torch.int32)
+    out = torch.full((n, 3), float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        lib.idioms(x, bits, out, threads=n)
+    assert [(k.name, k.backend) for k in t.kernels] == [("idioms", "simulator")]
+    expected = torch.stack([-x, torch.where(bits & 4 != 0, -1.0, 1.0), torch.where(bits & 1 != 0, 0.5, x)], 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_make_filled_simdgroup_matrix(kernels):
+    lib = kernels("msl_idioms")
+    out = torch.zeros(64)
+    with mps_ext.sim.checked():
+        lib.filled(out, 2.5, threads=32, group_size=32)
+    assert torch.equal(out, torch.full((64,), 2.5))
+
+
+BLOCK = """
+#include <metal_stdlib>
+using namespace metal;
+// ggml-common.h's block layout: half inside an anonymous struct inside an anonymous union.
+typedef struct { union { struct { half d; half m; }; half2 dm; }; uchar q[4]; } block;
+kernel void blocks(device const block* b [[buffer(0)]], device float* out [[buffer(1)]],
+                   uint i [[thread_position_in_grid]]) {
+  device const block& x = b[i];
+  out[2 * i] = x.d * float(x.q[1]) + x.m;
+  out[2 * i + 1] = x.dm.y - x.dm.x;
+}
+"""
+
+
+def test_half_in_anonymous_struct_of_a_union(shader):
+    if "clang" not in subprocess.run([*shlex.split(compiler.toolchain().cxx), "--version"], capture_output=True,
+                                     text=True).stdout:
+        pytest.skip("GCC rejects a member with constructors in an anonymous struct (a GNU extension)")
+    lib = shader(BLOCK)
+    n = 9
+    dm = torch.randn(n, 2).half()
+    q = torch.randint(0, 256, (n, 4), dtype=torch.uint8)
+    raw = torch.cat([dm.view(torch.uint8), q], 1).contiguous()  # 8-byte blocks
+    out = torch.empty(n, 2)
+    with mps_ext.sim.checked():
+        lib.blocks(raw, out, threads=n)
+    d, m = dm.float().unbind(1)
+    half_difference = (dm[:, 1] - dm[:, 0]).float()  # half - half rounds to half
+    torch.testing.assert_close(out, torch.stack([d * q[:, 1].float() + m, half_difference], 1), rtol=0, atol=0)
