@@ -34,6 +34,27 @@ def test_make_filled_simdgroup_matrix(kernels):
     assert torch.equal(out, torch.full((64,), 2.5))
 
 
+def test_conditionals_convert_as_in_msl(kernels):
+    lib = kernels("msl_idioms")
+    n = 6
+    h = torch.linspace(-3, 5, n).half()
+    v = torch.randn(n, 4)
+    out = torch.full((n, 8), float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        lib.conditionals(h, v, out, threads=n)
+    assert [(k.name, k.backend) for k in t.kernels] == [("conditionals", "simulator")]
+    i = torch.arange(n)
+    odd = i % 2 == 1
+    hf, sixteenth = h.float(), (h / 16).float()  # half / half rounds to half
+    il = i % 3
+    expected = torch.stack([
+        torch.where(il < 2, hf, sixteenth), torch.where(il != 0, sixteenth, hf),
+        torch.where(odd, hf, 0.0), torch.where(odd, (h * 2).float(), -1.0), torch.where(odd, v[:, 1], 0.5),
+        torch.where(odd, hf, torch.where(i == 2, 7.0, (h + 1).float())),
+        torch.where(odd, 3.0, -3.0), torch.where(odd, hf, -2.0)], 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
 BLOCK = """
 #include <metal_stdlib>
 using namespace metal;

@@ -160,6 +160,99 @@ def _closing(tokens: list[_Tok], i: int, open_: str, close: str) -> int | None:
     return None
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _template_args_end(toks: list[_Tok], i: int) -> int | None:
+    """Index of the ``>`` closing what looks like a template argument list opened at toks[i] (a ``<`` after a
+    name), or None when it reads as a comparison."""
+    if i == 0 or toks[i - 1].kind != "id":
+        return None
+    depth = angle = 0
+    for j in range(i, len(toks)):
+        t = toks[j].text
+        if t in _OPEN:
+            depth += 1
+        elif t in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                return None
+        elif depth == 0:
+            if t in (";", "&&", "||", "?"):
+                return None
+            angle += {"<": 1, ">": -1, ">>": -2}.get(t, 0)
+            if angle <= 0:
+                return j
+    return None
+
+
+def _operand_end(toks: list[_Tok], i: int, middle: bool) -> int | None:
+    """Index after the middle operand (the ``:`` itself) or the last operand of a conditional starting at i."""
+    depth = nested = 0
+    j = i
+    while j < len(toks):
+        t = toks[j].text
+        if t == "<" and depth == 0:
+            end = _template_args_end(toks, j)
+            if end is not None:
+                j = end + 1
+                continue
+        if t in _OPEN:
+            depth += 1
+        elif t in _CLOSE:
+            if depth == 0:
+                return None if middle else j
+            depth -= 1
+        elif depth == 0:
+            if t == "?":
+                nested += 1
+            elif t == ":":
+                if nested == 0:
+                    return j
+                nested -= 1
+            elif t in (",", ";") and not middle:
+                return j
+            elif t == ";":
+                return None
+        j += 1
+    return None if middle else j
+
+
+_ARM_CAST = ("static_cast<::mtlsim::cond_t<decltype((", ")), decltype((", "))>>(", ")")
+
+
+def _arm_cast(arm: list[_Tok], other: list[_Tok], at: _Tok) -> list[_Tok]:
+    """``static_cast<::mtlsim::cond_t<decltype((arm)), decltype((other))>>(arm)``, at the line of ``at``."""
+    a, b, c, d = ([_Tok(m.group(m.lastgroup), m.lastgroup, at.file, at.line)
+                   for m in _TOKEN.finditer(piece) if m.lastgroup != "ws"] for piece in _ARM_CAST)
+    return [*a, *arm, *b, *other, *c, *arm, *d]
+
+
+def _cast_conditional_arms(toks: list[_Tok]) -> list[_Tok]:
+    """``c ? x : y`` with each arm cast to ``mtlsim::cond_t`` of both arms' types (see mtlsim/conditional.h):
+    MSL's rules for the value types that are classes in the simulator."""
+    out: list[_Tok] = []
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        if tok.text == "[" and i + 1 < len(toks) and toks[i + 1].text == "[":  # attributes stay as written
+            end = _closing(toks, i, "[", "]")
+            out += toks[i:(end if end is not None else len(toks) - 1) + 1]
+            i = (end if end is not None else len(toks) - 1) + 1
+            continue
+        colon = _operand_end(toks, i + 1, True) if tok.text == "?" else None
+        if colon is None or colon == i + 1:  # not a conditional, or GNU `a ?: b`
+            out.append(tok)
+            i += 1
+            continue
+        end = _operand_end(toks, colon + 1, False)
+        middle = _cast_conditional_arms(toks[i + 1:colon])
+        last = _cast_conditional_arms(toks[colon + 1:end])
+        out += [tok, *_arm_cast(middle, last, tok), toks[colon], *_arm_cast(last, middle, toks[colon])]
+        i = end
+    return out
+
+
 def _tokenize(text: str) -> list[_Tok]:
     tokens: list[_Tok] = []
     file, line = "<unknown>", 1
@@ -931,6 +1024,7 @@ def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", stan
     tr = _Translator(tokens, standalone, constants)
     try:
         check_rules(tokens)
+        tr = _Translator(_cast_conditional_arms(tokens), standalone, constants)
         tr.run()
         tr.check_constants()
         cpp = tr.emit(module_symbol, standalone)

@@ -10,6 +10,7 @@
 #include "mtlsim/matrix.h"
 #include "mtlsim/matrix_types.h"
 #include "mtlsim/array.h"
+#include "mtlsim/conditional.h"
 
 // The address-space keywords of translated kernels, last: the shim's own code
 // spells them MTLSIM_*. Compiler messages show these names.
