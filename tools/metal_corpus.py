@@ -12,7 +12,8 @@ Each package is pinned by version and sha256, fetched from PyPI once with
 check_macos's helpers and kept (only the Metal sources) in
 $MPS_EXT_CACHE_DIR/macos-v2/corpus. A .metal file is compiled as shipped; a
 header is compiled as the one include of a .metal file that adds one trivial
-kernel (the simulator wants at least one).
+kernel (the simulator wants at least one), and so is a .metal file that other
+ggml kernel files include, after the includes they put before it.
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
     python tools/metal_corpus.py --fetch    fetch only
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import re
 import sys
 import tarfile
 import time
@@ -101,22 +103,47 @@ class Entry(NamedTuple):
     include_dirs: tuple[Path, ...]
 
 
+def _wrapper(name: str, text: str) -> Path:
+    wrapper = cache() / "wrappers" / name
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        wrapper.write_text(text)
+    return wrapper
+
+
+def _ggml_entries() -> list[Entry]:
+    """ggml's kernels/*.metal as shipped. One that other kernel files include (fa_common.metal) is compiled as
+    they use it: after the includes that precede it there, with one trivial kernel (its kernels are templates
+    that the including files instantiate)."""
+    ggml = ggml_dir()
+    kernels = ggml / "ggml-metal" / "kernels"
+    files = sorted(kernels.glob("*.metal"))
+    preamble = {}  # included file -> the lines before its #include in the first file including it
+    for f in files:
+        lines = f.read_text().splitlines(keepends=True)
+        for k, line in enumerate(lines):
+            included = re.fullmatch(r'\s*#include\s+"([^"]+\.metal)"\s*', line)
+            if included:
+                preamble.setdefault(included.group(1), "".join(l for l in lines[:k] if l.lstrip().startswith("#")))
+    out = []
+    for f in files:
+        if f.name in preamble:
+            text = f'{preamble[f.name]}#include "{f.name}"\n{PROBE}'
+            out.append(Entry(f"ggml/{f.name}", _wrapper(f"ggml__{f.name}", text), (kernels, ggml / "ggml-metal", ggml)))
+        else:
+            out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
+    return out
+
+
 def entries() -> list[Entry]:
     """Every corpus file, as the .metal file that compiles it."""
-    out = []
-    ggml = ggml_dir()
-    for f in sorted((ggml / "ggml-metal" / "kernels").glob("*.metal")):
-        out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
-    wrappers = cache() / "wrappers"
-    wrappers.mkdir(parents=True, exist_ok=True)
+    out = _ggml_entries()
     headers = [("mlx", mlx_dir(), h) for h in sorted((mlx_dir() / MLX_KERNELS).rglob("*.h"))]
     headers += [("c10", torch_include(), h) for h in sorted((torch_include() / "c10" / "metal").glob("*.h"))]
     for tag, root, header in headers:
         rel = header.relative_to(root).as_posix()
-        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}.metal"
         text = f'#include <metal_stdlib>\n#include "{rel}"\n{PROBE}'
-        if not wrapper.is_file() or wrapper.read_text() != text:
-            wrapper.write_text(text)
+        wrapper = _wrapper(f"{tag}__{rel.replace('/', '__')}.metal", text)
         short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
         out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
     return out
