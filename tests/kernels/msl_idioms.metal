@@ -44,7 +44,7 @@ kernel void conditionals(device const half* h [[buffer(0)]], device const float4
   o[1] = t;
   o[2] = odd ? h[i] : 0;                            // device half and an integer
   o[3] = odd ? h[i] * 2.0h : -1.0f;                 // half and float
-  o[4] = (odd ? v[i] : float4(0.5f)).y;            // device vector and a vector
+  o[4] = (odd ? v[i] : metal::vec<float, 4>(0.5f)).y;  // device vector and a vector (a comma in <>)
   o[5] = odd ? h[i] : i == 2 ? 7 : h[i] + 1.0h;    // nested, right to left
   float a = 0, b = 0;
   (odd ? a : b) = 3;                                // a conditional of two lvalues stays an lvalue
