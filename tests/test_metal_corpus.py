@@ -42,35 +42,14 @@ elif not corpus.available():
 ENTRIES = corpus.entries()
 
 # Corpus files that do not compile in the simulator, and why (README "Supported MSL" has the same list).
-SHIM_HALF_UNION = "half is a class in the simulator, not allowed in an anonymous union (ggml-common.h block types)"
-SHIM_MIXED_MATH = "calls metal math with mixed scalar types (pow(float, int), fmax(int, float)): simulator shim"
-SHIM_AS_TYPE = "calls as_type unqualified from its own namespace (MSL's as_type is global; the shim's is metal::)"
 MSL4 = "MSL 4 (Metal Performance Primitives / <metal_tensor>, lambdas), beyond the MSL 3.1 the package targets"
 # MLX headers are compiled after utils.h and the other includes of the MLX .metal files that use them
-# (tools/metal_corpus.py MLX_PRELUDES); these need what those .metal files define themselves.
-MLX_REDUCE = "uses simd_size, REDUCE_N_READS..., which MLX's reduce.metal (not in the wheel) defines before including it"
-SHIM_FILLED_MATRIX = "make_filled_simdgroup_matrix is missing from the simulator shim"
+# (tools/metal_corpus.py MLX_PRELUDES).
 # Without clang the simulator erases address spaces, and overloads that differ only by them collide
 # (MLX's complex.h): the list above is for the toolchain CI uses.
 ERASED = "address spaces erased (no clang >= 18): overloads that differ only by address space collide"
-NOT_SUPPORTED = {
-    **{f"ggml/{n}.metal": SHIM_HALF_UNION for n in (
-        "fa_aux", "fa_f16", "fa_f32", "fa_q4_0", "fa_q4_1", "fa_q5_0", "fa_q5_1", "fa_q8_0", "fa_vec_f16",
-        "fa_vec_f32", "fa_vec_q4_0", "fa_vec_q4_1", "fa_vec_q5_0", "fa_vec_q5_1", "fa_vec_q8_0", "mul_mm",
-        "mul_mv", "quantize")},
-    "ggml/fa_common.metal": "included by the fa_*.metal files, not compiled alone by ggml",
-    "ggml/fa_vec_common.metal": "included by the fa_vec_*.metal files, not compiled alone by ggml",
-    "ggml/softmax.metal": SHIM_MIXED_MATH,
-    "ggml/unary.metal": SHIM_MIXED_MATH,
-    "ggml/ssm.metal": "make_filled_simdgroup_matrix is missing from the simulator shim",
-    **{f"c10/{n}.h": SHIM_AS_TYPE for n in (
-        "atomic", "common", "error", "float8", "igamma", "indexing", "reduction_utils", "utils")},
-    "c10/expm1f.h": SHIM_MIXED_MATH,
-    "c10/special_math.h": SHIM_MIXED_MATH,
-}
+NOT_SUPPORTED = {}
 _MLX = {
-    MLX_REDUCE: ("reduce.h", "reduction/reduce_all.h", "reduction/reduce_col.h", "reduction/reduce_row.h"),
-    SHIM_FILLED_MATRIX: ("gated_delta_update.h",),
     MSL4: (
         "fp_quantized_nax.h", "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
         "quantized_nax.h", "steel/attn/kernels/steel_attention_nax.h", "steel/attn/nax.h", "steel/gemm/gemm_nax.h",
@@ -188,6 +167,87 @@ def test_ggml_sum_rows(rows, op):
     with mps_ext.sim.checked():
         _run(lib, "kernel_sum_rows_f32_f32", [bytes(args), rows, out], (m, 1, 1), (128, 1, 1), [32 * 4])
     assert_close(out, getattr(rows, op)(1), dtype=torch.float32)
+
+
+class SoftMaxArgs(ctypes.Structure):  # ggml_metal_kargs_soft_max
+    _fields_ = [*((f"ne0{d}", ctypes.c_int32) for d in range(3)), *((f"nb0{d}", ctypes.c_uint64) for d in (1, 2, 3)),
+                *((f"ne1{d}", ctypes.c_int32) for d in (1, 2, 3)), *((f"nb1{d}", ctypes.c_uint64) for d in (1, 2, 3)),
+                *((f"nb{d}", ctypes.c_uint64) for d in (1, 2, 3)),
+                *((name, ctypes.c_float) for name in ("scale", "max_bias", "m0", "m1")),
+                ("n_head_log2", ctypes.c_int32)]
+
+
+@pytest.mark.parametrize("kernel", ["kernel_soft_max_f16", "kernel_soft_max_f32_4"])
+def test_ggml_softmax(rows, kernel):
+    """Scaled softmax over rows; the f16 kernel adds a half mask (attention's), the vectorized one has none."""
+    lib = _ggml("softmax")
+    m, n = rows.shape
+    masked = "f16" in kernel
+    mask = torch.randn(m, n).half()
+    mask[:, ::7] = float("-inf")
+    args = SoftMaxArgs(ne00=n, ne01=m, ne02=1, nb01=n * 4, nb02=m * n * 4, nb03=m * n * 4, ne11=m, ne12=1, ne13=1,
+                       nb11=n * 2, nb12=m * n * 2, nb13=m * n * 2, nb1=n * 4, nb2=m * n * 4, nb3=m * n * 4,
+                       scale=0.5, max_bias=0.0, m0=0.0, m1=0.0, n_head_log2=0)
+    out = torch.full_like(rows, float("nan"))
+    # src1 or src2 the same buffer as src0 means no mask or no attention sinks, as ggml binds them
+    with mps_ext.sim.checked():
+        _run(lib, kernel, [bytes(args), rows, mask if masked else rows, rows, out], (m, 1, 1), (64, 1, 1), [32 * 4])
+    logits = rows * 0.5 + (mask.float() if masked else 0)
+    assert_close(out, torch.softmax(logits, 1), dtype=torch.float32)
+
+
+class UnaryArgs(ctypes.Structure):  # ggml_metal_kargs_unary
+    _fields_ = [*((f"ne0{d}", ctypes.c_int32) for d in range(4)), *((f"nb0{d}", ctypes.c_uint64) for d in range(4)),
+                *((f"ne{d}", ctypes.c_int32) for d in range(4)), *((f"nb{d}", ctypes.c_uint64) for d in range(4)),
+                *((name, ctypes.c_float) for name in ("slope", "scale", "bias", "val", "min", "max"))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("op,torch_op", [(103, lambda x: torch.nn.functional.gelu(x, approximate="tanh")),
+                                         (106, torch.nn.functional.silu)])  # OP_UNARY_NUM_GELU, _SILU
+def test_ggml_unary(rows, dtype, op, torch_op):
+    lib = _ggml("unary", constants={"FC_unary_op": op, "FC_unary_cnt": False})
+    x = rows.to(dtype)
+    m, n = x.shape
+    size = x.element_size()
+    args = UnaryArgs(ne00=n, ne01=m, ne02=1, ne03=1, nb00=size, nb01=n * size, nb02=m * n * size, nb03=m * n * size,
+                     ne0=n, ne1=m, ne2=1, ne3=1, nb0=size, nb1=n * size, nb2=m * n * size, nb3=m * n * size)
+    out = torch.full_like(x, float("nan"))
+    name = {torch.float32: "kernel_unary_f32_f32", torch.float16: "kernel_unary_f16_f16"}[dtype]
+    per_row = -(-n // 64)  # threadgroups of 64 along a row
+    with mps_ext.sim.checked():
+        _run(lib, name, [bytes(args), x, out], (m * per_row, 1, 1), (64, 1, 1))
+    assert_close(out, torch_op(x.float()), dtype=dtype)  # half kernels compute in float, as torch's reference
+
+
+class MulMvArgs(ctypes.Structure):  # ggml_metal_kargs_mul_mv
+    _fields_ = [*((f"ne0{d}", ctypes.c_int32) for d in range(3)), *((f"nb0{d}", ctypes.c_uint64) for d in range(4)),
+                *((f"ne1{d}", ctypes.c_int32) for d in range(3)), *((f"nb1{d}", ctypes.c_uint64) for d in range(4)),
+                ("ne0", ctypes.c_int32), ("ne1", ctypes.c_int32), ("nr0", ctypes.c_int32), ("r2", ctypes.c_int16),
+                ("r3", ctypes.c_int16)]
+
+
+def test_ggml_mul_mv_q8_0():
+    """y @ W.T with W in ggml's q8_0 blocks (a half scale and 32 int8 quants each), 2 rows per threadgroup."""
+    rows, k, vectors, simdgroups = 6, 256, 3, 4
+    torch.manual_seed(1)
+    w = torch.randn(rows, k // 32, 32)
+    d = (w.abs().amax(2, keepdim=True) / 127).half()
+    q = (w / d.float()).round().clamp(-127, 127).to(torch.int8)
+    blocks = torch.cat([d.view(torch.uint8), q.view(torch.uint8)], 2).contiguous()  # rows x blocks x 34 bytes
+    y = torch.randn(vectors, k)
+    block_row = (k // 32) * 34
+    args = MulMvArgs(ne00=k, ne01=rows, ne02=1, nb00=34, nb01=block_row, nb02=rows * block_row,
+                     nb03=rows * block_row, ne10=k, ne11=vectors, ne12=1, nb10=4, nb11=k * 4, nb12=vectors * k * 4,
+                     nb13=vectors * k * 4, ne0=rows, ne1=vectors, nr0=2, r2=1, r3=1)
+    lib = _ggml("mul_mv", constants={"FC_mul_mv_nsg": simdgroups, "FC_mul_mv_nxpsg": 8, "FC_mul_mv_ne12": 1,
+                                     "FC_mul_mv_r2": 1, "FC_mul_mv_r3": 1, "FC_mul_mv_split": False})
+    out = torch.full((vectors, rows), float("nan"))
+    with mps_ext.sim.checked():
+        _run(lib, "kernel_mul_mv_q8_0_f32", [bytes(args), blocks, y, out], (rows // 2, vectors, 1),
+             (32 * simdgroups, 1, 1), [2 * 32 * 4])
+    weights = (d.float() * q.float()).reshape(rows, k)
+    assert_close(out, y @ weights.T, dtype=torch.float32, scale=4)  # float sums in another order
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])

@@ -333,6 +333,23 @@ kernel void k(device cplx<float>* c [[buffer(0)]], device float2* v [[buffer(1)]
     assert v.tolist() == [9, 7, 8, 9]
 
 
+def test_whole_typedef_struct_assignment_in_device_memory(monkeypatch):
+    """ggml's block types are unnamed structs named by a typedef, with a half2 in an anonymous union:
+    `*y = *x;` between device buffers (strict mode: GCC allows no half in an anonymous struct)."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", "1")
+    lib = mps_ext.sim.compile_shader(HEAD + """
+typedef struct { union { struct { half d; half m; }; half2 dm; }; uchar q[4]; } block;
+kernel void k(device const block* x [[buffer(0)]], device block* y [[buffer(1)]],
+              uint i [[thread_position_in_grid]]) {
+  y[i] = x[i];
+}
+""", name="typedef_struct_assignment")
+    x = torch.arange(16, dtype=torch.float32)
+    y = torch.zeros(16)
+    lib.k(x, y, threads=8)  # 8 blocks of 8 bytes
+    assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+
+
 @pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
 def test_constant_object_built_by_a_constructor(monkeypatch, mode):
     """MLX's logging.h: a program-scope `constant` object built from string literals, which are

@@ -13,7 +13,8 @@ check_macos's helpers and kept (only the Metal sources) in
 $MPS_EXT_CACHE_DIR/macos-v2/corpus. A .metal file is compiled as shipped; a
 header is compiled as the one include of a .metal file that adds one trivial
 kernel (the simulator wants at least one), after the includes MLX's own .metal
-files put before it (utils.h and a few more, see MLX_PRELUDES).
+files put before it (utils.h and a few more, see MLX_PRELUDES); so is a .metal
+file that other ggml kernel files include, after the includes they put before it.
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
     python tools/metal_corpus.py --fetch    fetch only
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import re
 import sys
 import tarfile
 import time
@@ -60,6 +62,7 @@ MLX_PRELUDES = (
     (("steel/conv/kernels/", "steel/conv/loader"), ("steel/conv/conv.h", "steel/conv/params.h")),
     (("indexing/scatter",), ("atomic.h", "reduction/ops.h")),
     (("reduction/ops.h",), ("atomic.h",)),  # as reduce_utils.h includes it
+    (("reduce.h", "reduction/reduce_"), ("atomic.h", "reduction/ops.h")),  # as reduce.metal includes them
     (("searchsorted.h",), ("sort.h",)),
 )
 
@@ -121,14 +124,44 @@ class Entry(NamedTuple):
     include_dirs: tuple[Path, ...]
 
 
+def _wrapper(stem: str, text: str) -> Path:
+    """A .metal file of ``text`` in the cache, named by its text too: checkouts that wrap a file differently
+    share the cache."""
+    wrapper = cache() / "wrappers" / f"{stem}-{hashlib.sha256(text.encode()).hexdigest()[:8]}.metal"
+    wrapper.parent.mkdir(parents=True, exist_ok=True)
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        wrapper.write_text(text)
+    return wrapper
+
+
+def _ggml_entries() -> list[Entry]:
+    """ggml's kernels/*.metal as shipped. One that other kernel files include (fa_common.metal) is compiled as
+    they use it: after the includes that precede it there, with one trivial kernel (its kernels are templates
+    that the including files instantiate)."""
+    ggml = ggml_dir()
+    kernels = ggml / "ggml-metal" / "kernels"
+    files = sorted(kernels.glob("*.metal"))
+    preamble = {}  # included file -> the lines before its #include in the first file including it
+    for f in files:
+        lines = f.read_text().splitlines(keepends=True)
+        for k, line in enumerate(lines):
+            included = re.fullmatch(r'\s*#include\s+"([^"]+\.metal)"\s*', line)
+            if included:
+                preamble.setdefault(included.group(1), "".join(l for l in lines[:k] if l.lstrip().startswith("#")))
+    out = []
+    for f in files:
+        if f.name in preamble:
+            text = f'{preamble[f.name]}#include "{f.name}"\n{PROBE}'
+            wrapper = _wrapper(f"ggml__{f.name}", text)
+            out.append(Entry(f"ggml/{f.name}", wrapper, (kernels, ggml / "ggml-metal", ggml)))
+        else:
+            out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
+    return out
+
+
 def entries() -> list[Entry]:
     """Every corpus file, as the .metal file that compiles it."""
-    out = []
-    ggml = ggml_dir()
-    for f in sorted((ggml / "ggml-metal" / "kernels").glob("*.metal")):
-        out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
-    wrappers = cache() / "wrappers"
-    wrappers.mkdir(parents=True, exist_ok=True)
+    out = _ggml_entries()
     headers = [("mlx", mlx_dir(), h) for h in sorted((mlx_dir() / MLX_KERNELS).rglob("*.h"))]
     headers += [("c10", torch_include(), h) for h in sorted((torch_include() / "c10" / "metal").glob("*.h"))]
     for tag, root, header in headers:
@@ -136,11 +169,7 @@ def entries() -> list[Entry]:
         short = rel[len(MLX_KERNELS):] if tag == "mlx" else rel[len("c10/metal/"):]
         prelude = "".join(f'#include "{h}"\n' for h in mlx_prelude(short)) if tag == "mlx" else ""
         text = f'#include <metal_stdlib>\n{prelude}#include "{rel}"\n{PROBE}'
-        # Named by their text too: checkouts that wrap a header differently share this cache.
-        digest = hashlib.sha256(text.encode()).hexdigest()[:8]
-        wrapper = wrappers / f"{tag}__{rel.replace('/', '__')}-{digest}.metal"
-        if not wrapper.is_file() or wrapper.read_text() != text:
-            wrapper.write_text(text)
+        wrapper = _wrapper(f"{tag}__{rel.replace('/', '__')}", text)
         out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
     return out
 

@@ -162,6 +162,122 @@ def _closing(tokens: list[_Tok], i: int, open_: str, close: str) -> int | None:
     return None
 
 
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _template_args_end(toks: list[_Tok], i: int) -> int | None:
+    """Index of the ``>`` closing what looks like a template argument list opened at toks[i] (a ``<`` after a
+    name), or None when it reads as a comparison."""
+    if i == 0 or toks[i - 1].kind != "id":
+        return None
+    depth = angle = 0
+    for j in range(i, len(toks)):
+        t = toks[j].text
+        if t in _OPEN:
+            depth += 1
+        elif t in _CLOSE:
+            depth -= 1
+            if depth < 0:
+                return None
+        elif depth == 0:
+            if t in (";", "&&", "||", "?"):
+                return None
+            angle += {"<": 1, ">": -1, ">>": -2}.get(t, 0)
+            if angle <= 0:
+                return j
+    return None
+
+
+def _operand_end(toks: list[_Tok], i: int, middle: bool) -> int | None:
+    """Index after the middle operand (the ``:`` itself) or the last operand of a conditional starting at i."""
+    depth = nested = 0
+    j = i
+    while j < len(toks):
+        t = toks[j].text
+        if t == "<" and depth == 0:
+            end = _template_args_end(toks, j)
+            if end is not None:
+                j = end + 1
+                continue
+        if t in _OPEN:
+            depth += 1
+        elif t in _CLOSE:
+            if depth == 0:
+                return None if middle else j
+            depth -= 1
+        elif depth == 0:
+            if t == "?":
+                nested += 1
+            elif t == ":":
+                if nested == 0:
+                    return j
+                nested -= 1
+            elif t in (",", ";") and not middle:
+                return j
+            elif t == ";":
+                return None
+        j += 1
+    return None if middle else j
+
+
+_ARM_CAST = ("static_cast<::mtlsim::cond_t<decltype((", ")), decltype((", "))>>(", ")")
+
+
+def _arm_cast(arm: list[_Tok], other: list[_Tok], at: _Tok) -> list[_Tok]:
+    """``static_cast<::mtlsim::cond_t<decltype((arm)), decltype((other))>>(arm)``, at the line of ``at``."""
+    a, b, c, d = ([_Tok(m.group(m.lastgroup), m.lastgroup, at.file, at.line)
+                   for m in _TOKEN.finditer(piece) if m.lastgroup != "ws"] for piece in _ARM_CAST)
+    return [*a, *arm, *b, *other, *c, *arm, *d]
+
+
+def _bare_greater(toks: list[_Tok], i: int, end: int) -> bool:
+    """Whether toks[i:end] has a ``>`` or ``>>`` outside brackets and outside template arguments."""
+    depth, j = 0, i
+    while j < end:
+        t = toks[j].text
+        if t == "<" and depth == 0:
+            close = _template_args_end(toks, j)
+            if close is not None:
+                j = close + 1
+                continue
+        depth += (t in _OPEN) - (t in _CLOSE)
+        if depth == 0 and t in (">", ">>"):
+            return True
+        j += 1
+    return False
+
+
+def _cast_conditional_arms(toks: list[_Tok]) -> list[_Tok]:
+    """``c ? x : y`` with each arm cast to ``mtlsim::cond_t`` of both arms' types (see mtlsim/conditional.h):
+    MSL's rules for the value types that are classes in the simulator."""
+    out: list[_Tok] = []
+    i = 0
+    while i < len(toks):
+        tok = toks[i]
+        if tok.text == "[" and i + 1 < len(toks) and toks[i + 1].text == "[":  # attributes stay as written
+            end = _closing(toks, i, "[", "]")
+            out += toks[i:(end if end is not None else len(toks) - 1) + 1]
+            i = (end if end is not None else len(toks) - 1) + 1
+            continue
+        colon = _operand_end(toks, i + 1, True) if tok.text == "?" else None
+        if colon is None or colon == i + 1:  # not a conditional, or GNU `a ?: b`
+            out.append(tok)
+            i += 1
+            continue
+        end = _operand_end(toks, colon + 1, False)
+        if _bare_greater(toks, colon + 1, end):
+            # `c ? a : b > x` inside template arguments ends them at the `>`; elsewhere it compares. Which one
+            # is unknown here, so the conditional stays as written (its arms are then rarely MSL value types).
+            out.append(tok)
+            i += 1
+            continue
+        middle = _cast_conditional_arms(toks[i + 1:colon])
+        last = _cast_conditional_arms(toks[colon + 1:end])
+        out += [tok, *_arm_cast(middle, last, tok), toks[colon], *_arm_cast(last, middle, toks[colon])]
+        i = end
+    return out
+
+
 def _tokenize(text: str) -> list[_Tok]:
     tokens: list[_Tok] = []
     file, line = "<unknown>", 1
@@ -749,7 +865,7 @@ class _Translator:
             if tok.text == "{":
                 name = self.class_name(i)
                 scope = all(enclosing)  # not a block: local classes have no member templates
-                if name and scope:
+                if name is not None and scope:
                     self.class_members(i, self.match(i, "{", "}"))
                 enclosing.append(scope and (name is not None or self.opens_namespace(i)))
             elif tok.text == "}" and enclosing:
@@ -781,7 +897,7 @@ class _Translator:
         return self.text(names[0]) if names else ""
 
     def class_members(self, open_: int, close: int) -> None:
-        name = self.class_name(open_)
+        name = self.class_name(open_) or self.name_typedef_struct(open_)
         seen: set = set()
         forwards: dict[str, tuple] = {}  # forwarder key -> (spaces, macro call[, member name])
         j = open_ + 1
@@ -829,6 +945,16 @@ class _Translator:
         if calls:
             kept = self.out[close] if self.out[close] is not None else [self.t[close]]
             self.out[close] = self.code(" ".join(calls), close) + kept
+
+    def name_typedef_struct(self, brace: int) -> str | None:
+        """``typedef struct { ... } T;`` (ggml's block types) gets a tag of its own, so that its assignments
+        can name the class; None for other unnamed classes."""
+        if self.text(brace - 1) not in ("struct", "union") or self.text(brace - 2) != "typedef":
+            return None
+        tag = f"mtlsim_typedef_{brace}"
+        kept = self.out[brace - 1] if self.out[brace - 1] is not None else [self.t[brace - 1]]
+        self.out[brace - 1] = kept + self.code(tag, brace - 1)
+        return tag
 
     def is_body(self, paren: int | None, brace: int) -> bool:
         """Whether the '{' at ``brace`` opens the body of the function whose parameters open at ``paren``."""
@@ -1149,6 +1275,7 @@ def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", stan
     tr = _Translator(tokens, standalone, constants)
     try:
         check_rules(tokens)
+        tr = _Translator(_cast_conditional_arms(tokens), standalone, constants)
         tr.run()
         tr.check_constants()
         cpp = tr.emit(module_symbol, standalone)

@@ -143,19 +143,33 @@ template <class T, int... Space> constexpr bool space_among_v = ((int(space_v<T>
   }
 #define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...)
+namespace mtlsim {
+// MSL assigns a struct member by member. In C++ a union holding a simulator
+// vector (ggml's block types) has no copy assignment, the vector's own being
+// user-provided (it writes the lanes, not the swizzle views that share them):
+// such a struct is copied as its bytes, which is what every MSL type holds.
+template <class T> constexpr void assign_struct(T& to, const T& from) {
+  if constexpr (std::is_copy_assignable_v<T>) {
+    to = from;
+  } else {
+    static_assert(std::is_trivially_destructible_v<T>, "MSL structs hold plain data");
+    __builtin_memcpy(static_cast<void*>(&to), static_cast<const void*>(&from), sizeof(T));
+  }
+}
+}  // namespace mtlsim
 // Assignment of a whole user-defined struct in any address space, from a value
 // (braced too) or from an object in any space, as MSL allows. Templates, so the
 // class keeps its implicit copy assignment and stays an aggregate.
 #define MTLSIM_SPACE_ASSIGNMENT(Class)                                                                    \
   template <class mtlsim_Self, std::enable_if_t<::mtlsim::in_space_v<mtlsim_Self>, int> = 0>             \
   constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const Class& mtlsim_value) {            \
-    ::mtlsim::as_generic(mtlsim_self) = mtlsim_value;                                                     \
+    ::mtlsim::assign_struct<Class>(::mtlsim::as_generic(mtlsim_self), mtlsim_value);                      \
     return mtlsim_self;                                                                                   \
   }                                                                                                       \
   template <class mtlsim_Self, class mtlsim_U,                                                            \
             std::enable_if_t<::mtlsim::is_in_space_v<mtlsim_U, Class>, int> = 0>                        \
   constexpr mtlsim_Self& operator=(this mtlsim_Self& mtlsim_self, const mtlsim_U& mtlsim_value) {         \
-    ::mtlsim::as_generic(mtlsim_self) = ::mtlsim::as_generic(mtlsim_value);                               \
+    ::mtlsim::assign_struct<Class>(::mtlsim::as_generic(mtlsim_self), ::mtlsim::as_generic(mtlsim_value));\
     return mtlsim_self;                                                                                   \
   }
 #else

@@ -331,10 +331,12 @@ MTLSIM_HD MTLSIM_INLINE R insert_bits(const X& base, const Y& insert, uint offse
   return detail::map<R>(detail::insert_bits_fn{}, base, insert, offset, bits);
 }
 
-// c ? b : a, lane-wise for a bool vector c.
+// c ? b : a, lane-wise for a bool vector c. A scalar c of any scalar type
+// converts to bool, as for MSL's select(T, T, bool) (select(1, -1, bits & m)).
 template <class A, class B, class C, class R = detail::result_t<detail::any_elem, A, B>,
           std::enable_if_t<std::is_same_v<detail::value_t<C>, bool> ||
-                               std::is_same_v<detail::value_t<C>, detail::rebind_t<R, bool>>, int> = 0>
+                               std::is_same_v<detail::value_t<C>, detail::rebind_t<R, bool>> ||
+                               (!detail::is_vec_like_v<R> && detail::is_num_v<detail::value_t<C>>), int> = 0>
 MTLSIM_HD MTLSIM_INLINE R select(const A& a, const B& b, const C& c) {
   return detail::map<R>(detail::select_fn{}, a, b, c);
 }
@@ -474,3 +476,6 @@ namespace precise { MTLSIM_FLOAT_NAMES }
 #undef MTLSIM_USING
 
 }  // namespace metal
+
+// MSL's as_type is found from any namespace (c10::metal calls it unqualified).
+using metal::as_type;

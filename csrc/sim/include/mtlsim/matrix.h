@@ -83,7 +83,8 @@ using simdgroup_float8x8 = simdgroup_matrix<float, 8, 8>;
 using simdgroup_half8x8 = simdgroup_matrix<half, 8, 8>;
 using simdgroup_bfloat8x8 = simdgroup_matrix<bfloat, 8, 8>;
 
-template <class T, int R, int C>
+// MSL: make_filled_simdgroup_matrix<T, Cols, Rows = Cols>(value).
+template <class T, int R, int C = R>
 simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T value) {
   simdgroup_matrix<T, R, C> m;
   m.elements = vec<T, 2>(value);

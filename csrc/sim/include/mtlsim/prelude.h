@@ -12,6 +12,7 @@
 #include "mtlsim/array.h"
 #include "mtlsim/internals.h"
 #include "mtlsim/uniform.h"
+#include "mtlsim/conditional.h"
 
 // The address-space keywords of translated kernels, last: the shim's own code
 // spells them MTLSIM_*. Compiler messages show these names.
