@@ -1,5 +1,7 @@
 #include "overrides/overrides.h"
 
+#include <c10/util/Exception.h>
+
 #include <memory>
 #include <mutex>
 
@@ -20,12 +22,27 @@ c10::DispatchKey key_for(c10::DeviceType device) {
   return device == c10::DeviceType::MPS ? c10::DispatchKey::MPS : c10::DispatchKey::CPU;
 }
 
+// Replacing torch's kernels is what enabling the overrides means: torch's
+// warning about it (once per process) would only alarm users. Other warnings
+// pass on to the handler in place.
+class DropOverrideWarning final : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("Overriding a previously registered kernel") == std::string::npos) previous_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* previous_ = c10::WarningUtils::get_warning_handler();
+};
+
 }  // namespace
 
 void enable(c10::DeviceType device) {
   const c10::DispatchKey key = key_for(device);
   std::lock_guard<std::mutex> lock(mu);
   if (libraries.count(device)) return;
+  DropOverrideWarning quiet;
+  c10::WarningUtils::WarningHandlerGuard guard(&quiet);
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
   register_softmax(*lib);
   register_linear(*lib, device);
