@@ -161,12 +161,13 @@ def test_errors_like_torch():
         ((torch.tensor(1.0), w, None), "at least 1-D"),
     ]
     for args, name in cases:
-        with pytest.raises(RuntimeError):
+        with pytest.raises(RuntimeError) as theirs:
             F.linear(*args)
         with pytest.raises(RuntimeError, match=name):
             mps_ext.linear(*args)
-        with mps_ext.overrides.enabled("cpu"), pytest.raises(RuntimeError):
-            F.linear(*args)  # the override hands invalid calls to torch, which raises
+        # The override hands invalid calls to torch, which raises its own error.
+        with mps_ext.overrides.enabled("cpu"), pytest.raises(RuntimeError, match=re.escape(str(theirs.value))):
+            F.linear(*args)
     # Types the kernels do not take go to torch.
     xd, wd = x.double(), w.double()
     with mps_ext.trace() as t:
@@ -192,36 +193,6 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.mps_ext.linear.default, args)
 
 
-class Block(torch.nn.Module):
-    """A Llama-style decoder block: RMSNorm, attention with grouped KV heads over a
-    cache, gated MLP; projections are nn.Linear (bias on q/k/v as in Qwen2)."""
-
-    def __init__(self, dim=64, heads=4, kv_heads=2, hidden=96):
-        super().__init__()
-        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
-        self.q_proj = torch.nn.Linear(dim, dim)
-        self.k_proj = torch.nn.Linear(dim, kv_heads * self.head_dim)
-        self.v_proj = torch.nn.Linear(dim, kv_heads * self.head_dim)
-        self.o_proj = torch.nn.Linear(dim, dim, bias=False)
-        self.gate_proj = torch.nn.Linear(dim, hidden, bias=False)
-        self.up_proj = torch.nn.Linear(dim, hidden, bias=False)
-        self.down_proj = torch.nn.Linear(hidden, dim, bias=False)
-        self.norm1, self.norm2 = torch.nn.RMSNorm(dim), torch.nn.RMSNorm(dim)
-
-    def forward(self, h, past_k, past_v):
-        b, s, _ = h.shape
-        x = self.norm1(h)
-        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
-        k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
-        rep = self.heads // self.kv_heads
-        a = F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1))
-        h = h + self.o_proj(a.transpose(1, 2).reshape(b, s, -1))
-        x = self.norm2(h)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -232,52 +203,68 @@ class Recorder(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def block_inputs(batch=2):
+def decode_step(batch=2):
+    """transformers' own Qwen2 model (bias on q/k/v, none on o_proj and the MLP, as Qwen2 has them), one layer
+    of a tiny config with random weights, after a 5-token prompt: a function running one decode step of
+    ``batch`` sequences (one token each) over the prompt's cache, and the model."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=50, tie_word_embeddings=False)
     torch.manual_seed(0)
-    block = Block()
-    h = torch.randn(batch, 1, 64)
-    past = [torch.randn(batch, 2, 5, 16) for _ in range(2)]
-    return block, h, past
+    model = transformers.Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # biases too, which the initialisation leaves at zero
+            p.copy_(torch.randn(p.shape) * 0.2)
+    prompt = torch.randint(0, 50, (batch, 5))
+    with torch.no_grad():
+        cache = model(prompt, use_cache=True).cache
+
+    def step():
+        import copy
+
+        return model(torch.randint(0, 50, (batch, 1), generator=torch.Generator().manual_seed(1)),
+                     cache=copy.deepcopy(cache), use_cache=True).logits
+
+    return step, model
 
 
 class TestOverrides:
-    def test_what_a_decoder_block_sends(self):
+    def test_what_a_decoder_step_sends(self):
         # Without overrides the CPU key decomposes F.linear: every projection
         # arrives as mm (no bias) or addmm (bias) with the weight as a
-        # transposed view of a row-major matrix, on [B * 1, K] rows.
-        block, h, past = block_inputs()
+        # transposed view of a row-major matrix, on [B * 1, K] rows: q/k/v with
+        # bias, o_proj, gate/up/down and lm_head without.
+        step, _ = decode_step()
         with torch.no_grad(), Recorder() as r:
-            block(h, *past)
+            step()
         mms = [(f, a) for f, a in r.calls if f in ("aten.mm.default", "aten.addmm.default")]
         assert "aten.linear.default" not in [f for f, _ in r.calls]
-        assert sorted(f for f, _ in mms) == ["aten.addmm.default"] * 3 + ["aten.mm.default"] * 4
+        assert sorted(f for f, _ in mms) == ["aten.addmm.default"] * 3 + ["aten.mm.default"] * 5
         for f, a in mms:
             mat1, mat2 = a[-2], a[-1]
             assert mat1.shape[0] == 2 and mat2.stride(0) == 1 and mat2.t().is_contiguous()
         # With overrides, linear has a CPU kernel and arrives whole.
         with torch.no_grad(), mps_ext.overrides.enabled("cpu"), Recorder() as r:
-            block(h, *past)
-        assert [f for f, _ in r.calls].count("aten.linear.default") == 7
+            step()
+        assert [f for f, _ in r.calls].count("aten.linear.default") == 8
 
-    def test_decoder_block_output_and_gradients(self):
-        block, h, past = block_inputs()
-        h.requires_grad_()
-        block(h, *past).square().sum().backward()
-        want_out = block(h, *past).detach()
-        want = [h.grad.clone()] + [p.grad.clone() for p in block.parameters()]
-        h.grad = None
-        block.zero_grad()
+    def test_decoder_step_output_and_gradients(self):
+        step, model = decode_step()
+        step().square().sum().backward()
+        want_out = step().detach()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
         mps_ext.overrides.reset_stats()
         with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-            out = block(h, *past)
+            out = step()
             out.square().sum().backward()
-        assert_close(out.detach(), want_out)
-        for got, exp in zip([h.grad] + [p.grad for p in block.parameters()], want):
-            assert_close(got, exp, scale=4)
+        assert_close(out.detach(), want_out, scale=4)
+        for p, exp in zip(model.parameters(), want):
+            assert_close(p.grad, exp, scale=4)
         assert sorted(set(t.names)) == ["gemv_dense_m2_float"]
-        assert len(t.names) == 7
+        assert len(t.names) == 8
         s = mps_ext.overrides.stats()
-        assert s["aten::linear"] == {"hits": 7, "fallbacks": 0, "reasons": {}}
+        assert s["aten::linear"] == {"hits": 8, "fallbacks": 0, "reasons": {}}
 
     def test_nn_linear_gradients_unchanged(self):
         for shape, bias in (((3, 20), True), ((2, 1, 20), False), ((20,), True), ((12, 20), True)):

@@ -1,0 +1,74 @@
+"""The shared tolerance helpers reject the errors they exist to catch (a dropped term, a 1 % scale, a NaN
+turned into a number) and accept what honest kernels produce (float32 sums in another order, one unit
+of a half or bfloat16 output)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tolerances import TOLERANCES, assert_close, assert_close_dot, assert_close_normwise
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def operands(dtype, n, k, nan=False):
+    g = torch.Generator().manual_seed(k)
+    x, w = torch.randn(3, k, generator=g).to(dtype), torch.randn(n, k, generator=g).to(dtype)
+    if nan:
+        x[1, k // 2] = float("nan")
+    return x, w
+
+
+def exact(x, w):
+    return x.double() @ w.double().t()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("n,k", [(127, 96), (127, 4099), (9, 4099)])
+def test_dot_tolerance(dtype, n, k):
+    x, w = operands(dtype, n, k, nan=True)
+    want = exact(x, w).to(dtype)
+    magnitude = x.double().abs() @ w.double().abs().t()
+    # A float32 GEMV (another summation order) passes.
+    assert_close_dot(F.linear(x.float(), w.float()).to(dtype), want, magnitude, k)
+    planted = {
+        "the last K element dropped": exact(x[:, :-1], w[:, :-1]).to(dtype),
+        "every output x 1.01": (exact(x, w) * 1.01).to(dtype),
+        "a NaN turned into 0": want.nan_to_num(0.0),
+    }
+    for what, got in planted.items():
+        with pytest.raises(AssertionError, match="differ"):
+            assert_close_dot(got, want, magnitude, k)
+            pytest.fail(f"{what} passed")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_elementwise_tolerance(dtype):
+    want = (torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 3).softmax(0).to(dtype)
+    want[7] = float("nan")
+    bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype]
+    assert_close((want.view(bits) + 1).view(dtype), want)  # one unit above: two roundings may differ by that
+    for what, got in {"every output x 1.01": (want.double() * 1.01).to(dtype),
+                      "a NaN turned into 0": want.nan_to_num(0.0),
+                      "the largest output doubled": want.index_fill(0, want.nan_to_num(0).argmax(0, keepdim=True),
+                                                                   2 * want.nan_to_num(0).max().item())}.items():
+        with pytest.raises(AssertionError, match="not close"):
+            assert_close(got, want)
+            pytest.fail(f"{what} passed")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_normwise_tolerance(dtype):
+    g = torch.Generator().manual_seed(0)
+    want = (torch.randn(64, 48, generator=g) @ torch.randn(48, 32, generator=g)).to(dtype)
+    want[3, 4] = float("nan")
+    # Cancellation: an entry far below the largest may be off by up to one unit at the largest magnitude.
+    cancelled = want.clone()
+    cancelled[0, 0] = 0
+    want[0, 0] = TOLERANCES[dtype][0] / 2 * float(want.nan_to_num(0).abs().max())
+    assert_close_normwise(cancelled, want)
+    for what, got in {"every output x 1.03": (want.double() * 1.03).to(dtype),
+                      "a NaN turned into 0": want.nan_to_num(0.0)}.items():
+        with pytest.raises(AssertionError, match="not close"):
+            assert_close_normwise(got, want)
+            pytest.fail(f"{what} passed")
