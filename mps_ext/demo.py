@@ -146,11 +146,23 @@ def _overrides(device: str, on: bool):
         (overrides.enable if was else overrides.disable)(device)
 
 
+def _torch_dequantized(weight: torch.Tensor, scale: torch.Tensor, block_size) -> torch.Tensor:
+    """An FP8 weight in float32 by torch's own float8 conversion times its scale (per block, row or tensor),
+    on the CPU (torch before 2.15 cannot convert float8 on mps): the reference owes nothing to mps_ext's codec."""
+    w = (weight.view(torch.float8_e4m3fn) if weight.dtype == torch.uint8 else weight).cpu().float()
+    s = scale.cpu().float()
+    if block_size is not None:
+        rows, cols = block_size
+        s = s.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[: w.shape[0], : w.shape[1]]
+    elif s.numel() > 1:
+        s = s.reshape(-1, 1)
+    return w * s.reshape(s.shape if s.dim() == 2 else ())
+
+
 @contextlib.contextmanager
 def _fp8_dequantized(model: torch.nn.Module, dtype: torch.dtype):
     """torch's way to run an FP8 model without mps_ext: every FP8Linear replaced by an nn.Linear holding its
     weight dequantized to ``dtype`` (the same values the FP8 kernels compute with) inside the block."""
-    from .fp8 import _dequantized_weight
     from .nn import FP8Linear
 
     swapped = []
@@ -160,8 +172,7 @@ def _fp8_dequantized(model: torch.nn.Module, dtype: torch.dtype):
                 linear = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None,
                                          device=child.weight.device, dtype=dtype)
                 with torch.no_grad():
-                    linear.weight.copy_(_dequantized_weight(child.weight, child.weight_scale_inv, child.block_size,
-                                                            dtype))
+                    linear.weight.copy_(_torch_dequantized(child.weight, child.weight_scale_inv, child.block_size))
                     if child.bias is not None:
                         linear.bias.copy_(child.bias)
                 setattr(parent, name, linear)

@@ -12,7 +12,10 @@ import pytest
 
 pytest.importorskip("transformers", reason='the demo needs transformers: pip install "mps_ext[demo]"')
 
+import torch  # noqa: E402
+
 from mps_ext import demo  # noqa: E402
+from tolerances import TOLERANCES  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 # Subprocesses import this checkout (and what PYTHONPATH already adds).
@@ -38,10 +41,10 @@ def run_demo(model, dtype, fp8=False, tokens=8):
 def test_greedy_decode_with_the_kernels_in_the_model(model, dtype):
     r, text = run_demo(model, dtype)
     assert r.backend == "simulator" and r.backends == {"simulator"}
-    # The same tokens, and logits as close as the dtype's rounding allows.
+    # The same tokens, and logits as close as the dtype's rounding allows: within one unit at the largest
+    # logit (measured: float32 2e-7 of it, bfloat16 0).
     assert r.torch_run.tokens == r.mps_ext_run.tokens and len(r.mps_ext_run.tokens) == 8
-    largest = float(r.torch_run.logits.abs().max())
-    assert r.max_logit_diff <= (1e-4 if dtype == "float32" else 0.05) * max(1.0, largest)
+    assert r.max_logit_diff <= TOLERANCES[getattr(torch, dtype)][0] * float(r.torch_run.logits.abs().max())
     # Each family the model calls ran, inside generate(), and only those.
     assert set(r.families) == FAMILIES[(model, False)]
     for family in r.families:
@@ -63,7 +66,9 @@ def test_fp8_decode_against_torch_on_the_dequantized_weights(model):
     assert set(r.families) == FAMILIES[(model, True)]
     assert any(name.startswith("fp8_gemv") or name.startswith("fp8_") for name in r.kernels)
     assert r.torch_run.tokens == r.mps_ext_run.tokens
-    assert r.max_logit_diff <= 0.05 * max(1.0, float(r.torch_run.logits.abs().max()))
+    # Activations round to bfloat16 in another order than torch's: within one bfloat16 unit at the largest
+    # logit (measured: 0.47 and 0.61 of a unit).
+    assert r.max_logit_diff <= TOLERANCES[torch.bfloat16][0] * float(r.torch_run.logits.abs().max())
     assert "linear layers in FP8" in text and "FP8 weights dequantized to bfloat16" in text
 
 
