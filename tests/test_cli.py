@@ -9,10 +9,26 @@ def run(*args):
 
 
 def test_info():
+    import platform
+
+    import torch
+
+    import mps_ext
+    from mps_ext.sim import compiler
+    from mps_ext.testing import mps_usable
+
     p = run("info")
     assert p.returncode == 0, p.stderr
-    for key in ("mps_ext", "torch", "mps device", "simulator"):
-        assert key in p.stdout
+    info = {line[:12].strip(): line[13:] for line in p.stdout.splitlines()}  # "key" padded to 12, then the value
+    assert info["mps_ext"] == mps_ext.__version__ and info["torch"] == torch.__version__
+    assert info["python"] == platform.python_version()
+    assert info["backends"].startswith("simulator")
+    usable, why = mps_usable()
+    assert info["mps device"] == ("usable" if usable else f"not usable: {why}")
+    assert info["overrides"] == f"mps: {'on' if usable else 'off'}, cpu: off"
+    tc = compiler.toolchain()
+    assert info["simulator"].startswith(f"compiler {tc.cxx}, address spaces {'kept' if tc.address_spaces else 'erased'}")
+    assert info["simulator"].endswith(f"cache {compiler.cache_dir()}")
 
 
 def test_selftest_runs_every_check_kernel():
