@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -6,6 +7,48 @@ import mps_ext.sim
 from mps_ext.testing import mps_usable
 
 KERNELS = Path(__file__).parent / "kernels"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "fallback(reason): the test expects calls to be left to torch, each for a "
+                                       "reason matching this regular expression (and at least one to be)")
+
+
+@pytest.fixture(autouse=True)
+def no_silent_fallback(request, monkeypatch):
+    """Every call that mps_ext (an override or one of its own ops) leaves to torch instead of running a kernel
+    fails the test, unless the test is marked ``@pytest.mark.fallback(reason)`` and the reason matches: a parity
+    test whose call fell back would compare torch with torch. Autograd's own products ("<op> (backward)") are
+    torch's derivative formulas, not parity calls, and are not checked."""
+    import mps_ext
+
+    counted: dict[tuple[str, str], int] = {}
+
+    def collect():
+        for op, s in mps_ext.overrides.stats().items():
+            if not op.endswith("(backward)"):
+                for reason, n in s["reasons"].items():
+                    counted[op, reason] = counted.get((op, reason), 0) + n
+
+    reset = mps_ext.overrides.reset_stats
+
+    def reset_keeping_count():  # a test's own reset_stats() does not hide what came before it
+        collect()
+        reset()
+
+    reset()
+    monkeypatch.setattr(mps_ext.overrides, "reset_stats", reset_keeping_count)
+    yield
+    collect()
+    fell_back = sorted(f"{op}: {reason} ({n}x)" for (op, reason), n in counted.items())
+    marker = request.node.get_closest_marker("fallback")
+    if marker is None:
+        assert not fell_back, ("calls were left to torch (mark the test @pytest.mark.fallback(reason) if it "
+                               f"expects that): {fell_back}")
+    else:
+        assert fell_back, f"marked fallback({marker.args[0]!r}), but every call ran a kernel"
+        unexpected = sorted(f"{op}: {reason}" for op, reason in counted if not re.search(marker.args[0], reason))
+        assert not unexpected, f"calls were left to torch for reasons other than {marker.args[0]!r}: {unexpected}"
 
 
 @pytest.fixture(scope="session")

@@ -152,6 +152,7 @@ def test_nan_and_inf(device):
     assert torch.equal(got.isnan(), F.linear(x, w, b).isnan())
 
 
+@pytest.mark.fallback("mixed dtypes|shape mismatch|weight not 2-D")
 def test_errors_like_torch():
     x, w, b = data(2, 8), data(4, 8), data(4)
     cases = [
@@ -266,6 +267,7 @@ class TestOverrides:
         s = mps_ext.overrides.stats()
         assert s["aten::linear"] == {"hits": 8, "fallbacks": 0, "reasons": {}}
 
+    @pytest.mark.fallback("rows > 8")
     def test_nn_linear_gradients_unchanged(self):
         for shape, bias in (((3, 20), True), ((2, 1, 20), False), ((20,), True), ((12, 20), True)):
             lin = torch.nn.Linear(20, 9, bias=bias)
@@ -291,6 +293,7 @@ class TestOverrides:
         s = mps_ext.overrides.stats()
         assert s["aten::linear"]["hits"] == 1 and s["aten::mm"]["hits"] == 1 and s["aten::addmm"]["hits"] == 2
 
+    @pytest.mark.fallback("beta or alpha != 1|rows > 8|dtype Double|mat2 not a transposed")
     def test_fallbacks_are_counted(self):
         x, w, b = data(9, 64), data(20, 64, seed=1), data(20, seed=2)
         mps_ext.overrides.reset_stats()

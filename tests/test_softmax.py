@@ -184,6 +184,7 @@ class TestOverrides:
         assert "log_softmax_finalize_float_float" in t.names
         assert_close(x.grad, want, scale=reduction_scale(torch.float32, 6000, signed_terms=False))
 
+    @pytest.mark.fallback("dtype Double")
     def test_fallbacks_are_counted(self):
         mps_ext.overrides.reset_stats()
         with mps_ext.overrides.enabled("cpu"):
