@@ -46,10 +46,20 @@ def triangle(batch, n, dtype, upper, unit, seed=0):
     return A
 
 
-def ran(t, *names):
-    """The kernels ran on the simulator (no fallback to torch), these ones in this order."""
+def ran(t, device, *names):
+    """The kernels ran on ``device``'s backend (no fallback to torch), these ones in this order."""
     assert t.names == list(names), t.names
-    assert all(k.backend == "simulator" for k in t.kernels)
+    assert all(k.backend == ("simulator" if device == "cpu" else "metal") for k in t.kernels)
+
+
+def on(device, fn, *args, **kwargs):
+    """``fn`` with its tensor arguments moved to ``device`` and its results back on the CPU, for comparing
+    with torch's CPU results."""
+    def move(x, to):
+        return x.to(to) if isinstance(x, torch.Tensor) else x
+
+    out = fn(*(move(a, device) for a in args), **{k: move(v, device) for k, v in kwargs.items()})
+    return tuple(move(o, "cpu") for o in out) if isinstance(out, tuple) else move(out, "cpu")
 
 
 def tiny(n):
@@ -61,11 +71,11 @@ def tiny(n):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", ORDERS)
-def test_lu_factor_matches_torch(n, dtype):
+def test_lu_factor_matches_torch(n, dtype, device):
     A = randn(batch_for(n), n, n, dtype=dtype, seed=n)
     with mps_ext.trace() as t:
-        LU, pivots, info = mps_ext.lu_factor_ex(A)
-    ran(t, f"lu_factor_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
+        LU, pivots, info = on(device, mps_ext.lu_factor_ex, A)
+    ran(t, device, f"lu_factor_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
     want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
     assert pivots.dtype == torch.int32 and info.dtype == torch.int32
     assert torch.equal(pivots, want_pivots)
@@ -79,15 +89,15 @@ def test_lu_factor_matches_torch(n, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [3, 17])
-def test_lu_factor_singular(n, dtype):
+def test_lu_factor_singular(n, dtype, device):
     A = randn(5, n, n, dtype=dtype, seed=1)
     A[0] = 0  # info 1
     A[1, :, 1] = 0  # a zero column: info 2
     A[2, :, n - 1] = A[2, :, 0]  # equal columns: U[n-1, n-1] exactly zero in exact arithmetic
     A[3, 1] = 2 * A[3, 0]  # dependent rows
     with mps_ext.trace() as t:
-        LU, pivots, info = mps_ext.lu_factor_ex(A)
-    ran(t, f"lu_factor_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
+        LU, pivots, info = on(device, mps_ext.lu_factor_ex, A)
+    ran(t, device, f"lu_factor_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
     want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
     assert info[0] == 1 and info[1] == 2 and info[4] == 0
     assert torch.equal(info[:2], want_info[:2]) and torch.equal(pivots[:2], want_pivots[:2])
@@ -98,34 +108,34 @@ def test_lu_factor_singular(n, dtype):
     # lu_factor raises like torch.
     for x in (A[1], A[:2]):
         with pytest.raises(RuntimeError) as ours:
-            mps_ext.lu_factor(x)
+            on(device, mps_ext.lu_factor, x)
         with pytest.raises(RuntimeError) as theirs:
             torch.linalg.lu_factor(x)
         assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
     with pytest.raises(RuntimeError, match="lu_factor_ex"):
-        mps_ext.lu_factor_ex(A, check_errors=True)
+        on(device, mps_ext.lu_factor_ex, A, check_errors=True)
 
 
 @pytest.mark.parametrize("n", [4, 8, 33])
-def test_pivot_ties_go_to_the_first_row(n):
+def test_pivot_ties_go_to_the_first_row(n, device):
     # Small integers: exact arithmetic, many candidates of equal magnitude.
     g = torch.Generator().manual_seed(n)
     A = (torch.randint(-2, 3, (64, n, n), generator=g) * torch.randint(1, 3, (64, 1, n), generator=g)).float()
     A[:, :, 0] = torch.tensor([1.0, -1.0] * n)[:n]  # |a| ties everywhere in column 0
-    LU, pivots, info = mps_ext.lu_factor_ex(A)
+    LU, pivots, info = on(device, mps_ext.lu_factor_ex, A)
     want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
     assert torch.equal(pivots, want_pivots) and torch.equal(info, want_info)
     assert (pivots[:, 0] == 1).all()
 
 
 @pytest.mark.parametrize("n", [3, 9])
-def test_complex_pivots_compare_abs_re_plus_abs_im(n):
+def test_complex_pivots_compare_abs_re_plus_abs_im(n, device):
     # |1+1j| < |2| but |re|+|im| ties (2 = 2): LAPACK's icamax keeps the first.
     A = randn(4, n, n, dtype=torch.complex64, seed=3) * 0.1
     A[:, 0, 0] = 1 + 1j
     A[:, 1, 0] = 2
     A[1, 0, 0], A[1, 1, 0], A[1, 2, 0] = 0.5 + 0.5j, 0.1, -1.5 + 0.25j  # |re|+|im|: 1, 0.1, 1.75
-    LU, pivots, _ = mps_ext.lu_factor_ex(A)
+    LU, pivots, _ = on(device, mps_ext.lu_factor_ex, A)
     want_LU, want_pivots, _ = torch.linalg.lu_factor_ex(A)
     assert torch.equal(pivots, want_pivots)
     assert pivots[0, 0] == 1 and pivots[1, 0] == 3
@@ -133,17 +143,17 @@ def test_complex_pivots_compare_abs_re_plus_abs_im(n):
 
 
 @pytest.mark.parametrize("n", [3, 9])
-def test_nan_and_inf(n):
+def test_nan_and_inf(n, device):
     A = randn(4, n, n, seed=n)
     A[0, 1, 1] = float("nan")  # reaches later pivot columns through the updates
     A[1, 0, 0] = float("inf")
     A[2, :, 0] = float("nan")
     B = randn(4, n, 2, seed=1)
-    LU, pivots, info = mps_ext.lu_factor_ex(A)
+    LU, pivots, info = on(device, mps_ext.lu_factor_ex, A)
     want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
     assert torch.equal(pivots, want_pivots) and torch.equal(info, want_info)
     assert torch.equal(LU.isnan(), want_LU.isnan())
-    X, info = mps_ext.solve_ex(A, B)
+    X, info = on(device, mps_ext.solve_ex, A, B)
     want_X, _ = torch.linalg.solve_ex(A, B)
     assert torch.equal(X.isnan(), want_X.isnan()) and X[[0, 2]].isnan().all()
     assert_close(X[3], want_X[3], scale=linalg_scale(n) * 100)  # a Gaussian matrix: no condition bound
@@ -155,17 +165,17 @@ def test_nan_and_inf(n):
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", ORDERS)
-def test_solve_matches_torch(n, dtype, left):
+def test_solve_matches_torch(n, dtype, left, device):
     batch = batch_for(n) // (4 if n > 4 else 1)
     A = well_conditioned(batch, n, dtype, seed=n)
     B = randn(batch, *((n, 3) if left else (3, n)), dtype=dtype, seed=n + 1)
     with mps_ext.trace() as t:
-        X, LU, pivots, info = torch.ops.mps_ext.solve_ex(A, B, left=left)
+        X, LU, pivots, info = on(device, torch.ops.mps_ext.solve_ex, A, B, left=left)
     kind = MTYPE[dtype]
     if tiny(n):
-        ran(t, f"lu_solve_fused_thread_{kind}")  # one dispatch factors and solves
+        ran(t, device, f"lu_solve_fused_thread_{kind}")  # one dispatch factors and solves
     else:
-        ran(t, f"lu_factor_simd_{kind}", f"lu_solve_simd_{kind}")
+        ran(t, device, f"lu_factor_simd_{kind}", f"lu_solve_simd_{kind}")
     want_X, want_LU, want_pivots, want_info = torch.ops.aten._linalg_solve_ex(A, B, left=left)
     assert torch.equal(pivots, want_pivots) and torch.equal(info, want_info)
     assert_close(LU, want_LU, scale=linalg_scale(n))
@@ -173,39 +183,39 @@ def test_solve_matches_torch(n, dtype, left):
     assert_close(X, want_X, scale=linalg_scale(n))
     residual = A @ X - B if left else X @ A - B
     assert residual.abs().max() < 1e-4 * n * max(1.0, float(X.abs().max()))
-    assert_close(mps_ext.solve(A, B, left=left), want_X, scale=linalg_scale(n))
+    assert_close(on(device, mps_ext.solve, A, B, left=left), want_X, scale=linalg_scale(n))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_solve_vectors_and_broadcasting(dtype):
+def test_solve_vectors_and_broadcasting(dtype, device):
     A = well_conditioned(3, 5, dtype).unsqueeze(1)
     for B in (randn(5, dtype=dtype), randn(3, 1, 5, dtype=dtype), randn(4, 5, 2, dtype=dtype),
               randn(2, 3, 4, 5, 1, dtype=dtype)):
         with mps_ext.trace() as t:
-            got = mps_ext.solve(A, B)
+            got = on(device, mps_ext.solve, A, B)
         assert t.names[-1] == f"lu_solve_simd_{MTYPE[dtype]}"
         assert_close(got, torch.linalg.solve(A, B), scale=linalg_scale(5))
     A = well_conditioned(2, 3, dtype)
-    got = mps_ext.solve(A, randn(2, 3, dtype=dtype))  # a batch of vectors
+    got = on(device, mps_ext.solve, A, randn(2, 3, dtype=dtype))  # a batch of vectors
     assert_close(got, torch.linalg.solve(A, randn(2, 3, dtype=dtype)))
     # A's batch broadcast over B's: the tiny factor and solve kernels run apart.
     with mps_ext.trace() as t:
-        got = mps_ext.solve(A[0], randn(6, 3, 2, dtype=dtype))
-    ran(t, f"lu_factor_thread_{MTYPE[dtype]}", f"lu_solve_thread_{MTYPE[dtype]}")
+        got = on(device, mps_ext.solve, A[0], randn(6, 3, 2, dtype=dtype))
+    ran(t, device, f"lu_factor_thread_{MTYPE[dtype]}", f"lu_solve_thread_{MTYPE[dtype]}")
     assert_close(got, torch.linalg.solve(A[0], randn(6, 3, 2, dtype=dtype)))
 
 
 @pytest.mark.parametrize("n", [3, 17])
-def test_solve_singular_and_near_singular(n):
+def test_solve_singular_and_near_singular(n, device):
     A = randn(4, n, n, seed=5)
     A[1, :, 2] = 0
     B = randn(4, n, 2, seed=6)
-    X, info = mps_ext.solve_ex(A, B)
+    X, info = on(device, mps_ext.solve_ex, A, B)
     want_X, want_info = torch.linalg.solve_ex(A, B)
     assert torch.equal(info, want_info) and info[1] == 3
     assert_close(X[[0, 2, 3]], want_X[[0, 2, 3]], scale=linalg_scale(n))
     with pytest.raises(torch.linalg.LinAlgError) as ours:
-        mps_ext.solve(A, B)
+        on(device, mps_ext.solve, A, B)
     with pytest.raises(torch.linalg.LinAlgError) as theirs:
         torch.linalg.solve(A, B)
     assert str(ours.value) == str(theirs.value)
@@ -213,12 +223,12 @@ def test_solve_singular_and_near_singular(n):
     A = randn(n, n, seed=7)
     A[:, -1] = A[:, 0] + 1e-4 * randn(n, seed=8)
     B = randn(n, 1, seed=9)
-    X, info = mps_ext.solve_ex(A, B)
+    X, info = on(device, mps_ext.solve_ex, A, B)
     assert info == 0
     assert ((A.double() @ X.double() - B).abs().max() / X.abs().max()) < 1e-4
     # Subnormal pivots are divided by, not multiplied with their (infinite) reciprocal.
     A = torch.eye(n) * 1e-39
-    X, info = mps_ext.solve_ex(A, torch.full((n, 1), 1e-39))
+    X, info = on(device, mps_ext.solve_ex, A, torch.full((n, 1), 1e-39))
     assert info == 0 and torch.allclose(X, torch.ones(n, 1), rtol=1e-3)
 
 
@@ -229,13 +239,13 @@ def test_solve_singular_and_near_singular(n):
 @pytest.mark.parametrize("left", [True, False])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 40])
-def test_lu_solve_variants(n, dtype, left, adjoint):
+def test_lu_solve_variants(n, dtype, left, adjoint, device):
     A = well_conditioned(6, n, dtype, seed=n)
     LU, pivots = torch.linalg.lu_factor(A)  # torch's factors: only the solve is compared
     B = randn(6, *((n, 4) if left else (4, n)), dtype=dtype, seed=2)
     with mps_ext.trace() as t:
-        X = mps_ext.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
-    ran(t, f"lu_solve_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
+        X = on(device, mps_ext.lu_solve, LU, pivots, B, left=left, adjoint=adjoint)
+    ran(t, device, f"lu_solve_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
     want = torch.linalg.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
     assert X.shape == want.shape and X.stride() == want.stride()
     assert_close(X, want, scale=linalg_scale(n))
@@ -244,11 +254,11 @@ def test_lu_solve_variants(n, dtype, left, adjoint):
     assert residual.abs().max() < 1e-4 * n * max(1.0, float(X.abs().max()))
 
 
-def test_lu_solve_complex_residual_and_broadcasting():
+def test_lu_solve_complex_residual_and_broadcasting(device):
     A = well_conditioned(2, 12, torch.complex64, seed=4).unsqueeze(1)
     B = randn(3, 12, 5, dtype=torch.complex64, seed=5)
-    LU, pivots = mps_ext.lu_factor(A)
-    X = mps_ext.lu_solve(LU, pivots, B)
+    LU, pivots = on(device, mps_ext.lu_factor, A)
+    X = on(device, mps_ext.lu_solve, LU, pivots, B)
     assert X.shape == (2, 3, 12, 5)
     assert (A @ X - B).abs().max() < 1e-5
     assert_close(X, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B), scale=linalg_scale(12))
@@ -262,66 +272,66 @@ def test_lu_solve_complex_residual_and_broadcasting():
 @pytest.mark.parametrize("upper", [False, True])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("n,k", [(1, 1), (3, 2), (5, 9), (16, 8), (17, 8), (32, 3), (32, 12), (64, 64)])
-def test_solve_triangular_matches_torch(n, k, dtype, upper, left, unit):
+def test_solve_triangular_matches_torch(n, k, dtype, upper, left, unit, device):
     A = triangle((3,), n, dtype, upper, unit, seed=n)
     B = randn(3, *((n, k) if left else (k, n)), dtype=dtype, seed=k)
     with mps_ext.trace() as t:
-        X = mps_ext.solve_triangular(A, B, upper=upper, left=left, unitriangular=unit)
+        X = on(device, mps_ext.solve_triangular, A, B, upper=upper, left=left, unitriangular=unit)
     inverse = dtype == torch.float32 and n in (16, 32, 64) and k >= 8
-    ran(t, "trsm_inverse_float" if inverse else f"trsm_simd_{MTYPE[dtype]}")
+    ran(t, device, "trsm_inverse_float" if inverse else f"trsm_simd_{MTYPE[dtype]}")
     want = torch.linalg.solve_triangular(A, B, upper=upper, left=left, unitriangular=unit)
     assert X.shape == want.shape and not X.isnan().any()
     assert_close(X, want, scale=linalg_scale(n))
 
 
-def test_gated_deltanet_shape():
+def test_gated_deltanet_shape(device):
     # Chunked Gated DeltaNet: (I + strictly lower) X = B per head and chunk, 64 x 64, 64 right-hand sides.
     A = torch.tril(randn(2, 4, 64, 64, seed=11) * 0.05, -1) + torch.eye(64)
     B = randn(2, 4, 64, 64, seed=12)
     with mps_ext.trace() as t:
-        X = mps_ext.solve_triangular(A, B, upper=False, unitriangular=True)
-    ran(t, "trsm_inverse_float")
+        X = on(device, mps_ext.solve_triangular, A, B, upper=False, unitriangular=True)
+    ran(t, device, "trsm_inverse_float")
     assert t.kernels[0].grid == (8, 1, 1) and t.kernels[0].threadgroup == (64, 1, 1)
     assert_close(X, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), scale=linalg_scale(64))
 
 
-def test_solve_triangular_broadcasting_and_strides():
+def test_solve_triangular_broadcasting_and_strides(device):
     A = triangle((1,), 20, torch.float32, True, False).expand(4, 20, 20)  # one triangle, stride 0
     B = randn(4, 15, 50)[:, :, 3:43:2].transpose(-2, -1)  # non-contiguous (20 x 15)
     with mps_ext.trace() as t:
-        X = mps_ext.solve_triangular(A, B, upper=True)
-    ran(t, "trsm_simd_float")
+        X = on(device, mps_ext.solve_triangular, A, B, upper=True)
+    ran(t, device, "trsm_simd_float")
     assert_close(X, torch.linalg.solve_triangular(A, B, upper=True), scale=linalg_scale(20))
 
 
 # --- shared semantics -------------------------------------------------------------
 
 
-def test_non_contiguous_and_conjugated_inputs():
+def test_non_contiguous_and_conjugated_inputs(device):
     A = well_conditioned(4, 9, torch.complex64, seed=2)
     B = randn(4, 9, 3, dtype=torch.complex64, seed=3)
     for a in (A.mT, A.conj(), A[:, ::1, :].transpose(1, 2).conj()):
-        assert_close(mps_ext.solve(a, B), torch.linalg.solve(a.resolve_conj(), B), scale=linalg_scale(9))
-        assert torch.equal(mps_ext.lu_factor(a)[1], torch.linalg.lu_factor(a.resolve_conj())[1])
+        assert_close(on(device, mps_ext.solve, a, B), torch.linalg.solve(a.resolve_conj(), B), scale=linalg_scale(9))
+        assert torch.equal(on(device, mps_ext.lu_factor, a)[1], torch.linalg.lu_factor(a.resolve_conj())[1])
     x = randn(3, 10, 20)[:, :, ::2]
-    assert_close(mps_ext.lu_factor(x)[0], torch.linalg.lu_factor(x)[0], scale=linalg_scale(10))
+    assert_close(on(device, mps_ext.lu_factor, x)[0], torch.linalg.lu_factor(x)[0], scale=linalg_scale(10))
 
 
-def test_empty_inputs():
+def test_empty_inputs(device):
     for shape in ((0, 3, 3), (2, 0, 0)):
         A = torch.zeros(shape)
         with mps_ext.trace() as t:
-            LU, pivots, info = mps_ext.lu_factor_ex(A)
-            X = mps_ext.solve_triangular(A, torch.zeros(*shape[:2], 2), upper=True)
-            Y = mps_ext.lu_solve(LU, pivots, torch.zeros(*shape[:2], 2))
+            LU, pivots, info = on(device, mps_ext.lu_factor_ex, A)
+            X = on(device, mps_ext.solve_triangular, A, torch.zeros(*shape[:2], 2), upper=True)
+            Y = on(device, mps_ext.lu_solve, LU, pivots, torch.zeros(*shape[:2], 2))
         want = torch.linalg.lu_factor_ex(A)
         assert t.kernels == [] and LU.shape == want[0].shape and pivots.shape == want[1].shape
         assert torch.equal(info, want[2]) and X.shape == Y.shape == (*shape[:2], 2)
     # No right-hand sides: torch still factors A, and so do the kernels.
     A = randn(2, 3, 3)
     with mps_ext.trace() as t:
-        X, LU, pivots, info = torch.ops.mps_ext.solve_ex(A, torch.zeros(2, 3, 0))
-    ran(t, "lu_factor_thread_float")
+        X, LU, pivots, info = on(device, torch.ops.mps_ext.solve_ex, A, torch.zeros(2, 3, 0))
+    ran(t, device, "lu_factor_thread_float")
     want = torch.ops.aten._linalg_solve_ex(A, torch.zeros(2, 3, 0))
     assert X.shape == want[0].shape and torch.equal(pivots, want[2])
     assert_close(LU, want[1])
@@ -380,7 +390,7 @@ class TestOverrides:
             LU, pivots = torch.linalg.lu_factor(A)
             Y = torch.linalg.lu_solve(LU, pivots, B, adjoint=True)
             Z = torch.linalg.solve_triangular(T, randn(8, 16, 8), upper=False)
-        ran(t, "lu_solve_fused_thread_float", "lu_factor_thread_float", "lu_solve_thread_float", "trsm_inverse_float")
+        ran(t, "cpu", "lu_solve_fused_thread_float", "lu_factor_thread_float", "lu_solve_thread_float", "trsm_inverse_float")
         assert_close(X, torch.linalg.solve(A, B))
         assert_close(Y, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B, adjoint=True))
         assert_close(Z, torch.linalg.solve_triangular(T, randn(8, 16, 8), upper=False), scale=linalg_scale(16))
