@@ -4,6 +4,9 @@ for it, and on macOS with an MPS-enabled torch the Metal backend.
 Install with torch already present and without build isolation, so the build
 uses that torch instead of downloading another:
     pip install --no-build-isolation .
+(With build isolation, tools/build_backend.py asks for the same torch version.)
+The torch built against is recorded in mps_ext/_build.py, which `import mps_ext`
+compares with the torch installed.
 """
 
 import importlib.util
@@ -87,14 +90,25 @@ def generated_sources() -> tuple[list[str], str]:
     return sources + [str(GENERATED / "builtin_modules.cpp")], str(GENERATED / "metal_sources.cpp")
 
 
+# The test kernels benchmarks/bench_simulator.py runs.
+BENCH_KERNELS = ("softmax.metal", "gemv.metal", "lu.metal")
+
+
 class build_py_with_headers(build_py):
-    """Ships the simulator's headers inside the package, for compile_shader at run time."""
+    """Ships the simulator's headers inside the package, for compile_shader at
+    run time, and the benchmarks (with the test kernels the simulator's
+    benchmark runs), for ``python -m mps_ext bench`` from any install."""
 
     def run(self):
         super().run()
-        target = Path(self.build_lib) / "mps_ext" / "sim" / "include"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.copytree(ROOT / "csrc" / "sim" / "include", target)
+        package = Path(self.build_lib) / "mps_ext"
+        shutil.rmtree(package / "sim" / "include", ignore_errors=True)
+        shutil.copytree(ROOT / "csrc" / "sim" / "include", package / "sim" / "include")
+        shutil.rmtree(package / "benchmarks", ignore_errors=True)
+        shutil.copytree(ROOT / "benchmarks", package / "benchmarks", ignore=shutil.ignore_patterns("__pycache__"))
+        (package / "benchmarks" / "kernels").mkdir()
+        for name in BENCH_KERNELS:
+            shutil.copy(ROOT / "tests" / "kernels" / name, package / "benchmarks" / "kernels" / name)
 
 
 def with_metal() -> bool:
@@ -102,6 +116,14 @@ def with_metal() -> bool:
     import torch
 
     return sys.platform == "darwin" and torch.backends.mps.is_built()
+
+
+def record_torch() -> None:
+    """mps_ext/_build.py: the torch the extension is compiled against."""
+    import torch
+
+    text = f'"""Written by setup.py."""\n\n# The torch mps_ext._C was compiled against.\nTORCH = "{torch.__version__}"\n'
+    write_if_changed(ROOT / "mps_ext" / "_build.py", text)
 
 
 def extension():
@@ -126,6 +148,7 @@ def extension():
     )
 
 
+record_torch()
 setup(
     packages=find_packages(include=["mps_ext", "mps_ext.*"]),
     package_data={"mps_ext.sim": ["*.metal"]},

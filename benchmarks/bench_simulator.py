@@ -15,7 +15,9 @@ import torch
 import mps_ext.sim
 from _common import Column, print_table
 
-KERNELS = Path(__file__).resolve().parent.parent / "tests" / "kernels"
+HERE = Path(__file__).resolve().parent
+# Installed, setup.py puts the test kernels next to this script; in a checkout they are the tests'.
+KERNELS = HERE / "kernels" if (HERE / "kernels").is_dir() else HERE.parent / "tests" / "kernels"
 
 
 def best_ms(fn, repeat: int) -> float:

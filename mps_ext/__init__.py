@@ -7,9 +7,11 @@ functions (``mps_ext.softmax``...) run the kernels on ``mps`` tensors on the GPU
 and on CPU tensors in the simulator.
 """
 
-import torch  # loads libtorch, which _C links against
+from ._load import load_extension
 
-from . import _C, fp8, nn, overrides, sim
+_C = load_extension()
+
+from . import fp8, nn, overrides, sim  # noqa: E402 (they need _C)
 from ._ops import grouped_mm, linear, log_softmax, softmax
 from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace

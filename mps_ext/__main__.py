@@ -12,6 +12,7 @@ import torch
 def info() -> int:
     """Versions, backends, the Metal device (or why there is none) and the overrides."""
     from . import _C, __version__, overrides
+    from ._load import BUILT_WITH
     from .sim import compiler
     from .testing import mps_usable
 
@@ -19,7 +20,7 @@ def info() -> int:
     tc = compiler.toolchain()
     rows = [
         ("mps_ext", __version__),
-        ("torch", torch.__version__),
+        ("torch", f"{torch.__version__} (mps_ext built against {BUILT_WITH})"),
         ("python", platform.python_version()),
         ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
         ("backends", "simulator" + (", metal" if _C._has_metal() else " (metal: not built on this platform)")),

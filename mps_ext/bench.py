@@ -67,12 +67,10 @@ def print_table(rows, columns: list[Column], out=print) -> list[dict]:
 
 
 def benchmarks_dir() -> Path:
-    """The checkout's ``benchmarks/`` (next to the package, or under the current directory)."""
-    for d in (Path(__file__).resolve().parent.parent / "benchmarks", Path.cwd() / "benchmarks"):
-        if (d / "_common.py").is_file():
-            return d
-    raise SystemExit("The benchmark scripts are part of the source tree (benchmarks/), not of the installed "
-                     "package: run this from a checkout of mps_ext.")
+    """The benchmark scripts: ``mps_ext/benchmarks`` of an installed package (setup.py copies them there),
+    else the checkout's ``benchmarks/`` (an editable install)."""
+    here = Path(__file__).resolve().parent
+    return next(d for d in (here / "benchmarks", here.parent / "benchmarks") if (d / "_common.py").is_file())
 
 
 def load(script: str):

@@ -357,8 +357,6 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
         if s["hits"] or s["fallbacks"]:
             reasons = ", ".join(f"{why} ({n})" for why, n in sorted(s["reasons"].items()))
             out(f"  {op:<22} {s['hits']:>15} {s['fallbacks']:>7}  {reasons}".rstrip())
-    if r.backend == "simulator" and r.routing.get("aten::mm", {}).get("fallbacks"):
-        out("  (on cpu, a linear left to torch reaches aten::mm through torch's decomposition: counted there too)")
     if r.fp8:
         out("  FP8Linear layers call mps_ext.fp8_linear itself (no override needed): its kernels are listed below")
     out("  (ops without an mps_ext kernel, e.g. attention, norms, activations, run torch's own)")

@@ -72,7 +72,11 @@ def enabled(device: str = "mps"):
 
 
 def stats() -> dict[str, dict]:
-    """Per aten op: ``{"hits": n, "fallbacks": m, "reasons": {reason: count}}`` since import or ``reset_stats()``."""
+    """Per aten op: ``{"hits": n, "fallbacks": m, "reasons": {reason: count}}`` since import or ``reset_stats()``.
+
+    One count per call: what torch's own kernel calls when an override leaves a call to it (a linear's
+    mm) is not counted again. Calls that autograd's backward makes are counted under ``"<op> (backward)"``.
+    """
     return _C._override_stats()
 
 

@@ -308,6 +308,18 @@ class TestOverrides:
         assert s["aten::mm"]["reasons"]["mat2 not a transposed row-major matrix"] == 1
         assert s["aten::addmm"]["reasons"]["beta or alpha != 1"] == 1
 
+    def test_one_count_per_call_and_backward_counted_as_such(self):
+        x, w, b = data(9, 64).requires_grad_(), data(20, 64, seed=1), data(20, seed=2)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"):
+            F.linear(x, w, b).sum().backward()
+            F.linear(x[:1].detach(), w)
+        s = mps_ext.overrides.stats()
+        # The 9-row linear's decomposition into addmm is part of that call.
+        assert s.keys() == {"aten::linear", "aten::mm (backward)"}
+        assert s["aten::linear"] == {"hits": 1, "fallbacks": 1, "reasons": {"rows > 8": 1}}
+        assert s["aten::mm (backward)"]["hits"] + s["aten::mm (backward)"]["fallbacks"] == 2
+
     def test_mps_override_runs_the_metal_kernels(self, device):
         if device != "mps":
             pytest.skip("needs a usable MPS device")

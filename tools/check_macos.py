@@ -45,7 +45,8 @@ is not caught.
 
 The wheels come from PyPI (sha256 checked). Kept of them are the headers and,
 for each of those dylibs, the sorted list of the symbols it exports, in
-$MPS_EXT_CACHE_DIR/macos-v2 (default ~/.cache/mps_ext). clang-19,
+$MPS_EXT_CACHE_DIR/macos-v2 (default ~/.cache/mps_ext), and so is what each
+compile found (results/: see ResultCache). clang-19,
 libc++-19-dev and llvm-19 (llvm-nm, llvm-cxxfilt) are installed with apt-get
 when missing.
 """
@@ -278,41 +279,108 @@ def unexported(undefined: set[str], ours: set[str], exports: set[str]) -> list[s
     return sorted(s for s in undefined if TORCH_SYMBOL.match(s) and s not in ours and s not in exports)
 
 
+def digest(path: Path, memo: dict) -> str:
+    """The sha256 of a file's content (memoised by path, size and modification time)."""
+    stat = path.stat()
+    key = (path, stat.st_size, stat.st_mtime_ns)
+    if key not in memo:
+        memo[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return memo[key]
+
+
+def dependencies(depfile: Path) -> list[Path]:
+    """The files a compile read, from the make rule clang writes with -MD."""
+    text = depfile.read_text().replace("\\\n", " ")
+    return [Path(p.replace("\\ ", " ")) for p in re.split(r"(?<!\\)\s+", text.split(":", 1)[1]) if p]
+
+
+class ResultCache:
+    """What a compile found (its output, the symbols of its object), kept by
+    content: an entry is used while the command and every file the compile
+    read (from clang's -MD) are unchanged, so a rerun without a change
+    compiles nothing."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.digests = directory, {}
+
+    def _entry(self, command: list[str]) -> Path:
+        return self.directory / (hashlib.sha256("\0".join(command).encode()).hexdigest() + ".json")
+
+    def get(self, command: list[str]):
+        try:
+            entry = json.loads(self._entry(command).read_text())
+            if all(digest(Path(p), self.digests) == d for p, d in entry["inputs"].items()):
+                return entry
+        except (OSError, ValueError, KeyError):
+            pass
+        return None
+
+    def put(self, command: list[str], inputs: list[Path], result: dict) -> None:
+        entry = {**result, "inputs": {str(p): digest(p, self.digests) for p in inputs}}
+        self.directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=self.directory, delete=False) as f:
+            json.dump(entry, f)
+        os.replace(f.name, self._entry(command))  # whole or not at all, even with concurrent runs
+
+
+def compile_job(source: Path, version: str, sdk: str, analyze: bool, cache: ResultCache) -> dict:
+    """One compile (or analysis): {"returncode", "output", "defined", "undefined", "inputs"}."""
+    with tempfile.TemporaryDirectory() as tmp:
+        obj, depfile = None if analyze else Path(tmp) / "out.o", Path(tmp) / "out.d"
+        command = compile_command(source, torch_cache(version) / "include", sdk, obj)
+        key = [*command[:-1], str(source)] if analyze else [a if a != str(obj) else "OBJECT" for a in command]
+        if (hit := cache.get(key)) is not None:
+            return hit
+        result = subprocess.run([*command, "-MD", "-MF", str(depfile)], capture_output=True, text=True)
+        defined, undefined = symbols(obj) if obj and not result.returncode else (set(), set())
+        out = {"returncode": result.returncode, "output": result.stdout + result.stderr,
+               "defined": sorted(defined), "undefined": sorted(undefined)}
+        inputs = dependencies(depfile) if depfile.exists() else []
+        if not result.returncode:  # a failure is shown again on the next run
+            cache.put(key, inputs, out)
+        return {**out, "inputs": {str(p): "" for p in inputs}}
+
+
 def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     """Every source with every torch version; Objective-C++ with every SDK
     (only it has SDK-dependent code), the rest with the newest; and
     Objective-C++ through the static analyzer once. A compile fails too when
     its object uses a torch symbol that neither our objects (of that torch
-    version) define nor torch's dylibs export."""
-    jobs = [(s, v, sdk, False) for v in versions for s in sources
-            for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
-    jobs += [(s, versions[-1], sdks[-1], True) for s in sources if s.suffix == ".mm"]
+    version) define nor torch's dylibs export.
 
-    with tempfile.TemporaryDirectory() as objects:
-        def run(numbered):
-            i, (source, version, sdk, analyze) = numbered
-            obj = None if analyze else Path(objects) / f"{i}.o"
-            result = subprocess.run(compile_command(source, torch_cache(version) / "include", sdk, obj),
-                                    capture_output=True, text=True)
-            return result, (symbols(obj) if obj and not result.returncode else (set(), set()))
+    The newest torch goes first: a source that read none of its headers
+    compiles alike with the others, and is not compiled again for them."""
+    newest, older = versions[-1], versions[:-1]
+    jobs = [(s, newest, sdk, False) for s in sources for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
+    jobs += [(s, newest, sdks[-1], True) for s in sources if s.suffix == ".mm"]
+    cache = ResultCache(cache_dir() / "results")
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        results = list(pool.map(lambda job: compile_job(*job, cache), jobs))
+        first = {(s, sdk): r for (s, _, sdk, analyze), r in zip(jobs, results) if not analyze}
+        again = [(s, v, sdk, False) for v in older for s, sdk in first]
 
-        with ThreadPoolExecutor(os.cpu_count()) as pool:
-            results = list(pool.map(run, enumerate(jobs)))
+        def run_again(job):
+            done = first[job[0], job[2]]
+            read_torch = any(Path(p).is_relative_to(torch_cache(newest)) for p in done["inputs"])
+            return done if not done["returncode"] and not read_torch else compile_job(*job, cache)
+
+        results += list(pool.map(run_again, again))
+        jobs += again
 
     ours = {v: set() for v in versions}  # our namespaces, and what of torch's headers is inline
-    for (_, version, _, _), (_, (defined, _)) in zip(jobs, results):
-        ours[version] |= defined
+    for (_, version, _, _), result in zip(jobs, results):
+        ours[version] |= set(result["defined"])
     exports = {v: torch_exports(v) for v in versions}
 
     failed = 0
-    for (source, version, sdk, analyze), (result, (_, undefined)) in zip(jobs, results):
+    for (source, version, sdk, analyze), result in zip(jobs, results):
         name = source.relative_to(ROOT) if source.is_relative_to(ROOT) else source
         where = f"{name} (torch {version}, macOS {sdk} SDK)"
-        if result.returncode:
+        if result["returncode"]:
             failed += 1
             what = "static analysis" if analyze else "compile"
-            print(f"FAILED {what} of {where}:\n{result.stdout}{result.stderr}", flush=True)
-        elif missing_symbols := unexported(undefined, ours[version], exports[version]):
+            print(f"FAILED {what} of {where}:\n{result['output']}", flush=True)
+        elif missing_symbols := unexported(set(result["undefined"]), ours[version], exports[version]):
             failed += 1
             listed = "".join(f"  {d}  [{s}]\n" for s, d in zip(missing_symbols, demangle(missing_symbols)))
             print(f"FAILED link of {where}: `import mps_ext` would fail on a Mac (\"symbol not found\"): "

@@ -34,7 +34,9 @@ at::Tensor original_linear(const at::Tensor& input, const at::Tensor& weight, co
 #if defined(MPS_EXT_METAL)
   if (input.device().is_mps()) return at::mps::linear(input, weight, bias);
 #endif
-  // Below autograd, the decomposition's mm/addmm run without recording.
+  // Below autograd, the decomposition's mm/addmm run without recording, and
+  // without being counted as calls of their own.
+  CallingTorch counted_as_linear;
   return at::compositeimplicitautograd::linear(input, weight, bias);
 }
 

@@ -1,6 +1,7 @@
 #include "overrides/overrides.h"
 
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/node.h>
 
 #include <memory>
 #include <mutex>
@@ -15,6 +16,14 @@ std::mutex mu;
 std::map<c10::DeviceType, std::unique_ptr<torch::Library>> libraries;
 std::map<std::string, OpStats> op_stats;
 const bool fork_safe = (mtlsim::fork_protect(mu, mtlsim::ForkRank::Overrides), true);
+thread_local int calling_torch = 0;
+
+// The counters of this call, or nullptr when an outer call counts it.
+OpStats* counters(const char* op) {
+  if (calling_torch) return nullptr;
+  // The autograd engine names the node it runs: a backward's mm is not the user's mm.
+  return &op_stats[torch::autograd::get_current_node() ? std::string(op) + " (backward)" : std::string(op)];
+}
 
 c10::DispatchKey key_for(c10::DeviceType device) {
   TORCH_CHECK_VALUE(device == c10::DeviceType::MPS || device == c10::DeviceType::CPU,
@@ -66,15 +75,19 @@ bool is_enabled(c10::DeviceType device) {
 
 void hit(const char* op) {
   std::lock_guard<std::mutex> lock(mu);
-  ++op_stats[op].hits;
+  if (OpStats* s = counters(op)) ++s->hits;
 }
 
 void fallback(const char* op, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu);
-  OpStats& s = op_stats[op];
-  ++s.fallbacks;
-  ++s.reasons[reason];
+  if (OpStats* s = counters(op)) {
+    ++s->fallbacks;
+    ++s->reasons[reason];
+  }
 }
+
+CallingTorch::CallingTorch() { ++calling_torch; }
+CallingTorch::~CallingTorch() { --calling_torch; }
 
 std::map<std::string, OpStats> stats() {
   std::lock_guard<std::mutex> lock(mu);

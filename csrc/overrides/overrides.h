@@ -17,8 +17,20 @@ void disable(c10::DeviceType device);
 bool is_enabled(c10::DeviceType device);
 
 // Called by every override: the kernels ran, or torch's kernel with why.
+// A call autograd's backward makes is counted as "<op> (backward)".
 void hit(const char* op);
 void fallback(const char* op, const std::string& reason);
+
+// Held while an override runs torch's own kernel: what that kernel reaches
+// through the dispatcher (a linear's decomposition into mm) belongs to the
+// call already counted, so it is not counted again.
+class CallingTorch {
+ public:
+  CallingTorch();
+  ~CallingTorch();
+  CallingTorch(const CallingTorch&) = delete;
+  CallingTorch& operator=(const CallingTorch&) = delete;
+};
 
 struct OpStats {
   int64_t hits = 0;

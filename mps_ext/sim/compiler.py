@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib.util
 import math
 import os
 import platform
@@ -28,8 +29,8 @@ from pathlib import Path
 
 from .translate import TranslateError, translate
 
-__all__ = ["CompileError", "Toolchain", "cache_dir", "compile_file", "compile_source", "shim_include_dir", "source_digest",
-           "toolchain"]
+__all__ = ["CompileError", "Toolchain", "cache_dir", "check_file", "compile_file", "compile_source", "shim_include_dir",
+           "source_digest", "toolchain"]
 
 def _cpu_flags() -> str:
     try:
@@ -114,7 +115,8 @@ class Toolchain:
 
 
 def _clang_candidates() -> list[str]:
-    """clang++ on PATH, then clang++-NN newest first; on macOS, Xcode's."""
+    """clang++ on PATH, then clang++-NN newest first; on macOS, Xcode's; last, the clang of the ``ziglang``
+    package (``pip install "mps_ext[strict]"``), for a user who cannot install a system clang."""
     found = ["clang++"] if shutil.which("clang++") else []
     versioned = set()
     for d in os.environ.get("PATH", "").split(os.pathsep):
@@ -127,6 +129,8 @@ def _clang_candidates() -> list[str]:
         xcrun = subprocess.run(["xcrun", "-f", "clang++"], capture_output=True, text=True)
         if xcrun.returncode == 0 and xcrun.stdout.strip():
             found.append(xcrun.stdout.strip())
+    if importlib.util.find_spec("ziglang") is not None:
+        found.append(shlex.join([sys.executable, "-m", "ziglang", "c++"]))
     return found
 
 
@@ -179,11 +183,14 @@ def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
 def _keeps_address_spaces(cxx: str) -> bool:
     """Whether ``cxx`` compiles the shim's address-space header in strict mode."""
     probe = '#include "mtlsim/address_space.h"\nvoid f(MTLSIM_DEVICE float* p) { mtlsim::as_generic(*p) = 0; }\n'
-    try:
-        proc = subprocess.run([*shlex.split(cxx), *ADDRESS_SPACE_FLAGS, "-fsyntax-only", "-x", "c++", "-I", str(shim_include_dir()), "-"],
-                              input=probe, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    # Compiled to an object, not -fsyntax-only, which zig's clang driver does not take.
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            proc = subprocess.run([*shlex.split(cxx), *ADDRESS_SPACE_FLAGS, "-c", "-x", "c++", "-I", str(shim_include_dir()),
+                                   "-", "-o", os.path.join(tmp, "probe.o")],
+                                  input=probe, capture_output=True, text=True, timeout=300)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
     return proc.returncode == 0
 
 
@@ -273,7 +280,37 @@ def compile_file(metal, include_dirs=(), constants=None) -> Path:
     ``constants`` ({name or index: value}) are the values of its function constants.
     """
     metal = Path(metal).resolve()
-    cache, tc = cache_dir(), toolchain()
+    tc = toolchain()
+    cpp, lib = _translated(metal, include_dirs, constants, tc)
+    if not _verified(lib):
+        _build(cpp, lib, metal, tc)
+    return lib
+
+
+def check_file(metal, include_dirs=(), constants=None) -> None:
+    """Translate one .metal file and compile it without optimizing, linking or keeping anything: the
+    errors :func:`compile_file` would raise, in about a third of its time, for code that is only
+    checked to compile (the upstream corpus)."""
+    metal = Path(metal).resolve()
+    tc = toolchain()
+    cpp_text, lib = _translated(metal, include_dirs, constants, tc)
+    checked = lib.with_name(lib.name + ".checked")
+    if _verified(lib) or checked.exists():
+        return
+    cpp = lib.with_suffix(".cpp")
+    _write_atomically(cpp, cpp_text)
+    with tempfile.TemporaryDirectory(dir=cpp.parent) as tmp:
+        # An object at -O0 rather than -fsyntax-only, which zig's clang driver does not take.
+        cmd = [*shlex.split(tc.cxx), *tc.flags, "-O0", "-g0", "-c", "-I", str(shim_include_dir()), str(cpp),
+               "-o", os.path.join(tmp, "check.o")]
+        proc = _run(cmd, f"compiling {metal} for the simulator")
+    if proc.returncode != 0:
+        raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+    _write_atomically(checked, "")
+
+
+def _translated(metal: Path, include_dirs, constants, tc: Toolchain) -> tuple[str, Path]:
+    """The C++ translation of ``metal``, and where its library is cached."""
     try:
         tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants)
     except TranslateError as e:
@@ -283,10 +320,7 @@ def compile_file(metal, include_dirs=(), constants=None) -> Path:
     if not tr.kernels:
         raise CompileError(f"{metal}: no kernel functions found")
     key = hashlib.sha256((tr.cpp + _toolchain_digest(tc)).encode()).hexdigest()[:20]
-    lib = cache / f"{metal.stem}-{key}{_LIBRARY_SUFFIX}"
-    if not _verified(lib):
-        _build(tr.cpp, lib, metal, tc)
-    return lib
+    return tr.cpp, cache_dir() / f"{metal.stem}-{key}{_LIBRARY_SUFFIX}"
 
 
 def _build(cpp_text: str, lib: Path, metal: Path, tc: Toolchain) -> None:
