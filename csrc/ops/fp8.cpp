@@ -115,9 +115,11 @@ at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale, int64_t 
   TORCH_CHECK_TYPE(float_type(scale.scalar_type()), op, ": scale must be a float tensor, got ", scale.scalar_type());
   const Fp8BlockParams p = block_params(q, block_rows, block_cols);
   const int64_t scale_rows = q.size(0) ? ceil_div(q.size(0), p.block_rows) : 0;
-  TORCH_CHECK_VALUE(scale.numel() == scale_rows * (q.size(1) ? p.scale_cols : 0), op, ": scale must have ",
-                    scale_rows, " x ", q.size(1) ? p.scale_cols : 0, " elements for blocks of (", block_rows, ", ",
-                    block_cols, "), got shape ", scale.sizes());
+  // The exact grid: a transposed grid has the right count but scales the wrong blocks.
+  const int64_t scale_cols = q.size(1) ? p.scale_cols : 0;
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == scale_rows && scale.size(1) == scale_cols, op,
+                    ": scale must have shape (", scale_rows, ", ", scale_cols, ") for q of shape ", q.sizes(),
+                    " and blocks of (", block_rows, ", ", block_cols, "), got ", scale.sizes());
   TORCH_CHECK(scale.device() == q.device(), op, ": scale is on ", scale.device(), ", q on ", q.device());
   at::Tensor out = at::empty(q.sizes(), q.options().dtype(dtype));
   if (q.numel() == 0) return out;
