@@ -106,18 +106,22 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-              bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+              bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+              scale_result: torch.Tensor | None = None) -> torch.Tensor:
     """``(a * scale_a) @ (b * scale_b) + bias`` in ``out_dtype``, as ``torch._scaled_mm``.
 
-    ``a`` (M, K) and ``b`` (K, N) are e4m3fn (``b`` best column-major, i.e. ``w.t()``
-    of a row-major ``w``); scales are float32, either both one value
-    (tensor-wise) or ``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise);
-    ``out_dtype`` float32, float16 or bfloat16; ``bias`` (N,). Few rows (M <= 8)
-    run a GEMV kernel that reads each byte of ``b`` once, more rows a tiled
-    kernel. On CPU tensors, what the kernels do not cover goes to
-    ``torch._scaled_mm``; on mps it raises torch's error types.
+    ``a`` (M, K) and ``b`` (K, N) are e4m3fn or e5m2, in any mix (``b`` best
+    column-major, i.e. ``w.t()`` of a row-major ``w``); scales are float32,
+    either both one value (tensor-wise) or ``scale_a`` (M, 1) and ``scale_b``
+    (1, N) (row-wise); ``bias`` (N,); ``out_dtype`` float32, float16, bfloat16,
+    float8_e4m3fn or float8_e5m2. A float8 output is the float result times
+    ``1 / scale_result`` (one value; 1 if None) converted as torch converts it:
+    past the format's range e4m3fn gives NaN and e5m2 infinity. Few rows
+    (M <= 8) run a GEMV kernel that reads each byte of ``b`` once, more rows a
+    tiled kernel. On CPU tensors, what the kernels do not cover (the fnuz
+    formats) goes to ``torch._scaled_mm``; on mps it raises torch's error types.
     """
-    return torch.ops.mps_ext.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+    return torch.ops.mps_ext.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, scale_result)
 
 
 def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -360,7 +364,7 @@ def _(q, scale, block_rows, block_cols, dtype):
 
 
 @torch.library.register_fake("mps_ext::scaled_mm")
-def _(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+def _(a, b, scale_a, scale_b, bias=None, out_dtype=None, scale_result=None):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
 
 
