@@ -439,6 +439,10 @@ def test_checked_mode_on_every_kernel():
             a, b, sa, sb = fp8_operands(m, 72, 40, recipe, seed=m)
             assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb, out_dtype=torch.float32),
                              torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32), magnitude(a, b, sa, sb), 72)
+            e5m2 = a.float().to(torch.float8_e5m2)
+            torch.testing.assert_close(mps_ext.scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
+                                       torch_scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
+                                       rtol=2.0**-2, atol=0)  # one e5m2 unit: the sums' order differs
         for rows in (2, 35):
             xs = torch.randn(rows, 72, generator=gen(18))
             mps_ext.fp8_linear(xs, q, s, torch.randn(40), block_size=(16, 32))

@@ -219,8 +219,8 @@ std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::
   if (!float_type(out) && !fp8_type(out))
     return std::string("output dtype ") + c10::toString(out) +
            (fnuz_type(out) ? " (the fnuz formats are not implemented)" : "");
-  if (fp8_type(out) && fp8_storage_dtype(a.device()) != at::kFloat8_e4m3fn)
-    return "float8 outputs on this device (torch cannot hold them there)";
+  if (out == at::kFloat8_e5m2 && fp8_storage_dtype(a.device()) != at::kFloat8_e4m3fn)
+    return "float8_e5m2 outputs on this device (torch cannot hold float8 there)";
   if (fp8_type(out) && scale_result && (scale_result->numel() != 1 || scale_result->device() != a.device()))
     return "scale_result (one value on the operands' device)";
   for (const at::Tensor* t : {&a, &b, &scale_a, &scale_b})
@@ -234,9 +234,11 @@ std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::
 
 namespace {
 
-// torch._scaled_mm's float8 output of a float result x: x * (1 / scale_result), converted as torch converts.
+// torch._scaled_mm's float8 output of a float result x: x * (1 / scale_result), converted as torch converts
+// (e4m3fn in fp8_storage_dtype: uint8 bits where the device holds no float8).
 at::Tensor encode_fp8(const at::Tensor& x, at::ScalarType out, const std::optional<at::Tensor>& scale_result) {
-  at::Tensor result = at::empty(x.sizes(), x.options().dtype(out));
+  const at::ScalarType dtype = out == at::kFloat8_e4m3fn ? fp8_storage_dtype(x.device()) : out;
+  at::Tensor result = at::empty(x.sizes(), x.options().dtype(dtype));
   if (x.numel() == 0) return result;
   const std::string kernel = host_name("scaled_mm", "encode", {out});
   check_backend("scaled_mm", x.device(), kernel, 256);
