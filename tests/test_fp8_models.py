@@ -124,8 +124,9 @@ def test_convert_leaves_multihead_attention_working():
 
 # ------------------------------------------------------------ from_pretrained
 
-def write_fp8_checkpoint(model, path, not_converted):
-    """``model`` saved in Hugging Face's fine-grained FP8 format; returns its dequantized twin's state."""
+def write_fp8_checkpoint(model, path, not_converted, shards=1):
+    """``model`` saved in Hugging Face's fine-grained FP8 format (in ``shards`` files with an index when more
+    than one); returns the checkpoint's tensors and its dequantized twin's state."""
     tensors, dequantized = {}, {}
     for name, t in model.state_dict().items():
         module = name.rpartition(".")[0]
@@ -137,7 +138,14 @@ def write_fp8_checkpoint(model, path, not_converted):
             tensors[name] = dequantized[name] = t.contiguous()
     if model.config.tie_word_embeddings:
         del tensors["lm_head.weight"]
-    save_file(tensors, str(path / "model.safetensors"))
+    if shards == 1:
+        save_file(tensors, str(path / "model.safetensors"))
+    else:
+        names = sorted(tensors)
+        files = {n: f"model-{i % shards + 1:05d}-of-{shards:05d}.safetensors" for i, n in enumerate(names)}
+        for file in set(files.values()):
+            save_file({n: tensors[n] for n in names if files[n] == file}, str(path / file))
+        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": files}))
     model.config.save_pretrained(path)
     config = json.loads((path / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
@@ -146,12 +154,12 @@ def write_fp8_checkpoint(model, path, not_converted):
     return tensors, dequantized
 
 
-@pytest.mark.parametrize("arch, tie", [("llama", False), ("qwen3", True)])
-def test_from_pretrained_keeps_the_checkpoints_bytes_and_decodes_its_tokens(tmp_path, arch, tie):
+@pytest.mark.parametrize("arch, tie, shards", [("llama", False, 1), ("qwen3", True, 2)])
+def test_from_pretrained_keeps_the_checkpoints_bytes_and_decodes_its_tokens(tmp_path, arch, tie, shards):
     torch.manual_seed(6)
     model = transformers.AutoModelForCausalLM.from_config(tiny_config(arch, tie))
     not_converted = ["lm_head", "model.layers.1.mlp.down_proj"]
-    tensors, dequantized = write_fp8_checkpoint(model, tmp_path, not_converted)
+    tensors, dequantized = write_fp8_checkpoint(model, tmp_path, not_converted, shards)
 
     loaded = fp8.from_pretrained(tmp_path, dtype=torch.float32)
     fp8_layers = {n: m for n, m in loaded.named_modules() if isinstance(m, FP8Linear)}
