@@ -90,13 +90,19 @@ kernel void fp8_dequantize(device const fp8* q [[buffer(0)]], device const float
 // Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
 // loads when `vectorized` (the row is then 16-byte aligned). e4m3fn bytes
 // come out divided by 256; the result says whether a NaN code was among them.
-inline bool load16(device const fp8* row, uint k, uint end, bool vectorized, thread float4* out) {
+// e5m2 bytes (scaled_mm) come out divided by 256 too, their infinities and
+// NaN as they are.
+inline bool load16(device const fp8* row, uint k, uint end, bool vectorized, thread float4* out, bool e5m2 = false) {
   uint4 u = uint4(0);
   if (vectorized && k + 16 <= end) {
     u = *reinterpret_cast<device const uint4*>(row + k);
   } else {
     for (uint j = 0; j < 16; ++j)
       if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
+  }
+  if (e5m2) {
+    for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
+    return false;
   }
   for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::fp8x4_to_half4_div256(u[c]));
   return mps_ext::fp8x4_has_nan(u.x) || mps_ext::fp8x4_has_nan(u.y) || mps_ext::fp8x4_has_nan(u.z) ||
@@ -140,9 +146,10 @@ struct Fp8Weights {
   device const float* scales;
   uint block_n, block_k, scale_cols;
   bool per_chunk;
+  bool e5m2;
 
   void load(uint row, uint k, uint end, thread float4* out) const {
-    const bool nan = load16(w + row * row_stride, k, end, vectorized, out);
+    const bool nan = load16(w + row * row_stride, k, end, vectorized, out, e5m2);
     const float s = nan ? NAN : (per_chunk && k < end) ? scales[(row / block_n) * scale_cols + k / block_k] : 1.0f;
     for (uint c = 0; c < 4; ++c) out[c] *= s;
   }
@@ -156,10 +163,11 @@ struct Fp8XRows {
   ulong row_stride;
   uint m;
   bool vectorized;
+  bool e5m2;
 
   template <uint Count>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    if (load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out))
+    if (load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
       for (uint c = 0; c < 4; ++c) out[c] = float4(NAN);
   }
 };
@@ -167,10 +175,16 @@ struct Fp8XRows {
 template <typename T>
 struct RowsOf {
   typedef mps_ext::XRows<T> type;
+  static type make(device const T* a, constant Fp8MatmulParams& p) {
+    return type{a, p.a_stride, p.m, p.a_vectorized != 0};
+  }
 };
 template <>
 struct RowsOf<fp8> {
   typedef Fp8XRows type;
+  static type make(device const fp8* a, constant Fp8MatmulParams& p) {
+    return type{a, p.a_stride, p.m, p.a_vectorized != 0, p.a_e5m2 != 0};
+  }
 };
 
 // M: the rows of a the kernel is built for (1, 2, 4, 8); it serves any m <= M.
@@ -185,9 +199,9 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
   constexpr uint R = mps_ext::kRowsPerSimdGroup;
   const uint first = (group * simdgroups + sg) * R;
   if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
-  const Fp8Weights weights{w,       p.w_stride, p.w_vectorized != 0, w_scale, p.block_n, p.block_k, p.scale_cols,
-                           p.scale_in_epilogue == 0};
-  const typename RowsOf<In>::type rows{a, p.a_stride, p.m, p.a_vectorized != 0};
+  const Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
+                           p.block_k, p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
+  const typename RowsOf<In>::type rows = RowsOf<In>::make(a, p);
   const mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, 0, 1, lane);
   const float unfold = load16_factor(In());
   for (uint r = 0; r < R; ++r)
@@ -198,9 +212,11 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
     }
 }
 
-inline float element(device const fp8* p, ulong i) { return mps_ext::fp8_to_float(p[i]); }
+inline float element(device const fp8* p, ulong i, bool e5m2) {
+  return e5m2 ? mps_ext::e5m2_to_float(p[i]) : mps_ext::fp8_to_float(p[i]);
+}
 template <typename T>
-inline float element(device const T* p, ulong i) { return float(p[i]); }
+inline float element(device const T* p, ulong i, bool) { return float(p[i]); }
 
 // Rows [first, first + 32) of a row-major (rows x k) matrix into a tile:
 // [row][k] for a, transposed to [k][row] for w; w's block scales applied
@@ -213,6 +229,7 @@ struct RowTiles {
   device const float* scale;
   uint block_rows, block_k, scale_cols;
   bool scaled;
+  bool e5m2;
 
   void load(threadgroup float* tile, uint k0, uint tid) const {
     const uint r = tid / 4, c = (tid % 4) * 8;  // 32 rows x 4 chunks of 8: 128 threads
@@ -221,7 +238,7 @@ struct RowTiles {
       const uint kk = k0 + c + j;
       float v = 0.0f;
       if (row < rows && kk < k) {
-        v = element(base, ulong(row) * stride + kk);
+        v = element(base, ulong(row) * stride + kk, e5m2);
         if (scaled) v *= scale[(row / block_rows) * scale_cols + kk / block_k];
       }
       tile[transposed ? (c + j) * mps_ext::kTileN + r : r * mps_ext::kTileK + c + j] = v;
@@ -239,9 +256,9 @@ kernel void fp8_tiled(device const In* a [[buffer(0)]], device const fp8* w [[bu
   threadgroup float b_tile[mps_ext::kTileK * mps_ext::kTileN];
   threadgroup float c_tile[mps_ext::kTileM * mps_ext::kTileN];
   const uint m0 = group.y * mps_ext::kTileM, n0 = group.x * mps_ext::kTileN;
-  const RowTiles<In> la{a, p.m, p.k, p.a_stride, m0, false, w_scale, 1, 1, 1, false};
+  const RowTiles<In> la{a, p.m, p.k, p.a_stride, m0, false, w_scale, 1, 1, 1, false, p.a_e5m2 != 0};
   const RowTiles<fp8> lb{w,         p.n,       p.k,       p.w_stride, n0, true, w_scale, p.block_n, p.block_k,
-                         p.scale_cols, p.scale_in_epilogue == 0};
+                         p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
   mps_ext::mma_store(mps_ext::mma_tiles(la, lb, p.k, a_tile, b_tile, tid, sg), c_tile, sg);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   for (uint e = tid; e < mps_ext::kTileM * mps_ext::kTileN; e += mps_ext::kTileThreads) {
@@ -252,9 +269,27 @@ kernel void fp8_tiled(device const In* a [[buffer(0)]], device const fp8* w [[bu
   }
 }
 
+// ------------------------------------------------------------ FP8 outputs
+
+// torch._scaled_mm's float8 outputs: the float result times 1 / scale_result
+// (the reciprocal rounded first, as torch computes it), converted as torch's
+// tensor conversion does (e4m3fn saturates to +-448, e5m2 overflows to
+// infinity).
+inline uchar encode(float v, bool e5m2) { return e5m2 ? mps_ext::float_to_e5m2(v) : mps_ext::float_to_fp8(v); }
+
+template <bool E5m2>
+kernel void scaled_mm_encode(device const float* x [[buffer(0)]], device const float* scale_result [[buffer(1)]],
+                             device fp8* out [[buffer(2)]], constant Fp8BlockParams& p [[buffer(3)]],
+                             uint2 pos [[thread_position_in_grid]]) {
+  if (pos.x >= p.cols || pos.y >= p.rows) return;
+  const ulong i = ulong(pos.y) * p.cols + pos.x;
+  out[i] = encode(x[i] * precise::divide(1.0f, scale_result[0]), E5m2);
+}
+
 // Host names, built by the host from the same parts (csrc/ops/fp8.cpp):
 // fp8_<kernel>_<type>, scaled_mm_{gemv_m<M>,tiled}_fp8_<out type>,
-// fp8_linear_{gemv_m<M>,tiled}_<input type>.
+// fp8_linear_{gemv_m<M>,tiled}_<input type>, scaled_mm_encode_{fp8,e5m2}.
+// scaled_mm reads e4m3fn or e5m2 operands (a flag per operand in the params).
 #define MPS_EXT_FP8_CONVERT(T)                                                                                 \
   template [[host_name("fp8_amax_" #T)]] [[kernel]] decltype(fp8_amax<T>) fp8_amax<T>;                         \
   template [[host_name("fp8_quantize_" #T)]] [[kernel]] decltype(fp8_quantize<T>) fp8_quantize<T>;             \
@@ -278,3 +313,5 @@ kernel void fp8_tiled(device const In* a [[buffer(0)]], device const fp8* w [[bu
 MPS_EXT_FP8_TYPES(float)
 MPS_EXT_FP8_TYPES(half)
 MPS_EXT_FP8_TYPES(bfloat)
+template [[host_name("scaled_mm_encode_fp8")]] [[kernel]] decltype(scaled_mm_encode<false>) scaled_mm_encode<false>;
+template [[host_name("scaled_mm_encode_e5m2")]] [[kernel]] decltype(scaled_mm_encode<true>) scaled_mm_encode<true>;

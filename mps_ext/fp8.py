@@ -9,11 +9,17 @@ simulator.
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import os
+import warnings
+from collections.abc import Iterable
+
 import torch
 
 from . import _C  # noqa: F401  registers the mps_ext:: operators
 
-__all__ = ["convert", "dequantize", "fp8_linear", "quantize", "scaled_mm", "storage_dtype"]
+__all__ = ["convert", "dequantize", "fp8_linear", "from_pretrained", "quantize", "scaled_mm", "storage_dtype"]
 
 E4M3_MAX = 448.0
 
@@ -53,14 +59,19 @@ def quantize(x: torch.Tensor, dim: int | None = None, block: tuple[int, int] | N
         if x.dim() != 2 or len(block) != 2:
             raise ValueError(f"quantize: block=(rows, cols) needs a 2-D x, got x of shape {tuple(x.shape)}")
         return torch.ops.mps_ext.fp8_quantize(x, int(block[0]), int(block[1]))
+    if dim is not None:
+        ndim = max(x.dim(), 1)
+        if not -ndim <= dim < ndim:
+            raise IndexError(f"fp8.quantize: dim out of range (expected to be in range of [{-ndim}, {ndim - 1}], "
+                             f"but got {dim})")
+        dim %= ndim
     if x.numel() == 0:  # no amax: scale 1
-        shape = [] if dim is None else [1 if d == dim % max(x.dim(), 1) else n for d, n in enumerate(x.shape)]
+        shape = [] if dim is None else [1 if d == dim else n for d, n in enumerate(x.shape)]
         return torch.empty_like(x, dtype=storage_dtype(x.device)), torch.ones(shape, device=x.device)
     if dim is None:
         flat = _as_matrix(x)
         q, scale = torch.ops.mps_ext.fp8_quantize(flat, max(flat.shape[0], 1), max(flat.shape[1], 1))
         return q.view(x.shape), scale.reshape(())
-    dim = dim % max(x.dim(), 1)
     q, scale = torch.ops.mps_ext.fp8_quantize(_moved_last(x, dim), 1, max(x.shape[dim], 1))
     moved = list(x.movedim(dim, -1).shape)
     q = q.view(moved).movedim(-1, dim)
@@ -83,6 +94,8 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
                                                max(flat.shape[1], 1), dtype)
         return out.view(q.shape)
     dims = [d for d in range(q.dim()) if scale.dim() == q.dim() and scale.shape[d] == 1 and q.shape[d] != 1]
+    if not dims and scale.shape == q.shape:  # quantize(x, dim=d) of an x with x.shape[d] == 1
+        dims = [d for d in range(q.dim()) if q.shape[d] == 1][:1]
     if len(dims) != 1 or any(scale.shape[d] != q.shape[d] for d in range(q.dim()) if d != dims[0]):
         raise ValueError(f"dequantize: scale of shape {tuple(scale.shape)} is neither one value nor one per slice "
                          f"of q of shape {tuple(q.shape)}; pass block=(rows, cols) for block scales")
@@ -93,18 +106,22 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.
 
 
 def scaled_mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-              bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+              bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16,
+              scale_result: torch.Tensor | None = None) -> torch.Tensor:
     """``(a * scale_a) @ (b * scale_b) + bias`` in ``out_dtype``, as ``torch._scaled_mm``.
 
-    ``a`` (M, K) and ``b`` (K, N) are e4m3fn (``b`` best column-major, i.e. ``w.t()``
-    of a row-major ``w``); scales are float32, either both one value
-    (tensor-wise) or ``scale_a`` (M, 1) and ``scale_b`` (1, N) (row-wise);
-    ``out_dtype`` float32, float16 or bfloat16; ``bias`` (N,). Few rows (M <= 8)
-    run a GEMV kernel that reads each byte of ``b`` once, more rows a tiled
-    kernel. On CPU tensors, what the kernels do not cover goes to
-    ``torch._scaled_mm``; on mps it raises torch's error types.
+    ``a`` (M, K) and ``b`` (K, N) are e4m3fn or e5m2, in any mix (``b`` best
+    column-major, i.e. ``w.t()`` of a row-major ``w``); scales are float32,
+    either both one value (tensor-wise) or ``scale_a`` (M, 1) and ``scale_b``
+    (1, N) (row-wise); ``bias`` (N,); ``out_dtype`` float32, float16, bfloat16,
+    float8_e4m3fn or float8_e5m2. A float8 output is the float result times
+    ``1 / scale_result`` (one value; 1 if None) converted as torch converts it:
+    past the format's range e4m3fn gives NaN and e5m2 infinity. Few rows
+    (M <= 8) run a GEMV kernel that reads each byte of ``b`` once, more rows a
+    tiled kernel. On CPU tensors, what the kernels do not cover (the fnuz
+    formats) goes to ``torch._scaled_mm``; on mps it raises torch's error types.
     """
-    return torch.ops.mps_ext.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype)
+    return torch.ops.mps_ext.scaled_mm(a, b, scale_a, scale_b, bias, out_dtype, scale_result)
 
 
 def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
@@ -123,36 +140,183 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
                                         list(block_size) if block_size is not None else None)
 
 
-def convert(model: torch.nn.Module, granularity: str = "channel",
-            block_size: tuple[int, int] = (128, 128)) -> torch.nn.Module:
+# Hugging Face's FP8 recipes keep these in the model's dtype: the output projection (often tied to the
+# embeddings) is where FP8 rounding shows most in the tokens.
+DEFAULT_EXCLUDE = ("lm_head", "*embed*")
+
+
+def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tuple[int, int] = (128, 128),
+            exclude: Iterable[str] = DEFAULT_EXCLUDE) -> torch.nn.Module:
     """Make ``model`` run its linear layers in FP8, in place, and return it.
 
-    Every ``nn.Linear`` becomes an :class:`mps_ext.nn.FP8Linear` quantized with
-    ``granularity`` ("channel", "tensor" or "block" with ``block_size``).
-    Modules that already hold FP8 weights — a float8_e4m3fn (or uint8)
-    ``weight`` with ``weight_scale_inv`` and ``block_size`` attributes, the form
-    Hugging Face transformers' fine-grained FP8 layers load checkpoints into —
-    become FP8Linear layers sharing those tensors, without requantizing.
+    - Modules that already hold FP8 weights are adopted as they are, bytes and
+      scales shared, never requantized: Hugging Face transformers' ``FP8Linear``
+      and any module whose ``weight`` is float8_e4m3fn (or uint8) with a
+      ``weight_scale_inv`` and a ``block_size`` (None: one scale for the tensor).
+    - Every other ``nn.Linear`` becomes an :class:`mps_ext.nn.FP8Linear` quantized
+      with ``granularity`` ("channel", "tensor" or "block" with ``block_size``).
+    - ``exclude``: module names or ``fnmatch`` patterns, matched against the
+      full name (``model.layers.0.mlp``) and the last part (``lm_head``); an
+      excluded module and everything inside it stay as they are. By default
+      ``lm_head`` and the embeddings, as Hugging Face's FP8 recipes do.
+    - Linear layers whose weight another module shares (tied embeddings) and
+      the ones torch marks as read directly by their parent
+      (``nn.MultiheadAttention``'s ``out_proj``) stay as they are, with a warning.
+
+    Raises ``NotImplementedError`` naming any other module that holds float8
+    tensors (e5m2 weights, FP8 MoE experts, FP8 embeddings): they would be read
+    as floats. Exclude them to keep them as they are.
     """
     from .nn import FP8Linear
 
-    for name, child in list(model.named_children()):
-        if isinstance(child, FP8Linear):
-            continue
-        if isinstance(child, torch.nn.Linear):
-            setattr(model, name, FP8Linear.from_linear(child, granularity=granularity, block_size=block_size))
-        elif _holds_fp8_weights(child):
-            setattr(model, name, FP8Linear.from_fp8(child.weight, child.weight_scale_inv,
-                                                    getattr(child, "bias", None), child.block_size))
-        else:
-            convert(child, granularity, block_size)
+    patterns = [exclude] if isinstance(exclude, str) else list(exclude)
+    owners: dict[int, list[str]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for t in module.parameters(recurse=False):
+            owners.setdefault(id(t), []).append(name)
+
+    # Every layer is checked and built before any is replaced: an error leaves the model as it was.
+    plan = []
+
+    def visit(module: torch.nn.Module, prefix: str) -> None:
+        for child_name, child in module.named_children():
+            name = f"{prefix}{child_name}"
+            if isinstance(child, FP8Linear) or _excluded(name, patterns):
+                continue
+            if _holds_fp8_weights(child):
+                scale = _scale_of(name, child)
+                plan.append((module, child_name, lambda c=child, s=scale: FP8Linear.from_fp8(
+                    c.weight, s, getattr(c, "bias", None), c.block_size)))
+            elif _holds_fp8(child):
+                raise NotImplementedError(f"convert: {name} ({type(child).__name__}) holds float8 tensors that "
+                                          "mps_ext cannot adopt; pass exclude=[...] with its name to keep it as it is")
+            elif isinstance(child, torch.nn.Linear):
+                why = _kept_linear(child, [o for o in owners.get(id(child.weight), []) if o != name])
+                if why:
+                    warnings.warn(f"convert: {name} stays {child.weight.dtype}: {why}", stacklevel=2)
+                else:
+                    plan.append((module, child_name, lambda c=child: FP8Linear.from_linear(c, granularity, block_size)))
+            else:
+                visit(child, f"{name}.")
+
+    visit(model, "")
+    for parent, child_name, layer in [(parent, child_name, build()) for parent, child_name, build in plan]:
+        setattr(parent, child_name, layer)
     return model
+
+
+def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16, model_class=None) -> torch.nn.Module:
+    """Load a Hugging Face FP8 checkpoint with its FP8 layers kept in FP8, on the CPU, and return the model
+    (in eval mode; move it with ``.to("mps")``).
+
+    ``path``: a local directory in Hugging Face's fine-grained FP8 format (DeepSeek-V3, Qwen3-*-FP8):
+    ``config.json`` whose ``quantization_config`` has ``quant_method`` "fp8" and ``weight_block_size``
+    (``[128, 128]``, or null for one scale per tensor), and ``model.safetensors`` (or shards with their
+    ``model.safetensors.index.json``) holding float8_e4m3fn ``<layer>.weight`` tensors with float32
+    ``<layer>.weight_scale_inv`` scales. The model is built with transformers (``model_class``, default
+    ``AutoModelForCausalLM``) in ``dtype``; each linear layer with a ``weight_scale_inv`` becomes an
+    :class:`mps_ext.nn.FP8Linear` holding the checkpoint's bytes and scales unchanged (partial blocks
+    included); the rest (``modules_to_not_convert``, norms, embeddings) loads in ``dtype``. Static
+    activation scales are not used: activations stay in ``dtype``. A float8 tensor that is not such a
+    linear layer's weight raises ``NotImplementedError`` naming it. Nothing is downloaded: fetch a hub
+    checkpoint first (``huggingface-cli download <id> --local-dir <path>``).
+    """
+    import transformers
+    from .nn import FP8Linear
+
+    config = transformers.AutoConfig.from_pretrained(path)
+    quant = getattr(config, "quantization_config", None) or {}
+    quant = quant if isinstance(quant, dict) else quant.to_dict()
+    if quant.get("quant_method") != "fp8":
+        raise ValueError(f"from_pretrained: {path} is not a fine-grained FP8 checkpoint: its config.json has "
+                         f"quantization_config {quant or None}, expected quant_method 'fp8'")
+    config.quantization_config = None
+    block = quant.get("weight_block_size")
+    model = (model_class or transformers.AutoModelForCausalLM).from_config(config, dtype=dtype)
+    tensors = _read_safetensors(path)
+    converted = []
+    for name, module in list(model.named_modules()):
+        scale = tensors.pop(f"{name}.weight_scale_inv", None)
+        if scale is None:
+            continue
+        weight = tensors.pop(f"{name}.weight")
+        if not isinstance(module, torch.nn.Linear) or weight.dtype != torch.float8_e4m3fn:
+            raise NotImplementedError(f"from_pretrained: {name} ({type(module).__name__}) has a {weight.dtype} "
+                                      "weight with scales; only e4m3fn linear layers load in FP8")
+        model.set_submodule(name, FP8Linear.from_fp8(weight, scale, tensors.pop(f"{name}.bias", None), block))
+        converted.append(f"{name}.")
+    for key in [k for k in tensors if k.endswith(".activation_scale")]:
+        del tensors[key]
+    for key, t in tensors.items():
+        if t.dtype.itemsize == 1 and t.is_floating_point():
+            raise NotImplementedError(f"from_pretrained: {key} ({t.dtype}) is not the weight of one of the "
+                                      "model's linear layers with its weight_scale_inv; other FP8 tensors (MoE "
+                                      "experts) do not load in FP8")
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    state = model.state_dict(keep_vars=True)
+    loaded = {id(state[k]) for k in tensors if k in state}
+    missing = [k for k in missing if id(state[k]) not in loaded and not k.startswith(tuple(converted))]
+    if missing or unexpected:
+        raise ValueError(f"from_pretrained: the checkpoint at {path} does not fit {type(model).__name__}: "
+                         f"missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def _read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint at ``path``, by name (safetensors only: nothing is unpickled)."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    tensors = {}
+    for file in files:
+        tensors.update(load_file(os.path.join(path, file)))
+    return tensors
+
+
+def _excluded(name: str, patterns: list[str]) -> bool:
+    last = name.rpartition(".")[2]
+    return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(last, p) for p in patterns)
+
+
+def _kept_linear(linear: torch.nn.Linear, others: list[str]) -> str | None:
+    """Why converting ``linear`` would break the model (``others``: the other modules holding its weight)."""
+    if isinstance(linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
+        return "its parent reads its weight directly (torch's NonDynamicallyQuantizableLinear)"
+    if others:
+        return f"its weight is tied to {', '.join(o or 'the model' for o in others)}"
+    return None
+
+
+def _holds_fp8(module: torch.nn.Module) -> bool:
+    tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+    return any(t.dtype.itemsize == 1 and t.is_floating_point() for t in tensors)
 
 
 def _holds_fp8_weights(module: torch.nn.Module) -> bool:
     w = getattr(module, "weight", None)
     return (isinstance(w, torch.Tensor) and w.dtype in (torch.float8_e4m3fn, torch.uint8) and w.dim() == 2
             and isinstance(getattr(module, "weight_scale_inv", None), torch.Tensor) and hasattr(module, "block_size"))
+
+
+def _scale_of(name: str, module: torch.nn.Module) -> torch.Tensor:
+    """``module.weight_scale_inv``, checked against the shape its ``block_size`` implies."""
+    scale, block = module.weight_scale_inv, module.block_size
+    n, k = module.weight.shape
+    if block is None:
+        ok = scale.numel() in (1, n)
+        want = f"one value or {n}"
+    else:
+        want = (-(-n // block[0]), -(-k // block[1]))
+        ok = tuple(scale.shape) == want
+    if not ok:
+        raise ValueError(f"convert: {name}.weight_scale_inv has shape {tuple(scale.shape)}, expected {want} for "
+                         f"a weight of shape {(n, k)} and block_size {block}")
+    return scale
 
 
 def _dequantized_weight(weight, weight_scale, block_size, dtype):
@@ -200,7 +364,7 @@ def _(q, scale, block_rows, block_cols, dtype):
 
 
 @torch.library.register_fake("mps_ext::scaled_mm")
-def _(a, b, scale_a, scale_b, bias=None, out_dtype=None):
+def _(a, b, scale_a, scale_b, bias=None, out_dtype=None, scale_result=None):
     return a.new_empty((a.shape[0], b.shape[1]), dtype=out_dtype or torch.bfloat16)
 
 

@@ -23,9 +23,10 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.e
 
 # What each model's decode calls and which of our kernel families serve it (tests/../clients.md): the router
 # F.linear and the projections go to GEMV, the router's softmax to softmax, the experts' _grouped_mm to
-# grouped matmul. With --fp8 every nn.Linear runs the FP8 kernels; the MoE router is a bare weight (GEMV).
+# grouped matmul. With --fp8 every nn.Linear but lm_head (kept in the model's dtype, as Hugging Face's FP8
+# recipes keep it) runs the FP8 kernels; lm_head and the MoE router (a bare weight) run GEMV.
 FAMILIES = {("qwen3-moe", False): {"gemv", "grouped_mm", "softmax"}, ("llama", False): {"gemv"},
-            ("qwen3-moe", True): {"gemv", "grouped_mm", "softmax", "fp8"}, ("llama", True): {"fp8"}}
+            ("qwen3-moe", True): {"gemv", "grouped_mm", "softmax", "fp8"}, ("llama", True): {"gemv", "fp8"}}
 OPS = {"gemv": {"aten::linear"}, "grouped_mm": {"aten::_grouped_mm"}, "softmax": {"aten::_softmax"}, "fp8": set()}
 
 

@@ -29,6 +29,8 @@ uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
 
 bool float_type(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 bool fp8_bits(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte; }
+bool fp8_type(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
+bool fnuz_type(at::ScalarType t) { return t == at::kFloat8_e4m3fnuz || t == at::kFloat8_e5m2fnuz; }
 
 // The bytes of an e4m3fn (or uint8) tensor, as the kernels bind them.
 at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }
@@ -115,9 +117,11 @@ at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale, int64_t 
   TORCH_CHECK_TYPE(float_type(scale.scalar_type()), op, ": scale must be a float tensor, got ", scale.scalar_type());
   const Fp8BlockParams p = block_params(q, block_rows, block_cols);
   const int64_t scale_rows = q.size(0) ? ceil_div(q.size(0), p.block_rows) : 0;
-  TORCH_CHECK_VALUE(scale.numel() == scale_rows * (q.size(1) ? p.scale_cols : 0), op, ": scale must have ",
-                    scale_rows, " x ", q.size(1) ? p.scale_cols : 0, " elements for blocks of (", block_rows, ", ",
-                    block_cols, "), got shape ", scale.sizes());
+  // The exact grid: a transposed grid has the right count but scales the wrong blocks.
+  const int64_t scale_cols = q.size(1) ? p.scale_cols : 0;
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == scale_rows && scale.size(1) == scale_cols, op,
+                    ": scale must have shape (", scale_rows, ", ", scale_cols, ") for q of shape ", q.sizes(),
+                    " and blocks of (", block_rows, ", ", block_cols, "), got ", scale.sizes());
   TORCH_CHECK(scale.device() == q.device(), op, ": scale is on ", scale.device(), ", q on ", q.device());
   at::Tensor out = at::empty(q.sizes(), q.options().dtype(dtype));
   if (q.numel() == 0) return out;
@@ -161,11 +165,13 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   const int64_t a_size = a.element_size();
   p.a_vectorized = (a.stride(0) * a_size) % 16 == 0 && (a.storage_offset() * a_size) % 16 == 0;
   p.w_vectorized = w.stride(0) % 16 == 0 && w.storage_offset() % 16 == 0;
+  p.a_e5m2 = a.scalar_type() == at::kFloat8_e5m2;
+  p.w_e5m2 = w.scalar_type() == at::kFloat8_e5m2;
 
   const bool few_rows = m <= kGemvMaxRows && (p.scale_in_epilogue || p.block_k % 16 == 0);
   // The gemv kernels are built for 1, 2, 4 or 8 rows of a (mps_ext/gemv.h).
   const std::string variant = few_rows ? "gemv_m" + std::to_string(m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8) : "tiled";
-  const bool fp8_a = fp8_bits(a);
+  const bool fp8_a = fp8_bits(a) || a.scalar_type() == at::kFloat8_e5m2;
   const std::string kernel = fp8_a ? host_name("scaled_mm", variant.c_str(), {at::kFloat8_e4m3fn, out.scalar_type()})
                                    : host_name("fp8_linear", variant.c_str(), {a.scalar_type()});
   const uint32_t threads = few_rows ? 32 * kGemvSimdGroups : kTileThreads;
@@ -191,14 +197,18 @@ at::Tensor rows_contiguous(const at::Tensor& t) {
 
 std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                                                  const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
-                                                 at::ScalarType out, bool bits_ok) {
+                                                 at::ScalarType out, bool bits_ok,
+                                                 const std::optional<at::Tensor>& scale_result) {
   if (a.dim() != 2 || b.dim() != 2) return "a and b must be matrices";
   if (a.size(1) != b.size(0)) return "a and b shapes cannot be multiplied";
-  const auto e4m3 = [&](const at::Tensor& t) {
-    return t.scalar_type() == at::kFloat8_e4m3fn || (bits_ok && t.scalar_type() == at::kByte);
+  const auto fp8 = [&](const at::Tensor& t) {
+    return fp8_type(t.scalar_type()) || (bits_ok && t.scalar_type() == at::kByte);
   };
-  if (!e4m3(a) || !e4m3(b))
-    return std::string("dtypes ") + c10::toString(a.scalar_type()) + " x " + c10::toString(b.scalar_type());
+  if (!fp8(a) || !fp8(b)) {
+    const bool fnuz = fnuz_type(a.scalar_type()) || fnuz_type(b.scalar_type());
+    return std::string("dtypes ") + c10::toString(a.scalar_type()) + " x " + c10::toString(b.scalar_type()) +
+           (fnuz ? " (the fnuz formats are not implemented)" : "");
+  }
   if (scale_a.scalar_type() != at::kFloat || scale_b.scalar_type() != at::kFloat) return "scales must be float32";
   const bool tensorwise = scale_a.numel() == 1 && scale_b.numel() == 1;
   const bool rowwise = scale_a.dim() == 2 && scale_a.size(0) == a.size(0) && scale_a.size(1) == 1 &&
@@ -206,7 +216,13 @@ std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::
                        scale_b.size(1) == b.size(1) && scale_b.is_contiguous();
   if (!tensorwise && !rowwise) return "scaling recipe (only tensor-wise or row-wise for both)";
   if (bias && bias->numel() != b.size(1)) return "bias size";
-  if (!float_type(out)) return std::string("output dtype ") + c10::toString(out);
+  if (!float_type(out) && !fp8_type(out))
+    return std::string("output dtype ") + c10::toString(out) +
+           (fnuz_type(out) ? " (the fnuz formats are not implemented)" : "");
+  if (out == at::kFloat8_e5m2 && fp8_storage_dtype(a.device()) != at::kFloat8_e4m3fn)
+    return "float8_e5m2 outputs on this device (torch cannot hold float8 there)";
+  if (fp8_type(out) && scale_result && (scale_result->numel() != 1 || scale_result->device() != a.device()))
+    return "scale_result (one value on the operands' device)";
   for (const at::Tensor* t : {&a, &b, &scale_a, &scale_b})
     if (t->device() != a.device()) return "tensors on different devices";
   if (bias && bias->device() != a.device()) return "tensors on different devices";
@@ -216,8 +232,36 @@ std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::
   return std::nullopt;
 }
 
+namespace {
+
+// torch._scaled_mm's float8 output of a float result x: x * (1 / scale_result), converted as torch converts
+// (e4m3fn in fp8_storage_dtype: uint8 bits where the device holds no float8).
+at::Tensor encode_fp8(const at::Tensor& x, at::ScalarType out, const std::optional<at::Tensor>& scale_result) {
+  const at::ScalarType dtype = out == at::kFloat8_e4m3fn ? fp8_storage_dtype(x.device()) : out;
+  at::Tensor result = at::empty(x.sizes(), x.options().dtype(dtype));
+  if (x.numel() == 0) return result;
+  const std::string kernel = host_name("scaled_mm", "encode", {out});
+  check_backend("scaled_mm", x.device(), kernel, 256);
+  Fp8BlockParams p{};
+  p.rows = uint32_t(x.size(0));
+  p.cols = uint32_t(x.size(1));
+  const at::Tensor scale = scale_result ? scale_result->to(at::kFloat).reshape({1}).contiguous()
+                                        : at::ones({1}, x.options().dtype(at::kFloat));
+  dispatch(Launch{kernel, {}, {ceil_div(p.cols, 64), ceil_div(p.rows, 4)}, {64, 4}}
+               .tensor(x)
+               .tensor(scale)
+               .tensor(bytes_of(result))
+               .bytes(p));
+  return result;
+}
+
+}  // namespace
+
 at::Tensor scaled_mm_kernels(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                             const at::Tensor& scale_b, const std::optional<at::Tensor>& bias, at::ScalarType out) {
+                             const at::Tensor& scale_b, const std::optional<at::Tensor>& bias, at::ScalarType out,
+                             const std::optional<at::Tensor>& scale_result) {
+  // A float8 output is the float32 result, then converted as torch converts it.
+  if (fp8_type(out)) return encode_fp8(scaled_mm_kernels(a, b, scale_a, scale_b, bias, at::kFloat), out, scale_result);
   at::Tensor result = at::empty({a.size(0), b.size(1)}, a.options().dtype(out));
   if (result.numel() == 0) return result;
   if (a.size(1) == 0) {  // no products: bias or zeros
@@ -235,12 +279,14 @@ at::Tensor scaled_mm_kernels(const at::Tensor& a, const at::Tensor& b, const at:
 }
 
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype) {
+                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                     const std::optional<at::Tensor>& scale_result) {
   const at::ScalarType out = out_dtype.value_or(at::kBFloat16);
-  const auto why = scaled_mm_unsupported(a, b, scale_a, scale_b, bias, out, true);
-  if (!why) return scaled_mm_kernels(a, b, scale_a, scale_b, bias, out);
+  const auto why = scaled_mm_unsupported(a, b, scale_a, scale_b, bias, out, true, scale_result);
+  if (!why) return scaled_mm_kernels(a, b, scale_a, scale_b, bias, out, scale_result);
   const auto as_fp8 = [](const at::Tensor& t) { return t.scalar_type() == at::kByte ? t.view(at::kFloat8_e4m3fn) : t; };
-  if (a.device().is_cpu()) return at::cpu::_scaled_mm(as_fp8(a), as_fp8(b), scale_a, scale_b, bias, {}, out);
+  if (a.device().is_cpu())
+    return at::cpu::_scaled_mm(as_fp8(a), as_fp8(b), scale_a, scale_b, bias, scale_result, out);
   // No torch kernel to hand this to: torch's error types (shapes, recipes) or not implemented.
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "scaled_mm: a and b must be matrices that can "
               "be multiplied, got ", a.sizes(), " and ", b.sizes());
@@ -313,7 +359,7 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("fp8_quantize(Tensor x, int block_rows, int block_cols) -> (Tensor, Tensor)");
   m.def("fp8_dequantize(Tensor q, Tensor scale, int block_rows, int block_cols, ScalarType dtype) -> Tensor");
   m.def("scaled_mm(Tensor a, Tensor b, Tensor scale_a, Tensor scale_b, Tensor? bias=None, "
-        "ScalarType? out_dtype=None) -> Tensor");
+        "ScalarType? out_dtype=None, Tensor? scale_result=None) -> Tensor");
   m.def("fp8_linear(Tensor input, Tensor weight, Tensor weight_scale, Tensor? bias=None, "
         "int[]? block_size=None) -> Tensor");
 }

@@ -23,21 +23,26 @@ at::Tensor fp8_dequantize(const at::Tensor& q, const at::Tensor& scale, int64_t 
                           at::ScalarType dtype);
 
 // Why the kernels cannot compute torch._scaled_mm(a, b, scale_a, scale_b,
-// bias, out_dtype=out) (a recipe, dtype or shape they do not cover, or one
-// torch rejects), or nullopt. `bits_ok`: uint8 a/b count as e4m3fn.
+// bias, scale_result, out_dtype=out) (a recipe, dtype or shape they do not
+// cover, or one torch rejects), or nullopt. `bits_ok`: uint8 a/b count as
+// e4m3fn. Operands e4m3fn or e5m2; outputs float32, float16, bfloat16,
+// e4m3fn or e5m2 (scale_result divides float8 outputs).
 std::optional<std::string> scaled_mm_unsupported(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
                                                  const at::Tensor& scale_b, const std::optional<at::Tensor>& bias,
-                                                 at::ScalarType out, bool bits_ok);
+                                                 at::ScalarType out, bool bits_ok,
+                                                 const std::optional<at::Tensor>& scale_result = std::nullopt);
 
 // Runs the kernels (requires !scaled_mm_unsupported).
 at::Tensor scaled_mm_kernels(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a,
-                             const at::Tensor& scale_b, const std::optional<at::Tensor>& bias, at::ScalarType out);
+                             const at::Tensor& scale_b, const std::optional<at::Tensor>& bias, at::ScalarType out,
+                             const std::optional<at::Tensor>& scale_result = std::nullopt);
 
 // mps_ext::scaled_mm: torch._scaled_mm semantics, out_dtype bfloat16 by
 // default; uint8 a/b hold e4m3fn bits. What the kernels do not cover goes to
 // torch on the CPU and raises torch's error type on mps.
 at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
-                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype);
+                     const std::optional<at::Tensor>& bias, std::optional<at::ScalarType> out_dtype,
+                     const std::optional<at::Tensor>& scale_result);
 
 // mps_ext::fp8_linear: F.linear(input, weight * weight_scale, bias) for an
 // e4m3fn weight (n x k) with one scale, one per row, or one per block_size

@@ -17,6 +17,7 @@ inline const char* metal_type(at::ScalarType t) {
     case at::kBFloat16: return "bfloat";
     case at::kComplexFloat: return "float2";  // (re, im): MSL has no complex type
     case at::kFloat8_e4m3fn: return "fp8";  // bytes: metal/fp8.metal
+    case at::kFloat8_e5m2: return "e5m2";   // bytes
     default: TORCH_CHECK(false, "mps_ext: no Metal type for ", t);
   }
 }

@@ -2,8 +2,8 @@
 // kernels for both (overridden only to test the routing); on mps, float8
 // tensors exist from torch 2.15 on, which has a native _scaled_mm_v2 and no
 // _scaled_mm, so the mps overrides are registered there only. What the
-// kernels do not cover (e5m2, a float8 output, block-wise recipes, invalid
-// calls) goes to torch: its kernel for the device, or for _scaled_mm on mps
+// kernels do not cover (the fnuz formats, block-wise recipes, invalid calls)
+// goes to torch: its kernel for the device, or for _scaled_mm on mps
 // (torch has none) its CPU kernel on copies.
 #include <ATen/ATen.h>
 #include <ATen/ops/_scaled_mm_cpu_dispatch.h>
@@ -30,11 +30,12 @@ at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::T
                      const std::optional<at::Tensor>& scale_result, std::optional<at::ScalarType> out_dtype,
                      bool use_fast_accum) {
   const char* op = "aten::_scaled_mm";
-  // torch's default output dtype is the input's (float8): not one the kernels write.
+  // torch's default output dtype is the input's (float8); it applies scale_result only to an output dtype given.
   const at::ScalarType out = out_dtype.value_or(self.scalar_type());
-  const auto why = ops::scaled_mm_unsupported(self, mat2, scale_a, scale_b, bias, out, false);
+  const std::optional<at::Tensor> result_scale = out_dtype ? scale_result : std::nullopt;
+  const auto why = ops::scaled_mm_unsupported(self, mat2, scale_a, scale_b, bias, out, false, result_scale);
   if (!why) {
-    at::Tensor result = ops::scaled_mm_kernels(self, mat2, scale_a, scale_b, bias, out);
+    at::Tensor result = ops::scaled_mm_kernels(self, mat2, scale_a, scale_b, bias, out, result_scale);
     hit(op);
     return result;
   }
@@ -71,6 +72,10 @@ std::optional<std::string> v2_unsupported(const at::Tensor& self, const at::Tens
       if (z != kNoSwizzle) return "swizzled scales";
   if (!contraction_dim.empty()) return "contraction_dim";
   if (!out_dtype) return "no output dtype";
+  // Checked against torch's CPU kernel for _scaled_mm only.
+  if (self.scalar_type() != at::kFloat8_e4m3fn || mat2.scalar_type() != at::kFloat8_e4m3fn ||
+      at::isFloat8Type(*out_dtype))
+    return "float8 formats other than e4m3fn operands with a float output";
   if (bias && bias->scalar_type() != *out_dtype) return "bias dtype differs from the output's";
   return ops::scaled_mm_unsupported(self, mat2, *scale_a.begin(), *scale_b.begin(), bias, *out_dtype, false);
 }

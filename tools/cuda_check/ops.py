@@ -154,7 +154,7 @@ def _fp8_matmul(a, w, a_scale, w_scale, block_n, block_k, bias, out, fp8_a):
     w_vec = w.stride(0) % 16 == 0 and w.data_ptr() % 16 == 0
     p = u32s(m, n, k, a.stride(0), w.stride(0), out.stride(0), a_scale is not None,
              1 if a_scale is not None and a_scale.numel() > 1 else 0, bn, bk, scale_cols, epilogue,
-             bias is not None, a_vec, w_vec)
+             bias is not None, a_vec, w_vec, 0, 0)  # a_e5m2, w_e5m2: e4m3fn operands only here
     few_rows = m <= 8 and (epilogue or bk % 16 == 0)
     variant = f"gemv_m{rows_bucket(m)}" if few_rows else "tiled"
     kernel = (host_name("scaled_mm", variant, torch.uint8, out.dtype) if fp8_a

@@ -62,4 +62,35 @@ inline half4 fp8x4_to_half4_div256(uint w) {
 // Whether any of the four bytes is a NaN code (a magnitude of 0x7F carries into bit 7).
 inline bool fp8x4_has_nan(uint w) { return (((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0; }
 
+// float8 e5m2 (1 sign, 5 exponent bits with bias 15, 2 mantissa bits, infinities and NaN as in IEEE) is the
+// top byte of a half: decoding is a shift, exact for every code.
+inline float e5m2_to_float(uchar b) { return float(metal::as_type<half>(ushort(ushort(b) << 8))); }
+
+// Four e5m2 bytes (little-endian in w) as half values.
+inline half4 e5m2x4_to_half4(uint w) {
+  return metal::as_type<half4>(uint2(((w & 0xFFu) << 8) | ((w & 0xFF00u) << 16),
+                                     ((w >> 8) & 0xFF00u) | ((w >> 24) << 24)));
+}
+
+// Bit-exact with torch's CPU conversion: round to nearest even, past 57344 to infinity (e5m2 does not
+// saturate in torch), NaN to 0x7F with its sign. Integer arithmetic only, as float_to_fp8.
+inline uchar float_to_e5m2(float f) {
+  const uint bits = metal::as_type<uint>(f);
+  const uchar sign = uchar((bits >> 24) & 0x80);
+  const uint a = bits & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return sign | 0x7F;  // NaN
+  if (a >= 0x47800000u) return sign | 0x7C;  // >= 65536: infinity
+  if (a >= 0x38800000u)                      // >= 2^-14: a normal e5m2 value (rounding may reach infinity)
+    return sign | uchar((a + 0xFFFFFu + ((a >> 21) & 1u) - (112u << 23)) >> 21);
+  // A subnormal: the value in units of 2^-16 (0..4; 4 is the smallest normal).
+  const uint exponent = a >> 23;
+  const uint shift = 134 - exponent;  // >= 22 here
+  if (exponent == 0 || shift > 24) return sign;
+  const uint mantissa = (a & 0x7FFFFFu) | 0x800000u;
+  uint units = mantissa >> shift;
+  const uint rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
+  units += (rest > half_unit || (rest == half_unit && (units & 1))) ? 1 : 0;
+  return sign | uchar(units);
+}
+
 }  // namespace mps_ext
