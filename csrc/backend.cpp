@@ -35,9 +35,15 @@ void dispatch(const Launch& launch) {
   std::string why;
   Backend* backend = backend_for(device, &why);
   TORCH_CHECK(backend, "mps_ext: ", why);
-  for (const Arg& a : launch.args)
-    TORCH_CHECK(!a.is_tensor() || a.tensor.device() == device, "kernel '", launch.kernel,
-                "': all tensors must be on ", device, ", got one on ", a.tensor.device());
+  for (const Arg& a : launch.args) {
+    if (!a.is_tensor()) continue;
+    TORCH_CHECK(a.tensor.device() == device, "kernel '", launch.kernel, "': all tensors must be on ", device,
+                ", got one on ", a.tensor.device());
+    // Kernels read memory as stored: the dispatcher resolves these bits before any op runs
+    // (overrides/overrides.h); one reaching here would be a silently wrong result.
+    TORCH_INTERNAL_ASSERT(!a.tensor.is_conj() && !a.tensor.is_neg(), "kernel '", launch.kernel,
+                          "': a tensor with a lazy conjugate or negative bit");
+  }
   backend->dispatch(launch);
   trace::record({launch.kernel, launch.threadgroups, launch.threads_per_threadgroup, backend->name()});
 }

@@ -7,6 +7,7 @@ import operator
 import torch
 
 from . import _C  # noqa: F401  registers the mps_ext:: operators
+from . import _autograd
 
 # Python types torch accepts where it wants a dtype.
 _PYTHON_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
@@ -47,7 +48,7 @@ def log_softmax(input: torch.Tensor, dim: int, dtype: torch.dtype | None = None)
     return torch.ops.mps_ext.log_softmax(input, dim, dtype)
 
 
-def _setup(ctx, inputs, output):
+def _setup(ctx, inputs, kwargs, output):
     input, dim, _ = inputs
     ctx.dim, ctx.input_dtype = dim, input.dtype
     ctx.save_for_backward(output)
@@ -63,8 +64,18 @@ def _log_softmax_backward(ctx, grad):
     return torch._log_softmax_backward_data(grad, out, ctx.dim, out.dtype).to(ctx.input_dtype), None, None
 
 
-torch.library.register_autograd("mps_ext::softmax", _softmax_backward, setup_context=_setup)
-torch.library.register_autograd("mps_ext::log_softmax", _log_softmax_backward, setup_context=_setup)
+def _softmax_jvp(inputs, kwargs, out, tangents):
+    t = tangents[0].to(out.dtype)
+    return out * (t - (out * t).sum(inputs[1], keepdim=True))
+
+
+def _log_softmax_jvp(inputs, kwargs, out, tangents):
+    t = tangents[0].to(out.dtype)
+    return t - (out.exp() * t).sum(inputs[1], keepdim=True)
+
+
+_autograd.register("softmax", _setup, _softmax_backward, _softmax_jvp)
+_autograd.register("log_softmax", _setup, _log_softmax_backward, _log_softmax_jvp)
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -87,7 +98,7 @@ def _linear_fake(input, weight, bias=None):
     return torch.nn.functional.linear(input, weight, bias)
 
 
-def _linear_setup(ctx, inputs, output):
+def _linear_setup(ctx, inputs, kwargs, output):
     input, weight, bias = inputs
     ctx.bias_shape = None if bias is None else bias.shape
     ctx.save_for_backward(input, weight)
@@ -108,7 +119,13 @@ def _linear_backward(ctx, grad):
     return grad_input, grad_weight, grad_bias
 
 
-torch.library.register_autograd("mps_ext::linear", _linear_backward, setup_context=_linear_setup)
+def _linear_jvp(inputs, kwargs, out, tangents):
+    (input, weight, _), (t_input, t_weight, t_bias) = inputs, tangents
+    return _autograd.tangent_sum([None if t_input is None else linear(t_input, weight),
+                        None if t_weight is None else linear(input, t_weight), t_bias], out)
+
+
+_autograd.register("linear", _linear_setup, _linear_backward, _linear_jvp)
 # Small-matrix linear algebra (torch.linalg semantics). Backward recomputes the
 # forward with torch's differentiable op and differentiates through torch's
 # formulas (with the overrides enabled, that recomputation runs the kernels too).
@@ -187,9 +204,9 @@ def _differentiable(inputs, grads, torch_op):
     return tuple(next(it) if d.requires_grad else None for d in detached)
 
 
-def _save_inputs(ctx, inputs, keyword_only_inputs, output):
+def _save_inputs(ctx, inputs, kwargs, output):
     ctx.save_for_backward(*inputs)
-    ctx.flags = keyword_only_inputs
+    ctx.flags = kwargs
 
 
 def _lu_factor_ex_backward(ctx, grad_LU, grad_pivots, grad_info):
@@ -215,11 +232,66 @@ def _solve_triangular_backward(ctx, grad):
     return _differentiable([A, B], [grad], lambda a, b: torch.linalg.solve_triangular(a, b, **ctx.flags))
 
 
-torch.library.register_autograd("mps_ext::lu_factor_ex", _lu_factor_ex_backward, setup_context=_save_inputs)
-torch.library.register_autograd("mps_ext::lu_solve", _lu_solve_backward, setup_context=_save_inputs)
-torch.library.register_autograd("mps_ext::solve_ex", _solve_ex_backward, setup_context=_save_inputs)
-torch.library.register_autograd("mps_ext::solve_triangular", _solve_triangular_backward,
-                                setup_context=_save_inputs)
+# Forward derivatives (torch's formulas), computed with the ops themselves.
+
+
+def _lu_tangent(LU, pivots, t_A):
+    """The tangent of the packed LU factors of a square A = P L U: with
+    M = L^-1 P^T dA U^-1, dL = L tril(M, -1) and dU = triu(M) U."""
+    if t_A is None:
+        return torch.zeros_like(LU)
+    P, L, U = torch.lu_unpack(LU, pivots)
+    M = solve_triangular(L, P.mT @ t_A, upper=False, unitriangular=True)
+    M = solve_triangular(U, M, upper=True, left=False)
+    return L @ M.tril(-1) + M.triu() @ U
+
+
+def _lu_factor_ex_jvp(inputs, kwargs, outputs, tangents):
+    (A,), (LU, pivots, _) = inputs, outputs
+    if A.shape[-1] != A.shape[-2]:
+        raise NotImplementedError("mps_ext.lu_factor_ex: forward-mode derivative for square matrices only")
+    return _lu_tangent(LU, pivots, tangents[0]), None, None
+
+
+def _residual(t_rhs, t_A, X, left):
+    """``dB - dA X`` (``dB - X dA`` when not ``left``): what the solution's tangent solves for."""
+    product = None if t_A is None else (t_A @ X if left else X @ t_A)
+    if product is None:
+        return t_rhs
+    return -product if t_rhs is None else t_rhs - product
+
+
+def _lu_solve_jvp(inputs, kwargs, X, tangents):
+    (LU, pivots, _), (t_LU, _, t_B) = inputs, tangents
+    t_A = None
+    if t_LU is not None:
+        P, L, U = torch.lu_unpack(LU, pivots)
+        t_A = P @ (t_LU.tril(-1) @ U + L @ t_LU.triu())
+        t_A = t_A.mH if kwargs["adjoint"] else t_A
+    return lu_solve(LU, pivots, _residual(t_B, t_A, X, kwargs["left"]), **kwargs)
+
+
+def _solve_ex_jvp(inputs, kwargs, outputs, tangents):
+    (A, B), (X, LU, pivots, _), (t_A, t_B) = inputs, outputs, tangents
+    left = kwargs["left"]
+    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
+    X_ = X.unsqueeze(-1) if vector else X
+    t_B = t_B.unsqueeze(-1) if vector and t_B is not None else t_B
+    t_X = lu_solve(LU, pivots, _residual(t_B, t_A, X_, left), left=left)
+    return t_X.squeeze(-1) if vector else t_X, _lu_tangent(LU, pivots, t_A), None, None
+
+
+def _solve_triangular_jvp(inputs, kwargs, X, tangents):
+    (A, _), (t_A, t_B) = inputs, tangents
+    if t_A is not None:  # only the triangle read is A
+        t_A = t_A.triu(int(kwargs["unitriangular"])) if kwargs["upper"] else t_A.tril(-int(kwargs["unitriangular"]))
+    return solve_triangular(A, _residual(t_B, t_A, X, kwargs["left"]), **kwargs)
+
+
+_autograd.register("lu_factor_ex", _save_inputs, _lu_factor_ex_backward, _lu_factor_ex_jvp)
+_autograd.register("lu_solve", _save_inputs, _lu_solve_backward, _lu_solve_jvp)
+_autograd.register("solve_ex", _save_inputs, _solve_ex_backward, _solve_ex_jvp)
+_autograd.register("solve_triangular", _save_inputs, _solve_triangular_backward, _solve_triangular_jvp)
 
 
 # Fake (meta) kernels: the shapes and layouts the kernels produce (torch's:
@@ -323,7 +395,7 @@ def _grouped_mm_fake(a, b, offs=None, out_dtype=None):
     return torch.empty_strided(size, stride, dtype=a.dtype, device=a.device)
 
 
-def _grouped_mm_setup(ctx, inputs, output):
+def _grouped_mm_setup(ctx, inputs, kwargs, output):
     a, b, offs, _ = inputs
     ctx.save_for_backward(a, b, offs)
 
@@ -367,4 +439,14 @@ def _grouped_mm_backward(ctx, grad):
     return grad_a, grad_b, None, None
 
 
-torch.library.register_autograd("mps_ext::grouped_mm", _grouped_mm_backward, setup_context=_grouped_mm_setup)
+def _grouped_mm_jvp(inputs, kwargs, out, tangents):
+    (a, b, offs, out_dtype), (t_a, t_b) = inputs, tangents[:2]
+    gm = torch.ops.mps_ext.grouped_mm
+    t = _autograd.tangent_sum([None if t_a is None else gm(t_a, b, offs, out_dtype),
+                     None if t_b is None else gm(a, t_b, offs, out_dtype)], out)
+    if offs is not None and a.dim() != b.dim():  # rows (columns) past offs[-1] are not written
+        t = _zero_past(t, offs, 0 if a.dim() == 2 else 1)
+    return t
+
+
+_autograd.register("grouped_mm", _grouped_mm_setup, _grouped_mm_backward, _grouped_mm_jvp)

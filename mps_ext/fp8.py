@@ -18,6 +18,7 @@ from collections.abc import Iterable
 import torch
 
 from . import _C  # noqa: F401  registers the mps_ext:: operators
+from . import _autograd
 
 __all__ = ["convert", "dequantize", "fp8_linear", "from_pretrained", "quantize", "scaled_mm", "storage_dtype"]
 
@@ -326,7 +327,7 @@ def _dequantized_weight(weight, weight_scale, block_size, dtype):
                       dtype)
 
 
-def _linear_setup(ctx, inputs, output):
+def _linear_setup(ctx, inputs, kwargs, output):
     input, weight, weight_scale, bias, block_size = inputs
     ctx.save_for_backward(weight, weight_scale)
     ctx.block_size = block_size
@@ -343,7 +344,37 @@ def _linear_backward(ctx, grad):
     return grad_input, None, None, grad_bias, None
 
 
-torch.library.register_autograd("mps_ext::fp8_linear", _linear_backward, setup_context=_linear_setup)
+def _linear_jvp(inputs, kwargs, out, tangents):
+    # Linear in input, weight_scale and bias (the FP8 weight has no tangent).
+    (input, weight, scale, _, block), (t_input, _, t_scale, t_bias, _) = inputs, tangents
+    op = torch.ops.mps_ext.fp8_linear
+    return _autograd.tangent_sum([None if t_input is None else op(t_input, weight, scale, None, block),
+                                  None if t_scale is None else op(input, weight, t_scale, None, block), t_bias], out)
+
+
+def _scaled_mm_jvp(inputs, kwargs, out, tangents):
+    # Linear in each scale and in bias.
+    (a, b, scale_a, scale_b, _, out_dtype), (_, _, t_a, t_b, t_bias, _) = inputs, tangents
+    op = torch.ops.mps_ext.scaled_mm
+    return _autograd.tangent_sum([None if t_a is None else op(a, b, t_a, scale_b, None, out_dtype),
+                                  None if t_b is None else op(a, b, scale_a, t_b, None, out_dtype), t_bias], out)
+
+
+def _dequantize_jvp(inputs, kwargs, out, tangents):
+    q, _, block_rows, block_cols, dtype = inputs
+    return torch.ops.mps_ext.fp8_dequantize(q, tangents[1], block_rows, block_cols, dtype)
+
+
+def _no_setup(ctx, inputs, kwargs, output):
+    pass
+
+
+_autograd.register("fp8_linear", _linear_setup, _linear_backward, _linear_jvp)
+# Quantizing rounds: no derivative. Scaled products and dequantizing have a
+# forward derivative in their scales; reverse mode raises for them.
+_autograd.register("fp8_quantize", _no_setup)
+_autograd.register("fp8_dequantize", _no_setup, jvp=_dequantize_jvp)
+_autograd.register("scaled_mm", _no_setup, jvp=_scaled_mm_jvp)
 
 
 def _fake_storage(x: torch.Tensor) -> torch.dtype:

@@ -105,7 +105,7 @@ at::Tensor scaled_mm_v2(const at::Tensor& self, const at::Tensor& mat2, ScaleLis
 
 }  // namespace
 
-void register_fp8(torch::Library& lib, c10::DeviceType device) {
+void register_fp8(OverrideLibrary& lib, c10::DeviceType device) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
   if (device == c10::DeviceType::MPS) return;  // no float8 tensors on mps
 #endif

@@ -48,6 +48,6 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
 
 }  // namespace
 
-void register_grouped_mm(torch::Library& lib) { lib.impl("_grouped_mm", TORCH_FN(grouped_mm)); }
+void register_grouped_mm(OverrideLibrary& lib) { lib.impl("_grouped_mm", TORCH_FN(grouped_mm)); }
 
 }  // namespace mps_ext::overrides

@@ -112,7 +112,7 @@ at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper
 
 }  // namespace
 
-void register_linalg(torch::Library& lib) {
+void register_linalg(OverrideLibrary& lib) {
   lib.impl("linalg_lu_factor_ex", TORCH_FN(lu_factor_ex));
   lib.impl("linalg_lu_solve", TORCH_FN(lu_solve));
   lib.impl("_linalg_solve_ex", TORCH_FN(solve_ex));

@@ -124,7 +124,10 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tenso
 }
 
 // torch's derivative of linear, for the CPU key (MPS has its own kernel):
-// what the mm/addmm decomposition's backward computes.
+// what the mm/addmm decomposition's backward computes. The bias's gradient is
+// grad_output as it is: this signature does not carry the bias's shape (1-D,
+// 2-D, anything that broadcasts to the output), and autograd sums a gradient
+// down to its input's shape.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cpu(const at::Tensor& input,
                                                                    const at::Tensor& grad_output,
                                                                    const at::Tensor& weight,
@@ -133,19 +136,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cpu(const at::Ten
   if (weight.dim() == 1) {  // linear with a 1-D weight is input @ weight
     if (mask[0]) grad_input = grad_output.unsqueeze(-1) * weight;
     if (mask[1]) grad_weight = (grad_output.unsqueeze(-1) * input).reshape({-1, weight.size(0)}).sum(0);
-    if (mask[2]) grad_bias = grad_output.sum();
-    return {grad_input, grad_weight, grad_bias};
+  } else {
+    const at::Tensor grad2 = grad_output.reshape({-1, weight.size(0)});
+    if (mask[0]) grad_input = at::matmul(grad_output, weight);
+    if (mask[1]) grad_weight = grad2.t().mm(input.reshape({-1, weight.size(1)}));
   }
-  const at::Tensor grad2 = grad_output.reshape({-1, weight.size(0)});
-  if (mask[0]) grad_input = at::matmul(grad_output, weight);
-  if (mask[1]) grad_weight = grad2.t().mm(input.reshape({-1, weight.size(1)}));
-  if (mask[2]) grad_bias = grad2.sum(0);
+  if (mask[2]) grad_bias = grad_output;
   return {grad_input, grad_weight, grad_bias};
 }
 
 }  // namespace
 
-void register_linear(torch::Library& lib, c10::DeviceType device) {
+void register_linear(OverrideLibrary& lib, c10::DeviceType device) {
   lib.impl("linear", TORCH_FN(linear));
   lib.impl("mm", TORCH_FN(mm));
   lib.impl("addmm", TORCH_FN(addmm));

@@ -1,5 +1,6 @@
 #include "overrides/overrides.h"
 
+#include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/node.h>
 
@@ -13,7 +14,7 @@ namespace mps_ext::overrides {
 namespace {
 
 std::mutex mu;
-std::map<c10::DeviceType, std::unique_ptr<torch::Library>> libraries;
+std::map<c10::DeviceType, std::unique_ptr<OverrideLibrary>> libraries;
 std::map<std::string, OpStats> op_stats;
 const bool fork_safe = (mtlsim::fork_protect(mu, mtlsim::ForkRank::Overrides), true);
 thread_local int calling_torch = 0;
@@ -44,7 +45,34 @@ class DropOverrideWarning final : public c10::WarningHandler {
   c10::WarningHandler* previous_ = c10::WarningUtils::get_warning_handler();
 };
 
+at::Tensor resolved(const at::Tensor& t) { return t.resolve_conj().resolve_neg(); }
+
+void resolve_lazy_bits(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    c10::IValue& arg = (*stack)[i];
+    if (arg.isTensor()) {
+      arg = resolved(arg.toTensor());
+    } else if (arg.isTensorList()) {
+      c10::List<at::Tensor> list;  // a new list: the caller's stays as it was
+      for (const at::Tensor& t : arg.toTensorList()) list.push_back(resolved(t));
+      arg = std::move(list);
+    }
+  }
+  // Past both bits' keys (Negative comes first): nothing is left for them.
+  op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::Conjugate), stack);
+}
+
 }  // namespace
+
+OverrideLibrary::OverrideLibrary(c10::DispatchKey key)
+    : device_(torch::Library::IMPL, "aten", key, __FILE__, __LINE__),
+      conjugate_(torch::Library::IMPL, "aten", c10::DispatchKey::Conjugate, __FILE__, __LINE__),
+      negative_(torch::Library::IMPL, "aten", c10::DispatchKey::Negative, __FILE__, __LINE__) {}
+
+torch::CppFunction OverrideLibrary::resolving_lazy_bits() {
+  return torch::CppFunction::makeFromBoxedFunction<&resolve_lazy_bits>();
+}
 
 void enable(c10::DeviceType device) {
   const c10::DispatchKey key = key_for(device);
@@ -52,7 +80,7 @@ void enable(c10::DeviceType device) {
   if (libraries.count(device)) return;
   DropOverrideWarning quiet;
   c10::WarningUtils::WarningHandlerGuard guard(&quiet);
-  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", key, __FILE__, __LINE__);
+  auto lib = std::make_unique<OverrideLibrary>(key);
   register_softmax(*lib);
   register_linear(*lib, device);
   register_linalg(*lib);

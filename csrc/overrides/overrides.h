@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 namespace mps_ext::overrides {
 
@@ -40,12 +41,33 @@ struct OpStats {
 std::map<std::string, OpStats> stats();
 void reset_stats();
 
+// One device's overrides: each kernel at the device's dispatch key, and, at
+// torch's Conjugate and Negative keys, the resolution of those lazy bits on
+// its inputs. torch resolves them for most ops itself but lets some through
+// to kernels that read the bits (mm, addmm, linalg_solve_triangular...);
+// the Metal kernels read memory as stored, so every overridden op gets
+// resolved inputs, whatever torch's list holds.
+class OverrideLibrary {
+ public:
+  explicit OverrideLibrary(c10::DispatchKey key);
+  template <class Func>
+  void impl(const char* name, Func&& func) {
+    device_.impl(name, std::forward<Func>(func));
+    conjugate_.impl(name, resolving_lazy_bits());
+    negative_.impl(name, resolving_lazy_bits());
+  }
+
+ private:
+  static torch::CppFunction resolving_lazy_bits();
+  torch::Library device_, conjugate_, negative_;
+};
+
 // Each op family adds its overrides here (overrides/<family>.cpp).
-void register_softmax(torch::Library& lib);
+void register_softmax(OverrideLibrary& lib);
 // Some need to know the device (a derivative torch has for one key only).
-void register_linear(torch::Library& lib, c10::DeviceType device);
-void register_linalg(torch::Library& lib);
-void register_fp8(torch::Library& lib, c10::DeviceType device);
-void register_grouped_mm(torch::Library& lib);
+void register_linear(OverrideLibrary& lib, c10::DeviceType device);
+void register_linalg(OverrideLibrary& lib);
+void register_fp8(OverrideLibrary& lib, c10::DeviceType device);
+void register_grouped_mm(OverrideLibrary& lib);
 
 }  // namespace mps_ext::overrides

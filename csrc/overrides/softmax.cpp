@@ -50,7 +50,7 @@ at::Tensor log_softmax(const at::Tensor& self, int64_t dim, bool half_to_float) 
 
 }  // namespace
 
-void register_softmax(torch::Library& lib) {
+void register_softmax(OverrideLibrary& lib) {
   lib.impl("_softmax", TORCH_FN(softmax));
   lib.impl("_log_softmax", TORCH_FN(log_softmax));
 }

@@ -1,0 +1,140 @@
+"""Every mps_ext op in one table, for the tests that run a concern over all of
+them (views and lazy bits, autograd in both modes, the differential fuzz test).
+
+A case builds small inputs that the kernels take, names mps_ext's function and
+the torch op it mirrors (torch ops computing the same where torch has none),
+and which inputs are differentiable. Comparing with torch means torch's op on
+the CPU with the overrides off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import mps_ext
+from mps_ext import fp8
+from tolerances import assert_close, linalg_scale
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def well_conditioned(batch, n, dtype=torch.float32, seed=0):
+    """Condition number <= 10 (entries and pivots random): solutions compare at a fixed tolerance."""
+    U, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed))
+    V, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed + 1))
+    s = 1 + 9 * torch.rand(batch, 1, n, generator=torch.Generator().manual_seed(seed + 2))
+    return (U * s.to(dtype)) @ V.mH
+
+
+def triangular(batch, n, dtype=torch.float32, seed=0):
+    """Upper triangle well away from singular (small off-diagonal entries, diagonal +-1.5)."""
+    A = randn(batch, n, n, dtype=dtype, seed=seed) / n
+    A.diagonal(dim1=-2, dim2=-1).add_(torch.where(randn(batch, n, seed=seed + 1) > 0, 1.5, -1.5))
+    return A.triu()
+
+
+def fp8_weight(n, k, seed=0):
+    """(N, K) e4m3fn weight with one float32 scale per output channel."""
+    return fp8.quantize(randn(n, k, seed=seed), dim=1)
+
+
+@dataclass
+class Case:
+    name: str
+    make: Callable[[int], tuple]  # seed -> positional inputs
+    ours: Callable  # mps_ext's function
+    theirs: Callable  # torch's op with the same semantics (or torch ops computing it)
+    differentiable: tuple[int, ...]  # indices of the inputs that have gradients and tangents
+    scale: float = 1.0  # widens the tolerance of the output's dtype
+    overridden: bool = True  # theirs is a torch op the overrides route to the kernels
+    backward: bool = True  # ours has a reverse-mode derivative
+    reference_jvp: Callable | None = None  # torch ops for the tangents, where theirs has no forward derivative
+    row_major: tuple[int, ...] = ()  # inputs the kernels take with contiguous rows only (others go to torch)
+
+    def __repr__(self) -> str:
+        return self.name
+
+    def check(self, got, want):
+        """``got`` equals torch's ``want`` output by output (integer outputs exactly)."""
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape, (g.shape, w.shape)
+            if g.is_floating_point() or g.is_complex():
+                assert_close(g.detach(), w.detach(), scale=self.scale)
+            else:
+                assert torch.equal(g.cpu(), w.cpu())
+
+
+def _scaled_mm(a, b, scale_a, scale_b, bias):
+    return torch._scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=torch.float32)
+
+
+def _our_scaled_mm(a, b, scale_a, scale_b, bias):
+    return mps_ext.scaled_mm(a, b, scale_a, scale_b, bias=bias, out_dtype=torch.float32)
+
+
+def _scaled_mm_inputs(seed):
+    a, sa = fp8.quantize(randn(3, 32, seed=seed), dim=1)
+    w, sb = fp8.quantize(randn(16, 32, seed=seed + 1), dim=1)
+    return a, w.t(), sa, sb.t(), randn(16, seed=seed + 2)
+
+
+def _lu_solve_inputs(dtype):
+    def make(seed):
+        LU, pivots = torch.linalg.lu_factor(well_conditioned(3, 6, dtype, seed))
+        return LU, pivots, randn(3, 6, 2, dtype=dtype, seed=seed + 5)
+    return make
+
+
+def _grouped_rows(a, b, offs):
+    """torch._grouped_mm with offs splitting a's rows, as a loop of products (torch's has no forward derivative)."""
+    ends = [0] + offs.tolist()
+    return torch.cat([a[s:e] @ b[g] for g, (s, e) in enumerate(zip(ends, ends[1:]))])
+
+
+def _fp8_linear_inputs(seed):
+    w, scale = fp8_weight(16, 32, seed + 1)
+    return randn(2, 32, seed=seed), w, scale, randn(16, seed=seed + 2)
+
+
+def _fp8_linear_reference(x, w, scale, bias):
+    return F.linear(x, fp8.dequantize(w, scale), bias)
+
+
+CASES = [
+    Case("softmax", lambda s: (randn(3, 33, seed=s),), lambda x: mps_ext.softmax(x, -1),
+         lambda x: torch.softmax(x, -1), (0,)),
+    Case("log_softmax", lambda s: (randn(3, 33, seed=s),), lambda x: mps_ext.log_softmax(x, -1),
+         lambda x: torch.log_softmax(x, -1), (0,)),
+    Case("linear", lambda s: (randn(2, 32, seed=s), randn(16, 32, seed=s + 1), randn(16, seed=s + 2)),
+         mps_ext.linear, F.linear, (0, 1, 2), scale=4, row_major=(1,)),
+    Case("fp8_linear", _fp8_linear_inputs, mps_ext.fp8_linear, _fp8_linear_reference, (0, 3), scale=4,
+         overridden=False),
+    Case("scaled_mm", _scaled_mm_inputs, _our_scaled_mm, _scaled_mm, (2, 3, 4), scale=4, backward=False,
+         reference_jvp=lambda a, b, scale_a, scale_b, bias: (a.float() * scale_a) @ (b.float() * scale_b) + bias),
+    Case("grouped_mm", lambda s: (randn(6, 16, seed=s), randn(3, 8, 16, seed=s + 1).transpose(-2, -1),
+                                  torch.tensor([2, 3, 6], dtype=torch.int32)),
+         mps_ext.grouped_mm, lambda a, b, offs: torch._grouped_mm(a, b, offs=offs), (0, 1), scale=4,
+         reference_jvp=_grouped_rows),
+]
+for _dtype, _suffix in ((torch.float32, ""), (torch.complex64, "_complex")):
+    CASES += [
+        Case("lu_factor_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s),), mps_ext.lu_factor_ex,
+             torch.linalg.lu_factor_ex, (0,), scale=linalg_scale(6)),
+        Case("lu_solve" + _suffix, _lu_solve_inputs(_dtype), mps_ext.lu_solve, torch.linalg.lu_solve, (0, 2),
+             scale=linalg_scale(6)),
+        Case("solve_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s)),
+             mps_ext.solve_ex, torch.linalg.solve_ex, (0, 1), scale=linalg_scale(6)),
+        Case("solve_triangular" + _suffix,
+             lambda s, d=_dtype: (triangular(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s + 3)),
+             lambda A, B: mps_ext.solve_triangular(A, B, upper=True),
+             lambda A, B: torch.linalg.solve_triangular(A, B, upper=True), (0, 1), scale=linalg_scale(6)),
+    ]
