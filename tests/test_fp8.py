@@ -199,9 +199,9 @@ def test_scaled_mm_errors_and_torch_fallbacks():
         mps_ext.scaled_mm(a, b, sa, torch.tensor(1.0))  # row-wise a, tensor-wise b
     with pytest.raises(ValueError, match="Invalid scaling configuration"):
         mps_ext.scaled_mm(a.float(), b, sa, sb)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):  # torch's own errors
         mps_ext.scaled_mm(a, b[:31], sa, sb)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Bias must be size 16"):
         mps_ext.scaled_mm(a, b, sa, sb, bias=torch.ones(3))
     # Valid calls the kernels do not cover (the fnuz formats) go to torch on the CPU.
     fnuz = b.float().to(torch.float8_e4m3fnuz)
@@ -420,6 +420,18 @@ def test_convert_a_small_mlp():
             got = mlp(x)
     assert isinstance(mlp[0], mps_ext.nn.FP8Linear) and isinstance(mlp[2], mps_ext.nn.FP8Linear)
     ran(t, "fp8_linear_gemv_m4_float", "fp8_linear_gemv_m4_float")
+    # The kernels against torch on the dequantized weights, layer by layer...
+    h = x
+    for layer in mlp:
+        if isinstance(layer, mps_ext.nn.FP8Linear):
+            deq = layer.weight.view(F8).float() * layer.weight_scale_inv.float().reshape(-1, 1)
+            with mps_ext.trace() as t:
+                got_layer = layer(h)
+            assert_close_dot(got_layer, F.linear(h, deq, layer.bias), h.abs() @ deq.abs().t(), layer.in_features)
+            h = got_layer
+        else:
+            h = layer(h)
+    # ...and the FP8 model against the float one: e4m3 keeps 3 mantissa bits.
     assert ((got - want).norm() / want.norm()).item() < 0.05
     # A float8 checkpoint loads into the uint8 buffer bit for bit.
     q, s = fp8.quantize(torch.randn(300, 260, generator=gen(15)), block=(128, 128))
@@ -430,11 +442,15 @@ def test_convert_a_small_mlp():
 
 # ------------------------------------------------------- checked mode, opcheck
 
-def test_checked_mode_on_every_kernel():
+def test_checked_mode_on_edge_shapes():
+    # Every kernel runs checked in tests/test_checked_kernels.py; here block tails, both scaling recipes,
+    # float8 outputs and rows that start unaligned.
     with mps_ext.sim.checked():
         x = torch.randn(40, 72, generator=gen(17)).to(torch.bfloat16)
         q, s = fp8.quantize(x, block=(16, 32))
-        fp8.dequantize(q, s, dtype=torch.half, block=(16, 32))
+        deq = fp8.dequantize(q, s, dtype=torch.half, block=(16, 32))
+        want_deq = (q.view(F8).float() * expand_blocks(s, (40, 72), 16, 32)).half()
+        assert torch.equal(deq, want_deq)
         for m, recipe in ((3, False), (33, True)):
             a, b, sa, sb = fp8_operands(m, 72, 40, recipe, seed=m)
             assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb, out_dtype=torch.float32),
@@ -443,10 +459,15 @@ def test_checked_mode_on_every_kernel():
             torch.testing.assert_close(mps_ext.scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
                                        torch_scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
                                        rtol=2.0**-2, atol=0)  # one e5m2 unit: the sums' order differs
+        w = q.view(F8).float() * expand_blocks(s, (40, 72), 16, 32)
+        bias = torch.randn(40, generator=gen(19))
         for rows in (2, 35):
             xs = torch.randn(rows, 72, generator=gen(18))
-            mps_ext.fp8_linear(xs, q, s, torch.randn(40), block_size=(16, 32))
-            mps_ext.fp8_linear(xs[:, 1:71], q[:, 1:71], torch.tensor(0.5))  # unaligned rows
+            assert_close_dot(mps_ext.fp8_linear(xs, q, s, bias, block_size=(16, 32)), F.linear(xs, w, bias),
+                             xs.abs() @ w.abs().t() + bias.abs(), 72)
+            w_half = q[:, 1:71].view(F8).float() * 0.5
+            assert_close_dot(mps_ext.fp8_linear(xs[:, 1:71], q[:, 1:71], torch.tensor(0.5)),  # unaligned rows
+                             F.linear(xs[:, 1:71], w_half), xs[:, 1:71].abs() @ w_half.abs().t(), 70)
 
 
 @pytest.mark.parametrize("op", ["fp8_quantize", "fp8_dequantize", "scaled_mm", "fp8_linear"])

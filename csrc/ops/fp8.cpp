@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "backend.h"
+#include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
 
@@ -283,10 +284,11 @@ at::Tensor scaled_mm(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
                      const std::optional<at::Tensor>& scale_result) {
   const at::ScalarType out = out_dtype.value_or(at::kBFloat16);
   const auto why = scaled_mm_unsupported(a, b, scale_a, scale_b, bias, out, true, scale_result);
-  if (!why) return scaled_mm_kernels(a, b, scale_a, scale_b, bias, out, scale_result);
   const auto as_fp8 = [](const at::Tensor& t) { return t.scalar_type() == at::kByte ? t.view(at::kFloat8_e4m3fn) : t; };
-  if (a.device().is_cpu())
-    return at::cpu::_scaled_mm(as_fp8(a), as_fp8(b), scale_a, scale_b, bias, scale_result, out);
+  if (!why || a.device().is_cpu())
+    return overrides::counted(
+        "mps_ext::scaled_mm", why, [&] { return scaled_mm_kernels(a, b, scale_a, scale_b, bias, out, scale_result); },
+        [&] { return at::cpu::_scaled_mm(as_fp8(a), as_fp8(b), scale_a, scale_b, bias, scale_result, out); });
   // No torch kernel to hand this to: torch's error types (shapes, recipes) or not implemented.
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0), "scaled_mm: a and b must be matrices that can "
               "be multiplied, got ", a.sizes(), " and ", b.sizes());

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "backend.h"
+#include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
 
@@ -143,8 +144,9 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const std::
     TORCH_CHECK(input.size(-1) == weight.size(1), "mps_ext.linear: input's last dimension (", input.size(-1),
                 ") must equal weight's in_features (weight.size(1) = ", weight.size(1), "); input ", input.sizes(),
                 ", weight ", weight.sizes());
-  if (gemv_unsupported(input, weight, bias)) return at::linear(input, weight, bias);
-  return gemv(input, weight, bias);
+  return overrides::counted(
+      "mps_ext::linear", gemv_unsupported(input, weight, bias), [&] { return gemv(input, weight, bias); },
+      [&] { return at::linear(input, weight, bias); });
 }
 
 }  // namespace mps_ext::ops

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
 
@@ -210,8 +211,9 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
                       std::optional<at::ScalarType> out_dtype) {
   if (auto error = grouped_mm_invalid(a, b, offs, std::nullopt, out_dtype, false))
     TORCH_CHECK(false, "mps_ext.grouped_mm: ", *error);
-  if (grouped_mm_unsupported(a, b, offs)) return at::_grouped_mm(a, b, offs, std::nullopt, out_dtype);
-  return grouped_mm_kernels(a, b, offs);
+  return overrides::counted(
+      "mps_ext::grouped_mm", grouped_mm_unsupported(a, b, offs), [&] { return grouped_mm_kernels(a, b, offs); },
+      [&] { return at::_grouped_mm(a, b, offs, std::nullopt, out_dtype); });
 }
 
 }  // namespace mps_ext::ops

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
 
@@ -342,24 +343,30 @@ at::Tensor solve_triangular_kernels(const at::Tensor& A_in, const at::Tensor& B_
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A, bool pivot, bool check_errors) {
-  if (lu_factor_ex_unsupported(A, pivot)) return at::linalg_lu_factor_ex(A, pivot, check_errors);
-  return lu_factor_ex_kernels(A, check_errors);
+  return overrides::counted(
+      "mps_ext::lu_factor_ex", lu_factor_ex_unsupported(A, pivot), [&] { return lu_factor_ex_kernels(A, check_errors); },
+      [&] { return at::linalg_lu_factor_ex(A, pivot, check_errors); });
 }
 
 at::Tensor lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint) {
-  if (lu_solve_unsupported(LU, pivots, B, left)) return at::linalg_lu_solve(LU, pivots, B, left, adjoint);
-  return lu_solve_kernels(LU, pivots, B, left, adjoint);
+  return overrides::counted(
+      "mps_ext::lu_solve", lu_solve_unsupported(LU, pivots, B, left),
+      [&] { return lu_solve_kernels(LU, pivots, B, left, adjoint); },
+      [&] { return at::linalg_lu_solve(LU, pivots, B, left, adjoint); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Tensor& A, const at::Tensor& B,
                                                                     bool left, bool check_errors) {
-  if (solve_ex_unsupported(A, B, left)) return at::_linalg_solve_ex(A, B, left, check_errors);
-  return solve_ex_kernels(A, B, left, check_errors);
+  return overrides::counted(
+      "mps_ext::solve_ex", solve_ex_unsupported(A, B, left), [&] { return solve_ex_kernels(A, B, left, check_errors); },
+      [&] { return at::_linalg_solve_ex(A, B, left, check_errors); });
 }
 
 at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
-  if (solve_triangular_unsupported(A, B, left)) return at::linalg_solve_triangular(A, B, upper, left, unitriangular);
-  return solve_triangular_kernels(A, B, upper, left, unitriangular);
+  return overrides::counted(
+      "mps_ext::solve_triangular", solve_triangular_unsupported(A, B, left),
+      [&] { return solve_triangular_kernels(A, B, upper, left, unitriangular); },
+      [&] { return at::linalg_solve_triangular(A, B, upper, left, unitriangular); });
 }
 
 }  // namespace mps_ext::ops

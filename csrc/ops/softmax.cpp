@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
 
@@ -146,9 +147,10 @@ at::Tensor softmax_common(const at::Tensor& self, int64_t dim, std::optional<at:
   at::ScalarType out = dtype.value_or(self.scalar_type());
   if (dtype && !(out == at::kFloat && (self.scalar_type() == at::kHalf || self.scalar_type() == at::kBFloat16)))
     input = self.to(out);
-  if (softmax_unsupported(input, dim, out, log))
-    return log ? at::log_softmax(self, dim, dtype) : at::softmax(self, dim, dtype);
-  return softmax_kernels(input, dim, out, log);
+  return overrides::counted(
+      log ? "mps_ext::log_softmax" : "mps_ext::softmax", softmax_unsupported(input, dim, out, log),
+      [&] { return softmax_kernels(input, dim, out, log); },
+      [&] { return log ? at::log_softmax(self, dim, dtype) : at::softmax(self, dim, dtype); });
 }
 
 }  // namespace

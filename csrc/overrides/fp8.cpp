@@ -39,7 +39,7 @@ at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::T
     hit(op);
     return result;
   }
-  fallback(op, *why);
+  const CallingTorch calling = fallback(op, *why);
   if (self.device().is_cpu())
     return at::cpu::_scaled_mm(self, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum);
   return at::cpu::_scaled_mm(self.cpu(), mat2.cpu(), scale_a.cpu(), scale_b.cpu(), on_cpu(bias), on_cpu(scale_result),
@@ -93,7 +93,7 @@ at::Tensor scaled_mm_v2(const at::Tensor& self, const at::Tensor& mat2, ScaleLis
     hit(op);
     return result;
   }
-  fallback(op, *why);
+  const CallingTorch calling = fallback(op, *why);
 #if defined(MPS_EXT_MPS_SCALED_MM_V2)
   if (self.device().is_mps())
     return at::mps::_scaled_mm_v2(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias,

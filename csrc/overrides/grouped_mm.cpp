@@ -38,7 +38,7 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
   if (ops::grouped_mm_invalid(a, b, offs, bias, out_dtype, true)) why = "invalid arguments";
   if (!why) why = ops::grouped_mm_unsupported(a, b, offs);
   if (why) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original(a, b, offs, bias, out_dtype);
   }
   at::Tensor out = ops::grouped_mm_kernels(a, b, offs);

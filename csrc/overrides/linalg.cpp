@@ -68,7 +68,7 @@ at::Tensor original_solve_triangular(const at::Tensor& A, const at::Tensor& B, b
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A, bool pivot, bool check_errors) {
   constexpr const char* op = "aten::linalg_lu_factor_ex";
   if (auto why = ops::lu_factor_ex_unsupported(A, pivot)) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original_lu_factor_ex(A, pivot, check_errors);
   }
   auto out = ops::lu_factor_ex_kernels(A, check_errors);
@@ -79,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A,
 at::Tensor lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint) {
   constexpr const char* op = "aten::linalg_lu_solve";
   if (auto why = ops::lu_solve_unsupported(LU, pivots, B, left)) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original_lu_solve(LU, pivots, B, left, adjoint);
   }
   at::Tensor out = ops::lu_solve_kernels(LU, pivots, B, left, adjoint);
@@ -91,7 +91,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Te
                                                                     bool left, bool check_errors) {
   constexpr const char* op = "aten::_linalg_solve_ex";
   if (auto why = ops::solve_ex_unsupported(A, B, left)) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original_solve_ex(A, B, left, check_errors);
   }
   auto out = ops::solve_ex_kernels(A, B, left, check_errors);
@@ -102,7 +102,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Te
 at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
   constexpr const char* op = "aten::linalg_solve_triangular";
   if (auto why = ops::solve_triangular_unsupported(A, B, left)) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original_solve_triangular(A, B, upper, left, unitriangular);
   }
   at::Tensor out = ops::solve_triangular_kernels(A, B, upper, left, unitriangular);

@@ -34,9 +34,7 @@ at::Tensor original_linear(const at::Tensor& input, const at::Tensor& weight, co
 #if defined(MPS_EXT_METAL)
   if (input.device().is_mps()) return at::mps::linear(input, weight, bias);
 #endif
-  // Below autograd, the decomposition's mm/addmm run without recording, and
-  // without being counted as calls of their own.
-  CallingTorch counted_as_linear;
+  // Below autograd, the decomposition's mm/addmm run without recording.
   return at::compositeimplicitautograd::linear(input, weight, bias);
 }
 
@@ -55,11 +53,11 @@ at::Tensor original_addmm(const at::Tensor& self, const at::Tensor& mat1, const 
   return at::cpu::addmm(self, mat1, mat2, beta, alpha);
 }
 
-// GEMV when the kernels take it, else nullopt with the reason counted.
+// GEMV when the kernels take it (counted), else nullopt and why not.
 std::optional<at::Tensor> try_gemv(const char* op, const at::Tensor& input, const at::Tensor& weight,
-                                   const std::optional<at::Tensor>& bias) {
-  if (auto why = ops::gemv_unsupported(input, weight, bias)) {
-    fallback(op, *why);
+                                   const std::optional<at::Tensor>& bias, std::string* why) {
+  if (auto unsupported = ops::gemv_unsupported(input, weight, bias)) {
+    *why = *unsupported;
     return std::nullopt;
   }
   at::Tensor out = ops::gemv(input, weight, bias);
@@ -68,7 +66,9 @@ std::optional<at::Tensor> try_gemv(const char* op, const at::Tensor& input, cons
 }
 
 at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
-  if (auto out = try_gemv("aten::linear", input, weight, bias)) return *out;
+  std::string why;
+  if (auto out = try_gemv("aten::linear", input, weight, bias, &why)) return *out;
+  const CallingTorch calling = fallback("aten::linear", why);
   return original_linear(input, weight, bias);
 }
 
@@ -89,10 +89,9 @@ std::optional<at::Tensor> transposed_weight(const at::Tensor& mat1, const at::Te
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
   std::string why;
   if (auto weight = transposed_weight(self, mat2, &why)) {
-    if (auto out = try_gemv("aten::mm", self, *weight, std::nullopt)) return *out;
-  } else {
-    fallback("aten::mm", why);
+    if (auto out = try_gemv("aten::mm", self, *weight, std::nullopt, &why)) return *out;
   }
+  const CallingTorch calling = fallback("aten::mm", why);
   return original_mm(self, mat2);
 }
 
@@ -116,10 +115,9 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tenso
     }
   }
   if (bias) {
-    if (auto out = try_gemv("aten::addmm", mat1, *weight, bias)) return *out;
-  } else {
-    fallback("aten::addmm", why);
+    if (auto out = try_gemv("aten::addmm", mat1, *weight, bias, &why)) return *out;
   }
+  const CallingTorch calling = fallback("aten::addmm", why);
   return original_addmm(self, mat1, mat2, beta, alpha);
 }
 

@@ -106,12 +106,13 @@ void hit(const char* op) {
   if (OpStats* s = counters(op)) ++s->hits;
 }
 
-void fallback(const char* op, const std::string& reason) {
+CallingTorch fallback(const char* op, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu);
   if (OpStats* s = counters(op)) {
     ++s->fallbacks;
     ++s->reasons[reason];
   }
+  return {};
 }
 
 CallingTorch::CallingTorch() { ++calling_torch; }

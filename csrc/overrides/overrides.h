@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -17,14 +18,10 @@ void enable(c10::DeviceType device);
 void disable(c10::DeviceType device);
 bool is_enabled(c10::DeviceType device);
 
-// Called by every override: the kernels ran, or torch's kernel with why.
-// A call autograd's backward makes is counted as "<op> (backward)".
-void hit(const char* op);
-void fallback(const char* op, const std::string& reason);
-
-// Held while an override runs torch's own kernel: what that kernel reaches
-// through the dispatcher (a linear's decomposition into mm) belongs to the
-// call already counted, so it is not counted again.
+// Held while torch's own op runs a call that an override or one of
+// mps_ext's ops left to it: what that op reaches through the dispatcher (a
+// linear's decomposition into mm) belongs to the call already counted, so it
+// is not counted again.
 class CallingTorch {
  public:
   CallingTorch();
@@ -32,6 +29,26 @@ class CallingTorch {
   CallingTorch(const CallingTorch&) = delete;
   CallingTorch& operator=(const CallingTorch&) = delete;
 };
+
+// Called by every override and by mps_ext's own ops (counted as
+// "mps_ext::<op>"): the kernels ran, or the call goes to torch's op, for
+// `reason`; hold what fallback returns while torch's op runs. A call that
+// autograd's backward makes is counted as "<op> (backward)".
+void hit(const char* op);
+[[nodiscard]] CallingTorch fallback(const char* op, const std::string& reason);
+
+// One of mps_ext's own ops, counted as "mps_ext::<name>" like an override's
+// call: `kernels()` when `why` is empty, else `torch_op()`.
+template <class Kernels, class TorchOp>
+auto counted(const char* op, const std::optional<std::string>& why, Kernels&& kernels, TorchOp&& torch_op) {
+  if (why) {
+    const CallingTorch calling = fallback(op, *why);
+    return torch_op();
+  }
+  auto out = kernels();
+  hit(op);
+  return out;
+}
 
 struct OpStats {
   int64_t hits = 0;

@@ -32,7 +32,7 @@ at::Tensor run(const at::Tensor& self, int64_t dim, bool half_to_float, bool log
   std::optional<std::string> why = half_to_float ? std::optional<std::string>("half_to_float")
                                                  : ops::softmax_unsupported(self, dim, self.scalar_type(), log);
   if (why) {
-    fallback(op, *why);
+    const CallingTorch calling = fallback(op, *why);
     return original(self, dim, half_to_float, log);
   }
   at::Tensor out = ops::softmax_kernels(self, dim, self.scalar_type(), log);
