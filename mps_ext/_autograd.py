@@ -114,8 +114,9 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
     Function.__name__ = f"MpsExt_{name}"
 
     def autograd_kernel(keyset, *args, **kwargs):
-        args, kwargs = fill_defaults(schema, args, kwargs)
         if _forward_ad_active() or (torch.is_grad_enabled() and torch._C._any_requires_grad(*args)):
+            # The dispatcher drops trailing arguments equal to their defaults; formulas get them all.
+            args, kwargs = fill_defaults(schema, args, kwargs)
             # The Autograd key runs below torch.func's transforms, which have already unwrapped their
             # tensors: autograd.Function.apply would hand the call back to them.
             return _apply(Function, *args, kwargs)

@@ -97,8 +97,6 @@ def test_backward(case, route):
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_forward_derivative(case, route, mode):
-    if (case.name, route, mode) == ("linear", "overrides", "forward_ad"):
-        pytest.xfail("torch's linear derivative has no forward formula once linear has a CPU kernel")
     f, context = route_of(case, route)
     inputs = case.make(0)
     if mode == "jacfwd" and any(x.is_complex() for x in inputs):

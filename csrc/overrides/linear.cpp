@@ -10,7 +10,9 @@
 // autograd key instead of decomposing linear into mm/addmm. MPS has torch's
 // linear_backward kernel; the CPU key has none, so the CPU overrides register
 // one here, computed with mm and sum as the decomposition's derivative is.
-// mm and addmm keep their own derivatives.
+// mm and addmm keep their own derivatives. torch's linear derivative has no
+// forward-mode formula (nor on mps, where it is used too); a CPU call with tangents
+// decomposes into mm/addmm, as it does without the overrides.
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/linear_compositeimplicitautograd_dispatch.h>
@@ -20,6 +22,8 @@
 #include <ATen/ops/linear_mps_dispatch.h>
 #include <ATen/ops/mm_mps_dispatch.h>
 #endif
+
+#include <algorithm>
 
 #include "ops/gemv.h"
 #include "overrides/overrides.h"
@@ -143,13 +147,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_backward_cpu(const at::Ten
   return {grad_input, grad_weight, grad_bias};
 }
 
+// torch's autograd kernel of linear at the CPU key once the CPU kernel above exists.
+std::optional<c10::SafeKernelFunction> torch_linear_autograd_cpu;
+
+void linear_autograd_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const auto args = torch::jit::last(*stack, 3);
+  const bool tangents = std::any_of(args.begin(), args.end(), [](const c10::IValue& a) {
+    return a.isTensor() && a.toTensor()._fw_grad(/*level=*/0).defined();
+  });
+  if (!tangents) return torch_linear_autograd_cpu->callBoxed(op, keys, stack);
+  at::Tensor out = at::compositeimplicitautograd::linear(args[0].toTensor(), args[1].toTensor(),
+                                                         args[2].toOptional<at::Tensor>());
+  torch::jit::drop(*stack, 3);
+  torch::jit::push(*stack, std::move(out));
+}
+
 }  // namespace
 
 void register_linear(OverrideLibrary& lib, c10::DeviceType device) {
   lib.impl("linear", TORCH_FN(linear));
   lib.impl("mm", TORCH_FN(mm));
   lib.impl("addmm", TORCH_FN(addmm));
-  if (device == c10::DeviceType::CPU) lib.impl("linear_backward", TORCH_FN(linear_backward_cpu));
+  if (device != c10::DeviceType::CPU) return;
+  lib.impl("linear_backward", TORCH_FN(linear_backward_cpu));
+  torch_linear_autograd_cpu = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "")
+                                  .getComputedKernelForDispatchKey(c10::DispatchKey::AutogradCPU);
+  lib.impl_autograd("linear", torch::CppFunction::makeFromBoxedFunction<&linear_autograd_cpu>());
 }
 
 }  // namespace mps_ext::overrides

@@ -68,7 +68,9 @@ void resolve_lazy_bits(const c10::OperatorHandle& op, c10::DispatchKeySet keys, 
 OverrideLibrary::OverrideLibrary(c10::DispatchKey key)
     : device_(torch::Library::IMPL, "aten", key, __FILE__, __LINE__),
       conjugate_(torch::Library::IMPL, "aten", c10::DispatchKey::Conjugate, __FILE__, __LINE__),
-      negative_(torch::Library::IMPL, "aten", c10::DispatchKey::Negative, __FILE__, __LINE__) {}
+      negative_(torch::Library::IMPL, "aten", c10::DispatchKey::Negative, __FILE__, __LINE__),
+      autograd_(torch::Library::IMPL, "aten", c10::getAutogradKeyFromBackend(c10::toBackendComponent(key)), __FILE__,
+                __LINE__) {}
 
 torch::CppFunction OverrideLibrary::resolving_lazy_bits() {
   return torch::CppFunction::makeFromBoxedFunction<&resolve_lazy_bits>();

@@ -73,10 +73,13 @@ class OverrideLibrary {
     conjugate_.impl(name, resolving_lazy_bits());
     negative_.impl(name, resolving_lazy_bits());
   }
+  // A kernel at the device's Autograd key, where torch's derivative of an op
+  // given a device kernel does not cover what its decomposition did.
+  void impl_autograd(const char* name, torch::CppFunction&& func) { autograd_.impl(name, std::move(func)); }
 
  private:
   static torch::CppFunction resolving_lazy_bits();
-  torch::Library device_, conjugate_, negative_;
+  torch::Library device_, conjugate_, negative_, autograd_;
 };
 
 // Each op family adds its overrides here (overrides/<family>.cpp).
