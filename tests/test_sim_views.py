@@ -172,3 +172,11 @@ def test_checked_mode_compares_a_views_elements(lib):
     # The race is on the view's second row: its offset in the buffer is named, not one among the elements.
     with mps_ext.sim.checked(), pytest.raises(SimulatorError, match=r"not deterministic.*first at byte 409[6-9]"):
         lib.race_on_row(x[:, :4], 1024, arg_casts="int32", threads=64, group_size=32)
+
+
+def test_a_view_over_more_page_ranges_than_are_guarded(lib):
+    """A column of 300 rows 16 KiB apart spans more page ranges than are protected one by one (256): the
+    span is then mapped whole, and still only the elements are copied and written back."""
+    x = torch.full((300, 4096), -1.0)
+    lib.fill_rows(x[:, :1], 1, 4096, arg_casts="int32", threads=300)
+    assert torch.equal(x[:, 0], torch.arange(300.0)) and torch.equal(x[:, 1:], torch.full((300, 4095), -1.0))

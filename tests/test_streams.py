@@ -1,5 +1,6 @@
 """Streams and events: ordering on a stream and between streams, events,
-query(), timing, the current-stream context, record_stream and errors. On the
+query(), timing, the current-stream context, record_stream, errors, host reads
+inside ops that wait for their kernels, and waits that Ctrl-C stops. On the
 simulator a non-default stream runs its work on a thread of its own, and
 mps_ext.streams.hold() stops a stream deterministically, so each ordering test
 fails when the ordering is missing."""
