@@ -41,5 +41,6 @@ void register_stream_bindings(py::module_& m) {
       .def("query", &Event::query, no_gil)
       .def("synchronize", &Event::synchronize, no_gil)
       .def("seconds", &Event::seconds);
+  m.def("_before_torch_ops", [](const std::string& d) { mps_ext::before_torch_ops(c10::Device(d)); }, no_gil);
   m.def("_event_new", [](const std::string& d) { return backend(d).new_event(); });
 }

@@ -6,7 +6,7 @@ import operator
 
 import torch
 
-from . import _C  # noqa: F401  registers the mps_ext:: operators
+from . import _C  # registers the mps_ext:: operators
 from . import _autograd
 
 # Python types torch accepts where it wants a dtype.
@@ -147,6 +147,7 @@ def lu_factor_ex(A: torch.Tensor, *, pivot: bool = True, check_errors: bool = Fa
 def lu_factor(A: torch.Tensor, *, pivot: bool = True):
     """``(LU, pivots)`` as ``torch.linalg.lu_factor``; raises for singular matrices. See :func:`lu_factor_ex`."""
     LU, pivots, info = lu_factor_ex(A, pivot=pivot)
+    _C._before_torch_ops(A.device.type)  # info is read here, on the host
     torch._linalg_check_errors(info, "torch.linalg.lu_factor", is_matrix=A.dim() == 2)
     return LU, pivots
 
@@ -173,6 +174,7 @@ def solve(A: torch.Tensor, B: torch.Tensor, *, left: bool = True):
     right-hand side). Other inputs go to torch.
     """
     result, _, _, info = torch.ops.mps_ext.solve_ex(A, B, left=left)
+    _C._before_torch_ops(A.device.type)  # info is read here, on the host
     torch._linalg_check_errors(info, "torch.linalg.solve", is_matrix=A.dim() == 2)
     return result
 

@@ -100,6 +100,7 @@ class Stream:
         synchronize (kernels on a non-default stream report errors here, not
         where they were enqueued); in the simulator, issues the
         ``mps_ext.sim.DivergenceWarning``\\ s of ``compile_shader`` kernels that ran on it.
+        Ctrl-C stops the wait (``KeyboardInterrupt``); the work runs on.
         """
         _C._stream_synchronize(self.device.type, self.stream_id)
         if self.device.type == "cpu":
@@ -261,7 +262,7 @@ class Event:
         return self._impl is None or self._impl.query()
 
     def synchronize(self) -> None:
-        """Wait until the event's last record has been reached."""
+        """Wait until the event's last record has been reached (Ctrl-C stops the wait, not the work)."""
         if self._impl is not None:
             self._impl.synchronize()
 

@@ -1,10 +1,16 @@
 """Streams and events: ordering on a stream and between streams, events,
-query(), timing, the current-stream context, record_stream and errors. On the
+query(), timing, the current-stream context, record_stream, errors, host reads
+inside ops that wait for their kernels, and waits that Ctrl-C stops. On the
 simulator a non-default stream runs its work on a thread of its own, and
 mps_ext.streams.hold() stops a stream deterministically, so each ordering test
 fails when the ordering is missing."""
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import weakref
@@ -16,7 +22,9 @@ import torch
 import mps_ext
 import mps_ext.sim
 from mps_ext.streams import hold
-from tolerances import assert_close, reduction_scale
+from test_sim_limits import SOURCE as LIMITS_SOURCE
+from test_sim_limits import UNTIL_FOREVER
+from tolerances import assert_close, linalg_scale, reduction_scale
 
 SOURCE = """
 #include <metal_stdlib>
@@ -430,11 +438,11 @@ def test_misuse_errors():
             pass
 
 
-def test_torch_ops_inside_an_op_see_its_kernels():
-    # softmax over a dimension with few columns runs on a copy with the dim moved last, then
-    # copies the result back with a torch op, which must wait for the (here: held) stream.
-    x = torch.randn(300, 4)
-    s, held = mps_ext.Stream("cpu"), threading.Event()
+@contextlib.contextmanager
+def held_for_a_moment(s):
+    """Another thread holds stream s for 50 ms from the start of the block: what the block enqueues has not
+    run when the call that enqueued it returns, and a host read that does not wait for it reads too early."""
+    held = threading.Event()
 
     def holder():
         with hold(s):
@@ -444,9 +452,19 @@ def test_torch_ops_inside_an_op_see_its_kernels():
     t = threading.Thread(target=holder)
     t.start()
     held.wait()
-    with mps_ext.trace() as tr, mps_ext.stream(s):
+    try:
+        yield
+    finally:
+        t.join()
+
+
+def test_torch_ops_inside_an_op_see_its_kernels():
+    # softmax over a dimension with few columns runs on a copy with the dim moved last, then
+    # copies the result back with a torch op, which must wait for the (here: held) stream.
+    x = torch.randn(300, 4)
+    s = mps_ext.Stream("cpu")
+    with held_for_a_moment(s), mps_ext.trace() as tr, mps_ext.stream(s):
         y = mps_ext.softmax(x, 0)
-    t.join()
     assert tr.names == ["softmax_block_float_float"]
     assert_close(y, torch.softmax(x, 0), scale=reduction_scale(torch.float32, 300, signed_terms=False))
 
@@ -479,3 +497,108 @@ def test_streams_work_in_a_forked_child(lib):
                 os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def linalg_steps(A, B):
+    """Name: (call, torch's call for the reference), for linear algebra whose calls read info or pivots on
+    the host (torch's composites too) and for solve_triangular, which reads nothing. A is singular or not;
+    the triangle and the factors solved with come from a well-conditioned matrix."""
+    good = torch.randn(A.shape, generator=torch.Generator().manual_seed(1)) + 8 * torch.eye(A.shape[-1])
+    torch_steps = {
+        "lu_factor_ex(check_errors)": lambda: torch.linalg.lu_factor_ex(A, check_errors=True),
+        "lu_factor": lambda: torch.linalg.lu_factor(A),
+        "lu_factor then lu_solve": lambda: torch.linalg.lu_solve(*torch.linalg.lu_factor(good), B),
+        "solve": lambda: torch.linalg.solve(A, B),
+        "solve, order 3": lambda: torch.linalg.solve(A[..., :3, :3], B[..., :3, :]),
+        "solve, broadcast factors": lambda: torch.linalg.solve(A[:, None], B.expand(2, *B.shape).transpose(0, 1)),
+        "solve_triangular": lambda: torch.linalg.solve_triangular(good.triu(), B, upper=True),
+    }
+    steps = {f"torch {name}": (step, step) for name, step in torch_steps.items()}
+    steps["mps_ext lu_factor_ex(check_errors)"] = (lambda: mps_ext.lu_factor_ex(A, check_errors=True),
+                                                   torch_steps["lu_factor_ex(check_errors)"])
+    steps["mps_ext lu_factor then lu_solve"] = (lambda: mps_ext.lu_solve(*mps_ext.lu_factor(good), B),
+                                                torch_steps["lu_factor then lu_solve"])
+    steps["mps_ext solve"] = (lambda: mps_ext.solve(A, B), torch_steps["solve"])
+    return steps
+
+
+def outcome(step):
+    """What `step` returns, as a tuple, or the type of the RuntimeError it raises."""
+    try:
+        out = step()
+    except RuntimeError as e:
+        return type(e)
+    return tuple(out) if isinstance(out, tuple) else (out,)
+
+
+@pytest.mark.parametrize("singular", [False, True], ids=["invertible", "singular"])
+def test_host_reads_of_linalg_results_wait_for_their_kernels(singular):
+    """Each call on a stream held while it is enqueued, twice: reads of info and pivots on the host wait for
+    the kernels that write them."""
+    gen = torch.Generator().manual_seed(0)
+    A = torch.randn(3, 8, 8, generator=gen) + 8 * torch.eye(8)
+    if singular:
+        A[1, :, 2] = 0  # an exactly zero pivot in U: info = 3
+    B = torch.randn(3, 8, 2, generator=gen)
+    s = mps_ext.Stream("cpu")
+    for name, (step, reference) in linalg_steps(A, B).items():
+        want = outcome(reference)
+        for _ in range(2):
+            with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as tr, held_for_a_moment(s), mps_ext.stream(s):
+                got = outcome(step)
+            s.synchronize()
+            assert any(k.startswith(("lu_", "trsm_")) for k in tr.names), name
+            if isinstance(want, type) or isinstance(got, type):
+                assert got is want, f"{name}: {got} instead of {want}"
+                continue
+            for g, w in zip(got, want, strict=True):
+                if g.is_floating_point():
+                    assert_close(g, w, scale=linalg_scale(8))
+                else:
+                    assert torch.equal(g, w), name
+
+
+def test_ctrl_c_interrupts_every_wait_for_a_long_kernel():
+    """A kernel on a stream runs until a timeout; Ctrl-C stops each wait for it (the stream's, an event's,
+    the default stream's), and the stream reports the timeout later."""
+    code = textwrap.dedent(f"""
+        import torch, mps_ext, mps_ext.sim
+        from mps_ext.sim import SimulatorError
+        lib = mps_ext.sim.compile_shader({LIMITS_SOURCE!r}, name="limits")
+        s = mps_ext.Stream("cpu")
+        with mps_ext.sim.checked(timeout=8), mps_ext.stream(s):
+            lib.forever(torch.ones(4), {UNTIL_FOREVER}, arg_casts="int32", threads=4)
+        done = s.record_event()
+        waits = {{"stream": s.synchronize, "event": done.synchronize,
+                  "default stream": lambda: done.wait(mps_ext.default_stream("cpu"))}}
+        for name, wait in waits.items():
+            print("waiting", flush=True)
+            try:
+                wait()
+                print(name, "returned", flush=True)
+            except KeyboardInterrupt:
+                print(name, "interrupted", flush=True)
+        try:
+            s.synchronize()
+        except SimulatorError as e:
+            print("stream:", e, flush=True)
+        x = torch.zeros(4)
+        lib.fill(x, 2.0)
+        print("after", x.tolist(), flush=True)
+        """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": root})
+    lines = []
+    try:
+        for _ in range(3):
+            lines.append(proc.stdout.readline().strip())
+            assert lines[-1] == "waiting", lines + [proc.stderr.read() if proc.poll() is not None else ""]
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            lines.append(proc.stdout.readline().strip())
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert lines[1::2] == ["stream interrupted", "event interrupted", "default stream interrupted"], lines
+    assert "timed out" in out and "after [2.0, 2.0, 2.0, 2.0]" in out, out + err

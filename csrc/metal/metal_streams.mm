@@ -9,6 +9,8 @@
 #include <condition_variable>
 #include <mutex>
 
+#include "wait.h"
+
 #define MPS_EXT_TORCH_AT_LEAST(minor) \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= (minor)))
 
@@ -136,7 +138,7 @@ class MetalEvent final : public Event {
   void synchronize() override {
     {
       std::unique_lock<std::mutex> lock(progress_->mu);
-      progress_->cv.wait(lock, [&] { return progress_->reached >= recorded_; });
+      wait_interruptibly(progress_->cv, lock, [&] { return progress_->reached >= recorded_; });
     }
     free_released();
   }
@@ -195,6 +197,12 @@ int64_t new_stream() {
 
 void synchronize(int64_t stream_id) {
   MPSStream* stream = by_id(stream_id);
+  // torch's wait below cannot be interrupted: wait for a signal after the
+  // work so far first, where Ctrl-C can stop the wait; torch's then returns
+  // at once (and raises the work's errors).
+  MetalEvent done(at::mps::MPSDevice::getInstance()->device());
+  done.record(stream_id);
+  done.synchronize();
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
     stream->synchronize(SyncType::COMMIT_AND_WAIT);
   });

@@ -170,12 +170,14 @@ at::Tensor solve_with_factors(const at::Tensor& LU, const at::Tensor& pivots, co
   const at::Tensor buf = at::empty(concat(batch, {k, n}), B.options());
   const int64_t systems = numel_of(batch);
   if (systems == 0 || n == 0 || k == 0) return left ? buf.mT() : buf;
+  // Broadcasting copies the factors on the host: the kernels that wrote them must have run.
+  const int64_t own = numel_of(batch_of(LU));
+  if (own != 1 && own != systems) before_torch_ops(B.device());
   LinalgParams p = params(n, k, systems);
   const Operand lu = operand(LU, batch), rhs = operand(B, batch);
   set_matrix(p, lu);
   set_rhs(p, rhs, !left);
-  const at::Tensor piv =
-      numel_of(batch_of(LU)) == 1 ? pivots.reshape({1, n}).contiguous()
+  const at::Tensor piv = own == 1 ? pivots.reshape({1, n}).contiguous()
                                   : pivots.expand(concat(batch, {n})).reshape({-1, n}).contiguous();
   p.p_bs = piv.size(0) == 1 ? 0 : uint32_t(n);
   p.flags = (adjoint != !left ? kLinalgAdjoint : 0) | (left ? 0 : kLinalgConjRhs);
@@ -209,7 +211,10 @@ std::optional<std::string> lu_factor_ex_unsupported(const at::Tensor& A, bool pi
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex_kernels(const at::Tensor& A, bool check_errors) {
   auto [LU, pivots, info] = factor(A.resolve_conj());
-  if (check_errors) at::_linalg_check_errors(info, "torch.linalg.lu_factor_ex", A.dim() == 2);
+  if (check_errors) {
+    before_torch_ops(info.device());  // the check reads info on the host
+    at::_linalg_check_errors(info, "torch.linalg.lu_factor_ex", A.dim() == 2);
+  }
   return {LU, pivots, info};
 }
 
@@ -229,9 +234,12 @@ std::optional<std::string> lu_solve_unsupported(const at::Tensor& LU, const at::
   if (auto why = no_kernels(LU, {lu_kernel(n <= kTinyN ? "solve_thread" : "solve_simd", LU.scalar_type())},
                             n <= kTinyN ? kThreadsPerGroup : 32 * kSolveSimdGroups))
     return why;
-  // torch rejects pivots outside [1, n] (reading them, as here).
-  if (pivots.numel() && at::logical_or(pivots < 1, pivots > n).any().item<bool>())
-    return std::string("pivots out of range");
+  // torch rejects pivots outside [1, n] (reading them on the host, as here,
+  // once the kernel that wrote them, lu_factor's on this stream, has run).
+  if (pivots.numel()) {
+    before_torch_ops(pivots.device());
+    if (at::logical_or(pivots < 1, pivots > n).any().item<bool>()) return std::string("pivots out of range");
+  }
   return std::nullopt;
 }
 
@@ -298,7 +306,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(cons
     X = solve_with_factors(LU, pivots, B_, left, false);
   }
   if (vector) X = X.squeeze(-1);
-  if (check_errors) at::_linalg_check_errors(info, "torch.linalg.solve_ex", A.dim() == 2);
+  if (check_errors) {
+    before_torch_ops(info.device());  // the check reads info on the host
+    at::_linalg_check_errors(info, "torch.linalg.solve_ex", A.dim() == 2);
+  }
   return {X, LU, pivots, info};
 }
 

@@ -17,6 +17,7 @@
 #endif
 #endif
 
+#include "backend.h"
 #include "ops/linalg.h"
 #include "overrides/overrides.h"
 
@@ -73,6 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A,
   }
   auto out = ops::lu_factor_ex_kernels(A, check_errors);
   hit(op);
+  before_torch_ops(A.device());  // torch's composites (linalg.lu_factor, ...) read info as soon as this returns
   return out;
 }
 
@@ -96,6 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Te
   }
   auto out = ops::solve_ex_kernels(A, B, left, check_errors);
   hit(op);
+  before_torch_ops(A.device());  // torch's composites (linalg.solve, linalg.inv, ...) read info as soon as this returns
   return out;
 }
 

@@ -14,9 +14,13 @@ namespace mps_ext {
 mtlsim::Buffer sim_buffer(const at::Tensor& t) {
   static char empty;
   if (t.numel() == 0) return mtlsim::Buffer{&empty, 0};
-  int64_t last = 0;
-  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
-  return mtlsim::Buffer{t.data_ptr(), size_t(last + 1) * t.element_size()};
+  const size_t element = t.element_size();
+  mtlsim::Buffer b{t.data_ptr(), element, element, {}};
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    b.size += size_t((t.size(d) - 1) * t.stride(d)) * element;
+    b.dims.push_back(mtlsim::Extent{size_t(t.size(d)), size_t(t.stride(d)) * element});
+  }
+  return b;
 }
 
 namespace {

@@ -10,6 +10,8 @@
 #include <mutex>
 #include <thread>
 
+#include "wait.h"
+
 namespace mps_ext::sim_streams {
 
 namespace {
@@ -33,7 +35,7 @@ class Mark {
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return reached_; });
+    wait_interruptibly(cv_, lock, [&] { return reached_; });
   }
   bool reached() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -66,7 +68,7 @@ class Stream {
 
   void synchronize() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return pending_ == 0; });
+    wait_interruptibly(cv_, lock, [&] { return pending_ == 0; });
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
   }
 

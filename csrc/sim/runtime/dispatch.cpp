@@ -82,11 +82,6 @@ uint32_t ceil_div(uint32_t a, uint32_t b) { return uint32_t((uint64_t(a) + b - 1
 
 std::atomic<InterruptCheck> interrupt_check{nullptr};
 
-std::exception_ptr poll_interrupt() {
-  const InterruptCheck check = interrupt_check.load();
-  return check ? check() : nullptr;
-}
-
 // Worker threads, each with its own fiber stacks; one dispatch at a time.
 class Pool {
  public:
@@ -327,7 +322,7 @@ void append(std::vector<std::string>& all, const std::vector<std::string>& more)
 }
 
 std::string compare(const std::vector<std::vector<unsigned char>>& a, const std::vector<std::vector<unsigned char>>& b,
-                    Schedule schedule, const KernelInfo& kernel) {
+                    Schedule schedule, const KernelInfo& kernel, const GuardedBuffers& guards) {
   for (uint32_t i = 0; i < a.size(); ++i) {
     if (a[i] == b[i]) continue;
     size_t first = 0, count = 0;
@@ -340,7 +335,7 @@ std::string compare(const std::vector<std::vector<unsigned char>>& a, const std:
     std::ostringstream m;
     m << "kernel '" << kernel.host_name << "' is not deterministic: the forward and " << schedule_name(schedule)
       << " schedules wrote different results to buffer(" << i << ") (" << count << " bytes differ, the first at byte "
-      << first;
+      << guards.offset_in(i, first);
     if (word + 4 <= a[i].size()) {
       uint32_t x, y;
       float fx, fy;
@@ -391,7 +386,7 @@ Report dispatch(const Launch& l, const Options& options) {
       reference = guards.contents();
       continue;
     }
-    const std::string diff = compare(reference, guards.contents(), s, *l.kernel);
+    const std::string diff = compare(reference, guards.contents(), s, *l.kernel, guards);
     if (!diff.empty()) throw SimError(diff);
   }
   guards.store();
@@ -399,6 +394,11 @@ Report dispatch(const Launch& l, const Options& options) {
 }
 
 void set_interrupt_check(InterruptCheck check) { interrupt_check = check; }
+
+std::exception_ptr poll_interrupt() {
+  const InterruptCheck check = interrupt_check.load();
+  return check ? check() : nullptr;
+}
 
 uint64_t push_checked(bool compare_schedules, double timeout_s) {
   std::lock_guard<std::mutex> lock(checked_mu);

@@ -30,9 +30,20 @@ const Module& builtin_module(const std::string& name, ModuleInitFn init);
 // A module compiled to a shared library at run time; loaded once per path.
 const Module& load_module(const std::string& path);
 
+// One dimension of a strided buffer: `count` elements, `stride` bytes apart.
+struct Extent {
+  size_t count = 0, stride = 0;
+};
+
 struct Buffer {
   void* data = nullptr;
-  size_t size = 0;  // bytes the kernel may touch from `data`
+  size_t size = 0;  // the span: bytes from `data` up to the last one the kernel may touch
+  // A strided view's elements: `element` bytes at every sum of index * stride
+  // over `dims`; the bytes between them are not the kernel's (copying and
+  // writing back only these makes a view cost what the view holds, and
+  // leaves the rest of its storage to other writers). No dims: all `size` bytes.
+  size_t element = 0;
+  std::vector<Extent> dims;
 };
 
 struct Launch {
@@ -86,6 +97,9 @@ Report dispatch(const Launch& launch, const Options& options);
 // bindings return a pending KeyboardInterrupt). Called without locks held.
 using InterruptCheck = std::exception_ptr (*)();
 void set_interrupt_check(InterruptCheck check);
+// What the interrupt check returns now (null when none is set), for other
+// waits to poll.
+std::exception_ptr poll_interrupt();
 
 // `with mps_ext.sim.checked()` blocks; MPS_EXT_SIM_CHECK=1 in the environment
 // checks every dispatch, MPS_EXT_SIM_TIMEOUT (seconds) limits each. A
