@@ -10,10 +10,15 @@
 //
 // - decode: few rows per group (MoE decode: each token's top-k experts), b
 //   the transposed expert weights, i.e. every group's weight W_g (n x k)
-//   row-major. One threadgroup per (16 columns of out, group): the GEMV
-//   mapping of mps_ext/gemv.h streams the 16 rows of W_g once for all the
-//   group's rows (up to 8 at a time), and an empty group returns before
-//   reading any weight. Grid: ceil(n / 16) x G.
+//   row-major. A threadgroup serves up to M rows of one group (M = 1, 2, 4
+//   or 8, one pipeline each, so the 1-row kernel holds no 8-row registers)
+//   and 4 x R / slices columns of out (R = rows_per_simdgroup(M)): the GEMV
+//   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows,
+//   K split over `slices` SIMD groups when the host finds too few SIMD groups
+//   to fill the GPU. Grid: ceil(n / (4 R / slices)) x m when split by rows
+//   (one threadgroup per row of a: only threadgroups at the start of a run
+//   of M routed rows of a group work, so unrouted experts cost nothing),
+//   else x G * ceil(m / M).
 // - tiled: TM x 32 tiles of out with simdgroup matrices (mps_ext/mma.h), TM
 //   chosen by the host from the average rows per group. Split by rows, the
 //   grid's y runs over ceil(m / TM) + G tiles (the most the groups can need)
@@ -27,7 +32,9 @@
 
 using namespace metal;
 using mps_ext::GroupedMmParams;
-using mps_ext::kRowsPerSimdGroup;
+using mps_ext::rows_per_simdgroup;
+// Decode threadgroups: four SIMD groups (128 threads, as the host launches).
+constant constexpr uint kDecodeSimdGroups = 4;
 using mps_ext::kTileK;
 using mps_ext::kTileN;
 using mps_ext::kTileThreads;
@@ -63,45 +70,61 @@ inline bool find_tile(device const int* offs, uint groups, uint limit, uint tile
   return false;
 }
 
-// Columns [first, first + 4) of out for `m` (<= M) rows of a group: one SIMD
-// group's pass over those four rows of the group's weight.
-template <uint M, typename T>
-inline void decode_rows(mps_ext::DenseWeights<T> w, mps_ext::XRows<T> x, device T* y, uint y_stride, uint first,
-                        uint n, uint k, uint lane) {
-  const mps_ext::Tile<M, kRowsPerSimdGroup> t = mps_ext::gemv_simdgroup<M, kRowsPerSimdGroup>(w, x, first, n, k, 0, 1, lane);
-  for (uint r = 0; r < kRowsPerSimdGroup; ++r)
-    for (uint i = 0; i < M; ++i)
-      if (lane == r * M + i && first + r < n && i < x.m) y[ulong(i) * y_stride + first + r] = T(t.v[r][i]);
+// The rows of a that decode threadgroup `t` (its grid y) serves: at most M
+// rows [rows.start, rows.start + rows.size) of group g. Split by rows, t is a
+// row of a: the threadgroup finds t's group by a binary search of offs and
+// serves the M rows from t when t starts a run of M rows of its group; for
+// any other row (inside a run, or past offs[G - 1]) it has nothing to do, so
+// the grid needs no more than m threadgroups along y. Not split, t counts the
+// ceil(m / M) runs of every group in turn.
+template <uint M>
+inline bool decode_rows_of(device const int* offs, constant GroupedMmParams& p, uint t, thread uint& g,
+                           thread Extent& rows) {
+  if (p.split != kGroupedSplitRows) {
+    const uint runs = (p.m + M - 1) / M, first = t % runs * M;
+    g = t / runs;
+    rows = Extent{first, min(M, p.m - first)};
+    return true;
+  }
+  uint lo = 0, hi = p.groups;  // the first group whose (clamped) end is past t
+  while (lo < hi) {
+    const uint mid = (lo + hi) / 2;
+    if (uint(clamp(offs[mid], 0, int(p.m))) > t) hi = mid;
+    else lo = mid + 1;
+  }
+  if (lo == p.groups) return false;
+  g = lo;
+  const Extent e = group_extent(offs, g, p.m);
+  if (t < e.start || t >= e.start + e.size || (t - e.start) % M != 0) return false;
+  rows = Extent{t, min(M, e.start + e.size - t)};
+  return true;
 }
 
-template <typename T>
+template <typename T, uint M>
 kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
                               device const int* offs [[buffer(2)]], device T* out [[buffer(3)]],
                               constant GroupedMmParams& p [[buffer(4)]], uint2 group [[threadgroup_position_in_grid]],
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
-  const uint g = group.y;
-  const uint first = (group.x * simdgroups + sg) * kRowsPerSimdGroup;
-  if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
-  const Extent rows = p.split == kGroupedSplitRows ? group_extent(offs, g, p.m) : Extent{0, p.m};
+  constexpr uint R = rows_per_simdgroup(M);
+  threadgroup float partial[kDecodeSimdGroups * R * M];
+  uint g;
+  Extent rows;
+  if (!decode_rows_of<M>(offs, p, group.y, g, rows)) return;  // the whole threadgroup, before any barrier
+  // Runs of `slices` SIMD groups share R weight rows (= columns of out), each
+  // reading every slices-th step of K.
+  const uint slices = p.decode_slices;
+  const uint first = (group.x * (simdgroups / slices) + sg / slices) * R;
   const mps_ext::DenseWeights<T> w{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
-  // Groups with more rows than a kernel pass takes reread their weights per 8 rows.
-  for (uint r = 0; r < rows.size; r += 8) {
-    const uint m = min(rows.size - r, 8u);
-    const ulong row = rows.start + r;
-    const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + row * p.a_row, p.a_row, m, p.a_vectorized != 0};
-    device T* y = out + ulong(g) * p.out_group + row * p.out_row;
-    // m is the same for the whole SIMD group: the branch does not diverge.
-    if (m == 1) {
-      decode_rows<1>(w, x, y, p.out_row, first, p.n, p.k, lane);
-    } else if (m == 2) {
-      decode_rows<2>(w, x, y, p.out_row, first, p.n, p.k, lane);
-    } else if (m <= 4) {
-      decode_rows<4>(w, x, y, p.out_row, first, p.n, p.k, lane);
-    } else {
-      decode_rows<8>(w, x, y, p.out_row, first, p.n, p.k, lane);
-    }
-  }
+  const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row, p.a_row, rows.size,
+                            p.a_vectorized != 0};
+  mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+  if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
+  if (sg % slices != 0) return;
+  device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row;
+  for (uint r = 0; r < R; ++r)
+    for (uint i = 0; i < M; ++i)
+      if (lane == r * M + i && first + r < p.n && i < rows.size) y[ulong(i) * p.out_row + first + r] = T(t.v[r][i]);
 }
 
 // An R x C tile of a strided operand as floats ([R][C]), element (r, c) at
@@ -160,14 +183,19 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   }
 }
 
-// Host names: grouped_mm_decode_<type>, grouped_mm_tiled_m<TM>_<type>, built
+// Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_tiled_m<TM>_<type>, built
 // by the host from the same parts (csrc/ops/grouped_mm.cpp).
 #define MPS_EXT_GROUPED_MM_TILED(T, TM)                                                                        \
   template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, TM>)         \
       grouped_mm_tiled<T, TM>;
 
+#define MPS_EXT_GROUPED_MM_DECODE(T, M)                                                                        \
+  template [[host_name("grouped_mm_decode_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode<T, M>)        \
+      grouped_mm_decode<T, M>;
+
 #define MPS_EXT_GROUPED_MM(T)                                                                                  \
-  template [[host_name("grouped_mm_decode_" #T)]] [[kernel]] decltype(grouped_mm_decode<T>) grouped_mm_decode<T>; \
+  MPS_EXT_GROUPED_MM_DECODE(T, 1) MPS_EXT_GROUPED_MM_DECODE(T, 2) MPS_EXT_GROUPED_MM_DECODE(T, 4)              \
+  MPS_EXT_GROUPED_MM_DECODE(T, 8)                                                                              \
   MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)
 
 MPS_EXT_GROUPED_MM(float)

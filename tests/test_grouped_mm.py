@@ -12,7 +12,7 @@ from tolerances import assert_close_dot, assert_close_normwise
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
-KERNEL = re.compile(r"grouped_mm_(decode|tiled_m(16|32|64))_(float|half|bfloat)")
+KERNEL = re.compile(r"grouped_mm_(decode_m(1|2|4|8)|tiled_m(16|32|64))_(?P<type>float|half|bfloat)")
 
 
 def data(*shape, dtype=torch.float32, seed=0):
@@ -68,14 +68,15 @@ def check(a, b, offs=None, device="cpu", kernel=None, torch_too=False):
     if got.numel():
         assert len(t.kernels) == 1 and t.kernels[0].backend == backend, t.kernels
         m = KERNEL.fullmatch(t.names[0])
-        assert m and m.group(3) == TYPE[a.dtype], t.names
+        assert m and m.group("type") == TYPE[a.dtype], t.names
         if kernel is not None:
             assert t.names[0].startswith(f"grouped_mm_{kernel}"), t.names
     return got, t
 
 
-# Decode takes every row count per group (1, 2, 3-4, 5-8, and more than 8 in passes of 8) while the
-# average stays at most 8; "uneven" averages more and takes tiles.
+# Decode takes every row count per group (1, 2, 3-4, 5-8, and more than 8 in runs of up to 8) while the
+# average stays at most 8, with the pipeline for the average active group (m1 for "empty groups", m2 for
+# "twos", m4 for "threes", m8 for "skewed"); "uneven" averages more and takes tiles.
 SIZES = {"empty groups": [0, 3, 0, 1, 0], "ones": [1, 1, 1, 1], "twos": [2, 0, 2], "threes": [3, 3, 3],
          "skewed": [0, 19, 0, 1, 6], "uneven": [5, 0, 17, 2, 40], "one group": [9], "all empty": [0, 0, 0]}
 
@@ -158,6 +159,29 @@ def test_moe_decode_shapes(device, model, proj, k, n, e, top_k, tokens):
     check(a, experts(e, k, n, torch.bfloat16), offs, device, kernel="decode")
 
 
+@pytest.mark.parametrize("tokens,kernel", [(1, "grouped_mm_decode_m1_bfloat"), (4, "grouped_mm_decode_m1_bfloat"),
+                                           (64, "grouped_mm_decode_m4_bfloat")])
+def test_decode_grid_covers_routed_rows_only(tokens, kernel):
+    # 128 experts, top-8: one threadgroup row per routed row of a (not per expert), the pipeline for the
+    # rows an active expert has on average, the same grid whatever the routing.
+    offs = routing(tokens, 128, 8, seed=tokens)
+    a = data(tokens * 8, 256, dtype=torch.bfloat16)
+    _, t = check(a, experts(128, 256, 24, torch.bfloat16), offs, kernel="decode", torch_too=True)
+    assert t.names == [kernel] and t.kernels[0].grid[1] == tokens * 8, t.kernels
+
+
+@pytest.mark.parametrize("cores,slices", [(8, 1), (80, 4)])
+def test_decode_fills_the_gpu(cores, slices):
+    # One token, top-8 of 128 experts, 96 columns: 8 routed rows x 96 SIMD groups (one per column for one
+    # row) = 768 SIMD groups. That fills an 8-core GPU (256 resident); an 80-core one (2560) gets runs of
+    # four SIMD groups per column splitting K, as many as a threadgroup has (k = 2048: 2 of 8 steps each).
+    offs = routing(1, 128, 8, seed=2)
+    with mps_ext.sim.gpu_cores(cores):
+        _, t = check(data(8, 2048, dtype=torch.bfloat16), experts(128, 2048, 96, torch.bfloat16), offs,
+                     kernel="decode_m1", torch_too=True)
+    assert t.kernels[0].grid[:2] == (96 * slices // 4, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
+
+
 def test_odd_layouts(device):
     # The kernels take what torch's stride rule rejects: odd K and N, a non-contiguous a, an
     # unaligned start, an expanded b (one expert for every group), a transposed a.
@@ -224,7 +248,7 @@ def test_override_cpu():
             torch._grouped_mm(a, b, offs=offs.long())
         with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):  # torch's rule stays
             torch._grouped_mm(data(10, 7, dtype=torch.bfloat16), experts(3, 7, 8, torch.bfloat16), offs=offs)
-    assert t.names == ["grouped_mm_decode_bfloat"]
+    assert t.names == ["grouped_mm_decode_m4_bfloat"]
     torch.testing.assert_close(got[:7], want[:7], rtol=7.9e-3, atol=1e-2)
     stats = mps_ext.overrides.stats()["aten::_grouped_mm"]
     assert stats["hits"] == 1 and stats["fallbacks"] == 2 and stats["reasons"] == {"invalid arguments": 2}
@@ -295,10 +319,11 @@ def test_opcheck():
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-@pytest.mark.parametrize("case", ["decode", "tiled_m16", "tiled_m64", "cols", "k"])
+@pytest.mark.parametrize("case", ["decode", "decode split K", "tiled_m16", "tiled_m64", "cols", "k"])
 def test_checked(case):
     offs = offsets([2, 0, 3])
     args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
+            "decode split K": (data(6, 1030), experts(3, 1030, 9, torch.float32), offsets([1, 0, 4])),
             "tiled_m16": (data(6, 40), data(3, 40, 9, seed=1), offs),
             "tiled_m64": (data(2, 70, 40), experts(2, 40, 9, torch.float32), None),
             "cols": (data(3, 5, 40), data(40, 9, seed=1), offs),

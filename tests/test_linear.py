@@ -86,8 +86,10 @@ MODEL_SHAPES = [
 def test_model_shapes(device, model, layer, n, k, rows):
     dtype = torch.bfloat16
     x, w = data(rows, 1, k, dtype=dtype), data(n, k, dtype=dtype, seed=1) / k**0.5  # [B, 1, K] hidden states
-    # Few rows of W and a long K split K over the SIMD groups of a threadgroup.
-    kernel = "splitk" if n <= 1024 and k >= 2048 else None
+    # Rows of W that leave at least half of the simulator's 32 x 32 SIMD groups idle (one SIMD group per
+    # row for one row of x, per two rows for more) split a long K over the SIMD groups of a threadgroup.
+    blocks = -(-n // (1 if rows == 1 else 2))
+    kernel = "splitk" if 1024 // blocks >= 2 and k >= 1024 else "dense"
     got = check(x, w, kernel=kernel, device=device)
     assert got.shape == (rows, 1, n)
 
@@ -96,7 +98,32 @@ def test_split_k_for_routers(device):
     x, w = data(1, 7168), data(128, 7168, seed=1)
     with mps_ext.trace() as t:
         check(x, w, device=device)
-    assert t.names == ["gemv_splitk_m1_float"] and t.kernels[0].threadgroup[0] > 32 and t.kernels[0].grid[0] == 32
+    assert t.names == ["gemv_splitk_m1_float"] and t.kernels[0].threadgroup[0] > 32 and t.kernels[0].grid[0] == 128
+
+
+@pytest.mark.parametrize("cores,kernel,grid,threads", [(8, "gemv_dense_m1_bfloat", 256, 128),
+                                                      (80, "gemv_splitk_m1_bfloat", 1024, 64)])
+def test_fill_from_gpu_cores(cores, kernel, grid, threads):
+    # 1024 rows of W (a GQA k_proj), one SIMD group each: four times what an 8-core GPU keeps resident
+    # (8 x 32), dense; 0.4 of an 80-core one (2560), where two SIMD groups split K per row.
+    x, w = data(1, 2048, dtype=torch.bfloat16), data(1024, 2048, dtype=torch.bfloat16, seed=1)
+    with mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
+        check(x, w)
+    assert t.names == [kernel] and t.kernels[0].grid[0] == grid and t.kernels[0].threadgroup[0] == threads
+
+
+def test_gpu_core_counts():
+    # The Metal backend's fallback when the GPU's registry entry has no core count: the smallest chip of
+    # the architecture's tier (M1-M4 base, Pro, Max, Ultra).
+    cores = mps_ext._C._apple_gpu_cores_of_architecture
+    assert [cores(f"applegpu_g15{tier}") for tier in "gscd"] == [7, 14, 24, 48]
+    assert cores("applegpu_g13s") == 14 and cores("something else") == 7
+    with pytest.raises(ValueError, match="cores must be positive"):
+        with mps_ext.sim.gpu_cores(0):
+            pass
+    with pytest.raises(TypeError, match="cores must be an int"):
+        with mps_ext.sim.gpu_cores(8.0):
+            pass
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

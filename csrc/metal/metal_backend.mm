@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "backend.h"
+#include "gpu_fill.h"
 #include "metal/metal_backend.h"
 #include "metal/metal_streams.h"
 #include "metal/sources.h"
@@ -42,9 +43,21 @@ void use_safe_math(MTLCompileOptions* options) {
 #pragma clang diagnostic pop
 }
 
+// The GPU's core count: torch reads the gpu-core-count property of the GPU's
+// IOKit accelerator entry (and throws when there is none); else the smallest
+// chip of the device's architecture tier.
+int64_t gpu_cores(id<MTLDevice> device) {
+  try {
+    if (const unsigned cores = at::mps::MPSDevice::getInstance()->getCoreCount()) return cores;
+  } catch (const c10::Error&) {
+  }
+  return cores_of_architecture(device.architecture.name.UTF8String);
+}
+
 class MetalBackend final : public Backend {
  public:
-  explicit MetalBackend(id<MTLDevice> device) : device_(device) {
+  explicit MetalBackend(id<MTLDevice> device)
+      : device_(device), fill_(fill_simdgroups_for_cores(gpu_cores(device))) {
     const auto& all = metal::sources();
     libraries_.assign(all.size(), nil);
     library_errors_.resize(all.size());
@@ -64,6 +77,8 @@ class MetalBackend final : public Backend {
              " threads per threadgroup on this GPU";
     return std::nullopt;
   }
+
+  int64_t fill_simdgroups() override { return fill_; }
 
   void dispatch(const Launch& launch) override {
     std::string error;
@@ -188,6 +203,7 @@ class MetalBackend final : public Backend {
   }
 
   id<MTLDevice> device_;
+  const int64_t fill_;  // read once: the GPU does not change
   std::mutex mu_;
   std::unordered_map<std::string, size_t> source_of_;
   std::vector<id<MTLLibrary>> libraries_;

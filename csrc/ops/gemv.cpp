@@ -18,15 +18,10 @@ namespace mps_ext::ops {
 
 namespace {
 
-// One SIMD group per four rows of W (kRowsPerSimdGroup in mps_ext/gemv.h),
-// four SIMD groups per threadgroup for the dense kernel.
-constexpr int64_t kRowsPerSimdGroup = 4;
+// Four SIMD groups per threadgroup for the dense kernel.
 constexpr uint32_t kDenseSimdGroups = 4;
-// Below this many SIMD groups the GPU has too little memory traffic in flight
-// (an M-series Max runs roughly 40 cores x 24 SIMD groups): split K.
-constexpr int64_t kFillSimdGroups = 1024;
 // A slice of K gets at least this many steps (a step is 32 lanes x 16 bytes
-// of each of the four rows), and a threadgroup at most 16 slices.
+// of each of its rows), and a threadgroup at most 16 slices.
 constexpr int64_t kMinStepsPerSlice = 2;
 constexpr int64_t kMaxSlices = 16;
 
@@ -43,19 +38,27 @@ bool aligned16(const at::Tensor& t) {
 // The rows of x (m) a kernel built for M rows serves: 1, 2, 4 or 8.
 int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
+// Rows of W per SIMD group of the kernel built for M rows of x
+// (rows_per_simdgroup in metal/gemv.metal).
+int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
+
 struct Plan {
   std::string kernel;
   Size3 grid, threads;
 };
 
-// The kernel and geometry for these sizes; split K over fewer SIMD groups
-// when the backend's pipeline allows fewer threads per threadgroup.
+// The kernel and geometry for these sizes: K is split when one SIMD group per
+// block of rows would not fill the GPU (Backend::fill_simdgroups), over fewer
+// SIMD groups when the backend's pipeline allows fewer threads per threadgroup.
 Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
-  const int64_t blocks = (n + kRowsPerSimdGroup - 1) / kRowsPerSimdGroup;
+  const int64_t bucket = rows_bucket(m), per_simdgroup = rows_per_simdgroup(bucket);
+  const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
   const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
   const int64_t steps = (k + per_step - 1) / per_step;
-  int64_t slices = std::min({kMaxSlices, (kFillSimdGroups + blocks - 1) / blocks, steps / kMinStepsPerSlice});
-  const std::string rows = "m" + std::to_string(rows_bucket(m));
+  // Split only when that at least doubles the SIMD groups: a grid just short
+  // of the fill runs best dense.
+  int64_t slices = std::min({kMaxSlices, backend.fill_simdgroups() / blocks, steps / kMinStepsPerSlice});
+  const std::string rows = "m" + std::to_string(bucket);
   if (slices >= 2) {
     const std::string kernel = host_name("gemv", ("splitk_" + rows).c_str(), {dtype});
     while (slices > 2 && backend.unavailable(kernel, uint32_t(32 * slices))) slices /= 2;

@@ -22,10 +22,14 @@ namespace mps_ext::ops {
 
 namespace {
 
-// The decode kernel: four SIMD groups of four weight rows (= output columns) each.
-constexpr int64_t kDecodeColumns = 16;
+// The decode kernel: four SIMD groups, each on its weight rows (= output
+// columns; rows_per_simdgroup), or runs of 2 or 4 of them on the same rows,
+// splitting K.
+constexpr int64_t kDecodeSimdGroups = 4;
+// A slice of K gets at least this many steps (a step is 32 lanes x 16 bytes).
+constexpr int64_t kDecodeMinStepsPerSlice = 2;
 // Up to this many rows per group on average, streaming each group's weights
-// once per 8 rows beats tiles (a group's rows come 8 at a time in the kernel).
+// once per 8 rows beats tiles.
 constexpr int64_t kDecodeMaxAverageRows = 8;
 constexpr int64_t kTileColumns = 32;  // kTileN in mps_ext/mma.h
 constexpr uint32_t kThreads = 128;
@@ -109,13 +113,48 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
 struct Plan {
   std::string kernel;
   Size3 grid, threads;
+  uint32_t decode_slices = 1;
 };
+
+// The rows of a group a decode threadgroup serves at once: 1, 2, 4 or 8.
+int64_t rows_bucket(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
+
+// Weight rows per SIMD group of the kernel for `bucket` rows
+// (rows_per_simdgroup in mps_ext/gemv.h).
+int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
+
+// Decode: a pipeline for the rows an active group has on average (when split
+// by rows, the host knows m but not offs: at most min(G, m) groups are active),
+// one threadgroup per row of a (only those starting a run of routed rows
+// work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
+// groups with work would not fill the GPU (Backend::fill_simdgroups).
+Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
+  const GroupedMmParams& q = pr.params;
+  const int64_t g = pr.groups, m = q.m, n = q.n;
+  const bool by_rows = q.split == kGroupedSplitRows;
+  const int64_t active = by_rows ? std::max<int64_t>(1, std::min(g, m)) : g;
+  const int64_t rows = rows_bucket(by_rows ? (m + active - 1) / active : m);
+  const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
+  const int64_t per_simdgroup = rows_per_simdgroup(rows);
+  const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
+  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
+  const int64_t steps = (q.k + per_step - 1) / per_step;
+  int64_t slices = 1;
+  while (slices < kDecodeSimdGroups && runs * blocks * slices < fill &&
+         steps / (2 * slices) >= kDecodeMinStepsPerSlice)
+    slices *= 2;
+  const int64_t columns = per_simdgroup * kDecodeSimdGroups / slices;
+  return {host_name("grouped_mm", ("decode_m" + std::to_string(rows)).c_str(), {dtype}),
+          {uint32_t((n + columns - 1) / columns), uint32_t(by_rows ? m : runs)},
+          {kThreads},
+          uint32_t(slices)};
+}
 
 // Decode when the groups' weights are row-major (b the transposed expert
 // weights), a's rows contiguous and the groups have few rows on average (the
 // host cannot see how many each has); tiles otherwise, as tall as the
 // average group.
-Plan plan(const Problem& pr, at::ScalarType dtype) {
+Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
@@ -123,9 +162,7 @@ Plan plan(const Problem& pr, at::ScalarType dtype) {
   const bool contiguous_x = q.a_k == 1 || q.k == 1;
   if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && rows_of_weights && contiguous_x &&
       average <= kDecodeMaxAverageRows)
-    return {host_name("grouped_mm", "decode", {dtype}),
-            {uint32_t((n + kDecodeColumns - 1) / kDecodeColumns), uint32_t(g)},
-            {kThreads}};
+    return decode_plan(pr, dtype, backend.fill_simdgroups());
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
   if (q.split == kGroupedSplitRows) y += g;       // worst case: every group ends in a partial tile
@@ -192,16 +229,17 @@ std::optional<std::string> grouped_mm_unsupported(const at::Tensor& a, const at:
   if (out.size[0] * out.stride[0] > kMax) return "size >= 2^31";
   const Problem pr = problem_of(a, b, offs, out);
   if (pr.groups == 0) return std::nullopt;  // nothing to run
-  const Plan p = plan(pr, a.scalar_type());
+  const Plan p = plan(pr, a.scalar_type(), *backend);
   return backend->unavailable(p.kernel, kThreads);
 }
 
 at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs) {
   const Layout layout = output_layout(a, b, offs);
   at::Tensor out = at::empty_strided(layout.size, layout.stride, a.options());
-  const Problem pr = problem_of(a, b, offs, layout);
+  Problem pr = problem_of(a, b, offs, layout);
   if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
-  const Plan p = plan(pr, a.scalar_type());
+  const Plan p = plan(pr, a.scalar_type(), *backend_for(a.device()));
+  pr.params.decode_slices = p.decode_slices;
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(a).tensor(b).tensor(offs ? *offs : a).tensor(out).bytes(
       pr.params));
   return out;

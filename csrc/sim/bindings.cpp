@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_fill.h"
 #include "sim/builtin_modules.h"
 #include "sim/sim_backend.h"
 #include "sim/sim_streams.h"
@@ -119,6 +120,9 @@ void register_sim_bindings(py::module_& m) {
   });
   m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"), py::arg("timeout"));
   m.def("_sim_pop_checked", &mtlsim::pop_checked, py::arg("token"));
+  m.def("_sim_gpu_cores", &mps_ext::sim_gpu_cores);
+  m.def("_sim_set_gpu_cores", &mps_ext::set_sim_gpu_cores, py::arg("cores"));
+  m.def("_apple_gpu_cores_of_architecture", &mps_ext::cores_of_architecture, py::arg("name"));
   m.def("_sim_stream_warnings", &mps_ext::sim_streams::take_warnings, py::arg("stream"));
   m.def("_sim_stream_hold", &mps_ext::sim_streams::hold, py::arg("stream"));
   python_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();

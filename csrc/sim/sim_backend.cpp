@@ -2,9 +2,11 @@
 // this extension, streams from sim_streams.
 #include "sim/sim_backend.h"
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 
+#include "gpu_fill.h"
 #include "sim/builtin_modules.h"
 #include "sim/runtime/fork.h"
 #include "sim/sim_streams.h"
@@ -40,6 +42,8 @@ class SimBackend final : public Backend {
     if (threads > limit) return "kernel '" + kernel + "' allows " + std::to_string(limit) + " threads per threadgroup";
     return std::nullopt;
   }
+
+  int64_t fill_simdgroups() override { return fill_simdgroups_for_cores(sim_gpu_cores()); }
 
   void dispatch(const Launch& launch) override {
     const mtlsim::Module* module = nullptr;
@@ -111,6 +115,17 @@ class SimBackend final : public Backend {
 };
 
 }  // namespace
+
+namespace {
+std::atomic<int64_t> simulated_cores{kSimulatedGpuCores};
+}  // namespace
+
+int64_t sim_gpu_cores() { return simulated_cores.load(); }
+
+void set_sim_gpu_cores(int64_t cores) {
+  TORCH_CHECK_VALUE(cores > 0, "mps_ext.sim.gpu_cores: cores must be positive, got ", cores);
+  simulated_cores.store(cores);
+}
 
 Backend& sim_backend() {
   static SimBackend backend;

@@ -10,6 +10,11 @@ namespace mps_ext {
 // tensors are still bound (zero bytes).
 mtlsim::Buffer sim_buffer(const at::Tensor& t);
 
+// The core count of the GPU the simulator plans grids for (gpu_fill.h): a
+// setting, kSimulatedGpuCores unless changed, for every thread.
+int64_t sim_gpu_cores();
+void set_sim_gpu_cores(int64_t cores);
+
 // Runs the kernels translated from metal/*.metal at build time, on CPU tensors.
 Backend& sim_backend();
 

@@ -29,7 +29,7 @@ from .compiler import CompileError
 
 __all__ = [
     "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
-    "compile_file", "dispatch",
+    "compile_file", "dispatch", "gpu_cores",
 ]
 
 SimulatorError = _C.SimulatorError
@@ -77,6 +77,28 @@ def checked(compare_schedules: bool = True, timeout: float | None = None):
         yield
     finally:
         _C._sim_pop_checked(token)
+
+
+@contextlib.contextmanager
+def gpu_cores(cores: int):
+    """Plan grids inside the block as for an Apple GPU with ``cores`` cores.
+
+    The host sizes grids by how many SIMD groups fill the GPU: on Metal the
+    GPU's core count times the SIMD groups a core keeps resident; in the
+    simulator the same with this setting (32 cores unless changed), so tests
+    can show what an op launches on an 8-core M1 and on an 80-core Ultra. The
+    setting is process-wide; the previous value comes back at the end.
+    """
+    if isinstance(cores, bool) or not isinstance(cores, int):
+        raise TypeError(f"gpu_cores: cores must be an int, got {type(cores).__name__}")
+    if cores <= 0:
+        raise ValueError(f"gpu_cores: cores must be positive, got {cores}")
+    previous = _C._sim_gpu_cores()
+    _C._sim_set_gpu_cores(cores)
+    try:
+        yield
+    finally:
+        _C._sim_set_gpu_cores(previous)
 
 
 def _as_tuple(value, what: str, smallest: int = 0) -> tuple[int, ...]:

@@ -384,7 +384,11 @@ def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
 def grouped_small():
     cases = []
     for dt in (F32, F16, BF16):
+        # decode with 8, 4, 2 and 1 rows per threadgroup (5, 2, 2 and 1 rows per active group), K split
         cases += [grouped_case("decode", dt, 5, 21, 40, 48, empty_every=3),
+                  grouped_case("decode", dt, 6, 20, 40, 1030, empty_every=2),
+                  grouped_case("decode", dt, 8, 13, 24, 520),
+                  grouped_case("decode", dt, 64, 9, 24, 300, empty_every=2),
                   grouped_case("rows", dt, 4, 50, 40, 40),      # TM 16
                   grouped_case("rows", dt, 3, 80, 33, 40),      # TM 32
                   grouped_case("rows", dt, 2, 150, 40, 36, empty_every=2),  # TM 64
@@ -395,7 +399,9 @@ def grouped_small():
 
 
 def grouped_large():
-    return [grouped_case("decode", BF16, 128, 128, 1536, 2048, large=True),
+    return [grouped_case("decode", BF16, 128, 8, 1536, 2048, large=True),
+            grouped_case("decode", BF16, 128, 32, 1536, 2048, large=True),
+            grouped_case("decode", BF16, 128, 128, 1536, 2048, large=True),
             grouped_case("decode", BF16, 128, 1024, 1536, 2048, large=True),
             grouped_case("rows", BF16, 128, 32768, 1536, 2048, large=True),
             grouped_case("rows", F32, 128, 8192, 768, 2048, large=True)]

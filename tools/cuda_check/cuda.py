@@ -23,6 +23,8 @@ from translate_cuda import ROOT, SYMBOL_PREFIX, translate
 HERE = Path(__file__).resolve().parent
 # Where tensors live: "cpu" exercises the Python side (cases, plans, checks) on a machine without a GPU.
 DEV = os.environ.get("CUDA_CHECK_DEVICE", "cuda")
+# Metal's argument table, as mtlcuda.h's Args (kBufferSlots): the launch passes it whole.
+BUFFER_SLOTS = 31
 NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-std=c++17", "-use_fast_math", "-lineinfo", "-I", str(HERE / "include")]
 
 
@@ -103,7 +105,7 @@ class Driver:
         return Raw(ptr.value)
 
     def launch(self, name: str, grid, block, addresses: list[int]):
-        args = (ctypes.c_uint64 * 16)(*addresses, *([0] * (16 - len(addresses))))
+        args = (ctypes.c_uint64 * BUFFER_SLOTS)(*addresses, *([0] * (BUFFER_SLOTS - len(addresses))))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         stream = torch.cuda.current_stream().cuda_stream
         g = (list(grid) + [1, 1])[:3]

@@ -15,6 +15,13 @@ METAL_TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bf
               torch.float8_e4m3fn: "fp8", torch.uint8: "fp8"}
 
 
+def fill_simdgroups(kernel: str, threads: int) -> int:
+    """Backend::fill_simdgroups: how many SIMD groups fill the GPU for `kernel` at `threads` per threadgroup.
+    The simulator's value (32 cores x 32) until run.py sets the GPU's: SMs x the warps of the kernel one SM
+    keeps resident."""
+    return 32 * 32
+
+
 def host_name(op: str, kernel: str, *types) -> str:
     return "_".join([op, kernel, *(METAL_TYPE[t] for t in types)])
 
@@ -77,22 +84,27 @@ def softmax(x: torch.Tensor, dim: int, log: bool, out_dtype=None):
 
 # ---------------------------------------------------------------- GEMV (csrc/ops/gemv.cpp)
 
-K_ROWS_PER_SG, K_DENSE_SG, K_FILL_SG, K_MIN_STEPS, K_MAX_SLICES = 4, 4, 1024, 2, 16
+K_DENSE_SG, K_MIN_STEPS, K_MAX_SLICES = 4, 2, 16
 
 
 def rows_bucket(m: int) -> int:
     return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
 
 
+def rows_per_simdgroup(bucket: int) -> int:
+    return 1 if bucket == 1 else 2
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, bias=None):
     """x (m <= 8, k) contiguous rows, w (n, k) with unit column stride."""
     m, k = x.shape
     n = w.shape[0]
-    blocks = ceil_div(n, K_ROWS_PER_SG)
+    blocks = ceil_div(n, rows_per_simdgroup(rows_bucket(m)))
     per_step = 32 * (16 // x.element_size())
     steps = ceil_div(k, per_step)
-    slices = min(K_MAX_SLICES, ceil_div(K_FILL_SG, blocks), steps // K_MIN_STEPS)
     rows = f"m{rows_bucket(m)}"
+    fill = fill_simdgroups(host_name("gemv", f"dense_{rows}", x.dtype), 32 * K_DENSE_SG)
+    slices = min(K_MAX_SLICES, fill // blocks, steps // K_MIN_STEPS)
     if slices >= 2:
         kernel, grid, threads = host_name("gemv", f"splitk_{rows}", x.dtype), (blocks,), (32 * slices,)
     else:
@@ -192,7 +204,7 @@ def fp8_linear(x, weight, weight_scale, block_size=None, bias=None):
 
 # ---------------------------------------------------------------- grouped_mm (csrc/ops/grouped_mm.cpp)
 
-K_DECODE_COLUMNS, K_DECODE_MAX_AVG, K_TILE_COLUMNS = 16, 8, 32
+K_DECODE_SG, K_DECODE_MIN_STEPS, K_DECODE_MAX_AVG, K_TILE_COLUMNS = 4, 2, 8, 32
 SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_K = 0, 1, 2, 3
 
 
@@ -221,14 +233,26 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     es = a.element_size()
     a_vec = aligned16(a) and a_row * es % 16 == 0 and a_group * es % 16 == 0
     b_vec = aligned16(b) and b_col * es % 16 == 0 and b_group * es % 16 == 0
-    p = u32s(split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec)
+    fields = [split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec]
     average = m // max(groups, 1) if split == SPLIT_ROWS else m
     rows_of_weights = b_k == 1 or k == 1
     contiguous_x = a_k == 1 or k == 1
-    bufs = [a, b, offs if offs is not None else a, out, p]
     if split in (SPLIT_ROWS, SPLIT_NONE) and rows_of_weights and contiguous_x and average <= K_DECODE_MAX_AVG:
-        return [Launch(host_name("grouped_mm", "decode", a.dtype), (ceil_div(n, K_DECODE_COLUMNS), groups), (128,),
-                       bufs)], out
+        by_rows = split == SPLIT_ROWS
+        active = max(1, min(groups, m)) if by_rows else groups
+        rows = rows_bucket(ceil_div(m, active) if by_rows else m)
+        runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
+        blocks = ceil_div(n, rows_per_simdgroup(rows))
+        steps = ceil_div(k, 32 * (16 // es))
+        kernel = host_name("grouped_mm", f"decode_m{rows}", a.dtype)
+        fill = fill_simdgroups(kernel, 32 * K_DECODE_SG)
+        slices = 1
+        while slices < K_DECODE_SG and runs * blocks * slices < fill and steps // (2 * slices) >= K_DECODE_MIN_STEPS:
+            slices *= 2
+        columns = rows_per_simdgroup(rows) * K_DECODE_SG // slices
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices)]
+        return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,), bufs)], out
+    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1)]
     tm = 16 if average <= 16 else 32 if average <= 32 else 64
     x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
     if split == SPLIT_ROWS:

@@ -30,6 +30,7 @@ if "--dry-run" in sys.argv:
 import torch  # noqa: E402
 
 import cases as C  # noqa: E402
+import ops  # noqa: E402
 from cuda import Driver, Launch, Launcher, build, env_no_caching, resource_usage, u32s  # noqa: E402
 from translate_cuda import ROOT, translate  # noqa: E402
 
@@ -57,6 +58,9 @@ def load_all(build_dir: Path, with_planted=False):
     for src in srcs:
         names[src.stem] = [e.host for e in translate(src, [ROOT / "metal" / "include"])[1]]
         drv.load(src.stem, cubins[src.stem], names[src.stem])
+    # Plans fill this GPU as the Metal backend fills an Apple GPU: every SM with the warps it keeps resident.
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ops.fill_simdgroups = lambda kernel, threads: sms * drv.resident(kernel, threads) * threads // 32
     return drv, names, cubins
 
 

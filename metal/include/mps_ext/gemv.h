@@ -4,10 +4,9 @@
 // that only change how weights are read (FP8 with scales) or which matrix a
 // threadgroup reads (one per expert in grouped matmul).
 //
-// Mapping: one SIMD group owns kRowsPerSimdGroup consecutive rows of W. Each
-// step, every lane reads one 16-byte chunk of each of those rows (so a lane
-// has kRowsPerSimdGroup 16-byte loads in flight, and a SIMD group reads 512
-// contiguous bytes of each row), and the matching K-range of every x row
+// Mapping: one SIMD group owns R consecutive rows of W. Each step, every lane
+// reads one 16-byte chunk of each of those rows (so a lane has R 16-byte
+// loads in flight, and a SIMD group reads 512 contiguous bytes of each row), and the matching K-range of every x row
 // (from cache: x is small), accumulating M x R dot products in float. A K
 // range may be split over several SIMD groups ("slices") that add their
 // results through threadgroup memory.
@@ -24,6 +23,15 @@
 
 namespace mps_ext {
 
+// Rows of W per SIMD group for kernels built for M rows of x (the hosts'
+// rows_per_simdgroup in csrc/ops): one for a single row, two for more. Few
+// registers per lane keep many SIMD groups resident, each lane with one
+// 16-byte load of W per row in flight and the M x R totals in registers;
+// four rows per SIMD group held 64-120 registers and ran 1.1-1.6x slower on
+// the CUDA proxy (docs/performance.md).
+constexpr uint rows_per_simdgroup(uint m) { return m == 1 ? 1 : 2; }
+
+// The rows per SIMD group of the FP8 GEMV.
 constant constexpr uint kRowsPerSimdGroup = 4;
 
 // 16 bytes as floats: four floats, or eight half/bfloat.
@@ -134,22 +142,26 @@ inline void gemv_store_tile(device T* y, device const T* bias, constant Params& 
       if (lane == r * M + i) gemv_store(y, bias, p, w, first + r, i, t.v[r][i]);
 }
 
-// Split K: every SIMD group of the threadgroup ("slice") holds totals for the
-// same rows; they are added through `partial` (slices x M x R floats) and
-// threads r * M + i write the results.
-template <uint M, uint R, typename T, typename Weights, typename Params>
-inline void gemv_store_split(device T* y, device const T* bias, constant Params& p, Weights w, uint first,
-                             Tile<M, R> t, threadgroup float* partial, uint slice, uint slices, uint lane,
-                             uint tid) {
+// Split K: runs of `slices` consecutive SIMD groups of the threadgroup hold
+// totals for the same rows; they are added through `partial` (one M x R tile
+// per SIMD group), and the first SIMD group of each run gets the sums, each
+// in the lane that gemv_store_tile writes it from (r * M + i; M x R <= 32).
+// Every thread of the threadgroup must call it (a barrier).
+template <uint M, uint R>
+inline Tile<M, R> gemv_sum_slices(Tile<M, R> t, threadgroup float* partial, uint sg, uint slices, uint lane) {
+  static_assert(M * R <= 32, "one lane per total");
   if (lane == 0)
     for (uint r = 0; r < R; ++r)
-      for (uint i = 0; i < M; ++i) partial[slice * (R * M) + r * M + i] = t.v[r][i];
+      for (uint i = 0; i < M; ++i) partial[sg * (R * M) + r * M + i] = t.v[r][i];
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
-  if (tid < R * M) {
+  if (sg % slices == 0 && lane < R * M) {
     float sum = 0.0f;
-    for (uint s = 0; s < slices; ++s) sum += partial[s * (R * M) + tid];
-    gemv_store(y, bias, p, w, first + tid / M, tid % M, sum);
+    for (uint s = 0; s < slices; ++s) sum += partial[(sg + s) * (R * M) + lane];
+    for (uint r = 0; r < R; ++r)
+      for (uint i = 0; i < M; ++i)
+        if (lane == r * M + i) t.v[r][i] = sum;
   }
+  return t;
 }
 
 }  // namespace mps_ext

@@ -9,7 +9,13 @@
 // - vectors have component-wise arithmetic, splat and converting
 //   constructors, and every copy of a 4-, 8- or 16-byte vector is one load or
 //   store of that width (vcopy), so half4 and uint4 reads stay single
-//   accesses.
+//   accesses; vector operands are taken by value, as MSL passes them, so an
+//   operand in device memory is one load too (a const reference would read
+//   it component by component), and a converting constructor copies its
+//   source whole before converting.
+// - the address-space macros the simulator's translator puts into classes
+//   (mps_ext/sim/translate.py): CUDA erases address spaces, so they are
+//   csrc/sim/include/mtlsim/address_space.h's erased definitions.
 // - SIMD-group functions: 32-lane warp shuffles when the whole warp is
 //   active; otherwise an exact path over the active lanes only, combining
 //   in the simulator's order.
@@ -30,6 +36,27 @@ typedef unsigned char uchar;
 typedef unsigned long ulong;
 
 #define MTLCUDA_FN __device__ __forceinline__
+
+// ------------------------------------------------------------------ address spaces
+
+// The translator's forwarders for members MSL qualifies with an address space
+// (`float get() const device`): with spaces erased, only a member that no
+// thread-space copy has is forwarded, to its renamed body.
+#define MTLSIM_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_SPACE_METHOD(spaces, member, ...)
+#define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
+#define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
+#define MTLSIM_ERASED_SPACE_METHOD(spaces, member, ...)                                \
+  template <class... mtlsim_A>                                                         \
+  MTLCUDA_FN constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) {           \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                               \
+  }                                                                                    \
+  template <class... mtlsim_A>                                                         \
+  MTLCUDA_FN constexpr decltype(auto) __VA_ARGS__(mtlsim_A&&... mtlsim_a) const {     \
+    return member(static_cast<mtlsim_A&&>(mtlsim_a)...);                               \
+  }
+#define MTLSIM_ERASED_SPACE_CONVERSION_TO(spaces, member, ...) \
+  MTLCUDA_FN operator __VA_ARGS__() const { return member(); }
 
 // ------------------------------------------------------------------ scalars
 
@@ -133,8 +160,9 @@ struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
     vcopy(this, &o);
     return *this;
   }
+  // Implicit, as MSL converts a scalar to a vector (`float4 s = 0.0f;`).
   template <class U, std::enable_if_t<std::is_arithmetic_v<U> || std::is_class_v<U> && sizeof(U) == 2, int> = 0>
-  MTLCUDA_FN explicit vec(U s) {
+  MTLCUDA_FN vec(U s) {
     for (int i = 0; i < N; ++i) (*this)[i] = T(s);
   }
   MTLCUDA_FN vec(T a, T b) { static_assert(N == 2); this->x = a; this->y = b; }
@@ -142,7 +170,8 @@ struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
   MTLCUDA_FN vec(T a, T b, T c, T d) { static_assert(N == 4); this->x = a; this->y = b; this->z = c; this->w = d; }
   template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
   MTLCUDA_FN explicit vec(const vec<U, N>& o) {
-    for (int i = 0; i < N; ++i) (*this)[i] = T(o[i]);
+    const vec<U, N> whole(o);  // one access of o's width (vcopy), as Metal loads a vector, then converted
+    for (int i = 0; i < N; ++i) (*this)[i] = T(whole[i]);
   }
   MTLCUDA_FN T& operator[](int i) { return reinterpret_cast<T*>(this)[i]; }
   MTLCUDA_FN const T& operator[](int i) const { return reinterpret_cast<const T*>(this)[i]; }
@@ -162,36 +191,36 @@ struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
 
 }  // namespace metal
 
-#define MTLCUDA_VEC_OPS(op)                                                                                      \
-  template <class T, int N>                                                                                      \
-  MTLCUDA_FN metal::vec<T, N> operator op(const metal::vec<T, N>& a, const metal::vec<T, N>& b) {               \
-    metal::vec<T, N> r;                                                                                          \
-    for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                                                             \
-    return r;                                                                                                    \
-  }                                                                                                              \
-  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>                        \
-  MTLCUDA_FN metal::vec<T, N> operator op(const metal::vec<T, N>& a, S s) {                                     \
-    metal::vec<T, N> r;                                                                                          \
-    for (int i = 0; i < N; ++i) r[i] = a[i] op T(s);                                                             \
-    return r;                                                                                                    \
-  }                                                                                                              \
-  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>                        \
-  MTLCUDA_FN metal::vec<T, N> operator op(S s, const metal::vec<T, N>& a) {                                     \
-    metal::vec<T, N> r;                                                                                          \
-    for (int i = 0; i < N; ++i) r[i] = T(s) op a[i];                                                             \
-    return r;                                                                                                    \
-  }                                                                                                              \
-  template <class T, int N, class S>                                                                             \
-  MTLCUDA_FN metal::vec<T, N>& operator op##=(metal::vec<T, N>& a, const S& b) {                                \
-    a = a op b;                                                                                                  \
-    return a;                                                                                                    \
+#define MTLCUDA_VEC_OPS(op)                                                              \
+  template <class T, int N>                                                              \
+  MTLCUDA_FN metal::vec<T, N> operator op(metal::vec<T, N> a, metal::vec<T, N> b) {      \
+    metal::vec<T, N> r;                                                                  \
+    for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                                     \
+    return r;                                                                            \
+  }                                                                                      \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0> \
+  MTLCUDA_FN metal::vec<T, N> operator op(metal::vec<T, N> a, S s) {                     \
+    metal::vec<T, N> r;                                                                  \
+    for (int i = 0; i < N; ++i) r[i] = a[i] op T(s);                                     \
+    return r;                                                                            \
+  }                                                                                      \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0> \
+  MTLCUDA_FN metal::vec<T, N> operator op(S s, metal::vec<T, N> a) {                     \
+    metal::vec<T, N> r;                                                                  \
+    for (int i = 0; i < N; ++i) r[i] = T(s) op a[i];                                     \
+    return r;                                                                            \
+  }                                                                                      \
+  template <class T, int N, class S>                                                     \
+  MTLCUDA_FN metal::vec<T, N>& operator op##=(metal::vec<T, N>& a, const S& b) {         \
+    a = a op b;                                                                          \
+    return a;                                                                            \
   }
 MTLCUDA_VEC_OPS(+) MTLCUDA_VEC_OPS(-) MTLCUDA_VEC_OPS(*) MTLCUDA_VEC_OPS(/) MTLCUDA_VEC_OPS(&) MTLCUDA_VEC_OPS(|)
 MTLCUDA_VEC_OPS(<<) MTLCUDA_VEC_OPS(>>)
 #undef MTLCUDA_VEC_OPS
 
 template <class T, int N>
-MTLCUDA_FN metal::vec<T, N> operator-(const metal::vec<T, N>& a) {
+MTLCUDA_FN metal::vec<T, N> operator-(metal::vec<T, N> a) {
   metal::vec<T, N> r;
   for (int i = 0; i < N; ++i) r[i] = -a[i];
   return r;
@@ -230,7 +259,7 @@ template <class T, int N> struct is_vec<vec<T, N>> : std::true_type {};
 #define MTLCUDA_UNARY(name, expr)                                          \
   MTLCUDA_FN float name(float x) { return expr; }                          \
   template <class T, int N>                                                \
-  MTLCUDA_FN vec<T, N> name(const vec<T, N>& v) {                          \
+  MTLCUDA_FN vec<T, N> name(vec<T, N> v) {                          \
     vec<T, N> r;                                                           \
     for (int i = 0; i < N; ++i) r[i] = T(name(float(v[i])));               \
     return r;                                                              \
@@ -257,7 +286,7 @@ template <class T>
 MTLCUDA_FN T clamp(T x, T lo, T hi) { return min(max(x, lo), hi); }
 
 template <class T, int N>
-MTLCUDA_FN T dot(const vec<T, N>& a, const vec<T, N>& b) {
+MTLCUDA_FN T dot(vec<T, N> a, vec<T, N> b) {
   T s = a[0] * b[0];
   for (int i = 1; i < N; ++i) s += a[i] * b[i];
   return s;
@@ -408,10 +437,13 @@ MTLCUDA_FN void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, cons
 
 namespace mtlcuda {
 
+// Metal's argument table: [[buffer(0)]] to [[buffer(30)]].
+constexpr int kBufferSlots = 31;
+
 // What a launch passes: the buffer addresses by [[buffer(i)]] slot (a
 // parameter struct bound with setBytes is a device copy of its bytes).
 struct Args {
-  unsigned long long buf[16];
+  unsigned long long buf[kBufferSlots];
 };
 
 enum class Attr {

@@ -109,8 +109,13 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
   MTLGPUFamilyApple9 = 1009,
 } API_AVAILABLE(macos(10.15), ios(13.0));
 
+@interface MTLArchitecture : NSObject
+@property(nonnull, readonly) NSString* name;
+@end
+
 @protocol MTLDevice <NSObject>
 @property(nonnull, readonly) NSString* name;
+@property(nonnull, readonly) MTLArchitecture* architecture API_AVAILABLE(macos(14.0), ios(17.0));
 @property(readonly) BOOL hasUnifiedMemory API_AVAILABLE(macos(10.15), ios(13.0));
 @property(readonly) uint64_t recommendedMaxWorkingSetSize API_AVAILABLE(macos(10.12), macCatalyst(13.0), ios(16.0));
 - (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily API_AVAILABLE(macos(10.15), ios(13.0));

@@ -1,0 +1,85 @@
+"""The CUDA check's shim keeps up with the translator (tools/cuda_check), without a GPU.
+
+The translator puts macros into the code it emits (MTLSIM_SPACE_ASSIGNMENT after every struct, forwarders
+for members qualified with an address space); the shim must define each of them, or nvcc stops on the
+first struct. When nvcc is on PATH, every translated file is compiled too.
+"""
+
+import importlib
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "cuda_check"
+SHIM = TOOL / "include" / "mtlcuda.h"
+METAL = sorted((ROOT / "metal").glob("*.metal"))
+
+# Every kind of member the translator forwards: an address-space-qualified method with and without a
+# thread-space copy, a conversion, a conversion template.
+SPACES_SOURCE = """
+#include <metal_stdlib>
+using namespace metal;
+struct Pair {
+  float a, b;
+  float sum() const device { return a + b; }
+  float sum() const thread { return a + b; }
+  float first() const device { return a; }
+  operator float() const device { return a; }
+  template <typename U> operator U() const device { return U(b); }
+};
+kernel void pairs(device Pair* p [[buffer(0)]], device float* out [[buffer(1)]], uint i [[thread_position_in_grid]]) {
+  out[i] = p[i].sum() + p[i].first() + float(p[i]) + int(p[i]);
+  p[i] = Pair{out[i], 0.0f};
+}
+"""
+
+
+def _tool(name: str):
+    """A module of tools/cuda_check (its modules import each other by plain name)."""
+    if str(TOOL) not in sys.path:
+        sys.path.insert(0, str(TOOL))
+    return importlib.import_module(name)
+
+
+def _translate(path: Path) -> str:
+    text, _ = _tool("translate_cuda").translate(path, [ROOT / "metal" / "include"])
+    return text
+
+
+def _used_macros(text: str) -> set[str]:
+    return set(re.findall(r"\b(MTLSIM_\w+)\s*\(", text))
+
+
+def _defined_macros() -> set[str]:
+    return set(re.findall(r"^#define (MTLSIM_\w+)\(", SHIM.read_text(), re.M))
+
+
+def test_shim_defines_every_macro_of_the_project_kernels():
+    used = set().union(*(_used_macros(_translate(p)) for p in METAL))
+    assert "MTLSIM_SPACE_ASSIGNMENT" in used
+    assert used <= _defined_macros(), f"mtlcuda.h lacks {sorted(used - _defined_macros())}"
+
+
+def test_shim_defines_every_forwarder_for_address_space_members(tmp_path):
+    src = tmp_path / "spaces.metal"
+    src.write_text(SPACES_SOURCE)
+    used = _used_macros(_translate(src))
+    assert {"MTLSIM_SPACE_METHOD", "MTLSIM_ERASED_SPACE_METHOD", "MTLSIM_SPACE_CONVERSION_TO",
+            "MTLSIM_ERASED_SPACE_CONVERSION_TO", "MTLSIM_SPACE_CONVERSION_TEMPLATE"} <= used
+    assert used <= _defined_macros(), f"mtlcuda.h lacks {sorted(used - _defined_macros())}"
+
+
+def test_launcher_passes_metal_buffer_table():
+    slots = int(re.search(r"kBufferSlots = (\d+);", SHIM.read_text()).group(1))
+    assert slots == _tool("cuda").BUFFER_SLOTS == 31
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("source", METAL + [TOOL / "planted.metal"], ids=lambda p: p.stem)
+def test_nvcc_compiles_translation(source, tmp_path):
+    cubins = _tool("cuda").build([source], tmp_path, log=lambda *_: None)
+    assert cubins[source.stem].stat().st_size > 0
