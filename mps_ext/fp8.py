@@ -353,11 +353,12 @@ def _linear_jvp(inputs, kwargs, out, tangents):
 
 
 def _scaled_mm_jvp(inputs, kwargs, out, tangents):
-    # Linear in each scale and in bias.
-    (a, b, scale_a, scale_b, _, out_dtype), (_, _, t_a, t_b, t_bias, _) = inputs, tangents
+    # Linear in each scale and in bias (scale_result only scales a float8 output, which rounds).
+    (a, b, scale_a, scale_b, _, out_dtype, result), (_, _, t_a, t_b, t_bias, _, _) = inputs, tangents
     op = torch.ops.mps_ext.scaled_mm
-    return _autograd.tangent_sum([None if t_a is None else op(a, b, t_a, scale_b, None, out_dtype),
-                                  None if t_b is None else op(a, b, scale_a, t_b, None, out_dtype), t_bias], out)
+    return _autograd.tangent_sum([None if t_a is None else op(a, b, t_a, scale_b, None, out_dtype, result),
+                                  None if t_b is None else op(a, b, scale_a, t_b, None, out_dtype, result), t_bias],
+                                 out)
 
 
 def _dequantize_jvp(inputs, kwargs, out, tangents):

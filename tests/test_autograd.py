@@ -96,7 +96,9 @@ def test_backward(case, route):
 @pytest.mark.parametrize("mode", ["forward_ad", "jvp", "jacfwd"])
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_forward_derivative(case, route, mode):
+def test_forward_derivative(case, route, mode, request):
+    if route == "overrides" and mode == "jacfwd":  # vmap batches the tangents: more rows than the GEMV takes
+        request.applymarker(pytest.mark.fallback("rows > 8|mat2 not a transposed", required=False))
     f, context = route_of(case, route)
     inputs = case.make(0)
     if mode == "jacfwd" and any(x.is_complex() for x in inputs):
@@ -142,9 +144,11 @@ BIASES = {"none": None, "1-D": (N,), "2-D": (1, N)}
 
 @pytest.mark.parametrize("bias_form", BIASES)
 @pytest.mark.parametrize("path", ["mps_ext.linear", "F.linear overrides", "fp8_linear", "FP8Linear"])
-def test_backward_every_bias_form(path, bias_form):
+def test_backward_every_bias_form(path, bias_form, request):
     if (path == "fp8_linear" and bias_form == "2-D") or (path == "FP8Linear" and bias_form != "none"):
         pytest.skip("fp8_linear takes a 1-D bias; FP8Linear's bias is a buffer, not a parameter")
+    if bias_form == "2-D":  # the kernels add a 1-D bias; torch takes the others
+        request.applymarker(pytest.mark.fallback("bias not 1-D"))
     x = randn(M, K, seed=1).requires_grad_()
     bias = None if BIASES[bias_form] is None else randn(*BIASES[bias_form], seed=2).requires_grad_()
     if path.startswith("fp8") or path == "FP8Linear":

@@ -20,7 +20,10 @@ def test_info():
     p = run("info")
     assert p.returncode == 0, p.stderr
     info = {line[:12].strip(): line[13:] for line in p.stdout.splitlines()}  # "key" padded to 12, then the value
-    assert info["mps_ext"] == mps_ext.__version__ and info["torch"] == torch.__version__
+    from mps_ext._load import BUILT_WITH
+
+    assert info["mps_ext"] == mps_ext.__version__
+    assert info["torch"] == f"{torch.__version__} (mps_ext built against {BUILT_WITH})"
     assert info["python"] == platform.python_version()
     assert info["backends"].startswith("simulator")
     usable, why = mps_usable()

@@ -62,7 +62,7 @@ def test_greedy_decode_with_the_kernels_in_the_model(model, dtype):
     assert r.torch_run.tokens_per_s > 0 and r.mps_ext_run.tokens_per_s > 0
 
 
-@pytest.mark.fallback("rows > 8")  # the prompt's prefill
+@pytest.mark.fallback("rows > 8", required=False)  # the router's prefill (FP8 layers run kernels for any rows)
 @pytest.mark.parametrize("model", ["qwen3-moe", "llama"])
 def test_fp8_decode_against_torch_on_the_dequantized_weights(model):
     r, text = run_demo(model, "bfloat16", fp8=True, tokens=6)

@@ -193,6 +193,7 @@ def test_scaled_mm_nan_and_empty():
     assert torch.equal(out, bias.expand(3, 20))
 
 
+@pytest.mark.fallback("shapes cannot be multiplied|bias size|dtypes Float x|fnuz|scaling recipe")
 def test_scaled_mm_errors_and_torch_fallbacks():
     a, b, sa, sb = fp8_operands(4, 32, 16, True, seed=6)
     with pytest.raises(ValueError, match="Invalid scaling configuration"):
@@ -279,6 +280,7 @@ def test_torchs_opinfo_samples_for_scaled_mm_run_the_kernels():
 
 
 class TestScaledMmOverride:
+    @pytest.mark.fallback("fnuz|scaling recipe")
     def test_torch_scaled_mm_runs_the_kernels(self):
         a, b, sa, sb = fp8_operands(8, 128, 64, True, seed=7)
         want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
@@ -296,6 +298,7 @@ class TestScaledMmOverride:
         assert s["hits"] == 1 and s["fallbacks"] == 2
         assert s["reasons"]["dtypes Float8_e5m2fnuz x Float8_e4m3fn (the fnuz formats are not implemented)"] == 1
 
+    @pytest.mark.fallback("bias dtype differs")
     def test_f_scaled_mm_runs_the_kernels(self):
         st = F.ScalingType
         mps_ext.overrides.reset_stats()

@@ -111,6 +111,8 @@ def run(case, route, inputs, stream):
 SEEDS = range(96)
 
 
+# Views torch's own op rejects go to torch, which raises (accepted as the expected result).
+@pytest.mark.fallback("invalid arguments|scaling recipe", required=False)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("side_stream", [False, True], ids=["default_stream", "side_stream"])
 def test_fuzz(side_stream, threads):

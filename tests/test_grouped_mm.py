@@ -272,7 +272,9 @@ def moe_block(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [2, 24])
-def test_moe_block(dtype, tokens):
+def test_moe_block(dtype, tokens, request):
+    if tokens > 8:  # the router's F.linear, past the GEMV's rows
+        request.applymarker(pytest.mark.fallback("rows > 8"))
     block = moe_block(dtype)
     x = data(1, tokens, 32, dtype=dtype, seed=6).requires_grad_()
     want = block(x)
@@ -286,7 +288,8 @@ def test_moe_block(dtype, tokens):
         got.sum().backward()
     got_grads = [x.grad] + [p.grad for p in block.parameters()]
     # Forward: 2 grouped products; backward: the input and weight gradients of each (2D x 2D for weights).
-    assert mps_ext.overrides.stats()["aten::_grouped_mm"]["hits"] == 6
+    stats = mps_ext.overrides.stats()
+    assert stats["aten::_grouped_mm"]["hits"] == 2 and stats["aten::_grouped_mm (backward)"]["hits"] == 4
     assert sum(n.startswith("grouped_mm_") for n in t.names) == 6, t.names
     assert any(n.startswith("softmax_") for n in t.names), t.names  # the router's
     for g, w in zip([got] + got_grads, [want] + want_grads):
