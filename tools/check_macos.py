@@ -328,7 +328,7 @@ def compile_job(source: Path, version: str, sdk: str, analyze: bool, cache: Resu
     with tempfile.TemporaryDirectory() as tmp:
         obj, depfile = None if analyze else Path(tmp) / "out.o", Path(tmp) / "out.d"
         command = compile_command(source, torch_cache(version) / "include", sdk, obj)
-        key = [*command[:-1], str(source)] if analyze else [a if a != str(obj) else "OBJECT" for a in command]
+        key = [a if obj is None or a != str(obj) else "OBJECT" for a in command]  # not the temporary object's name
         if (hit := cache.get(key)) is not None:
             return hit
         result = subprocess.run([*command, "-MD", "-MF", str(depfile)], capture_output=True, text=True)

@@ -188,7 +188,7 @@ def _keeps_address_spaces(cxx: str) -> bool:
         try:
             proc = subprocess.run([*shlex.split(cxx), *ADDRESS_SPACE_FLAGS, "-c", "-x", "c++", "-I", str(shim_include_dir()),
                                    "-", "-o", os.path.join(tmp, "probe.o")],
-                                  input=probe, capture_output=True, text=True, timeout=300)
+                                  input=probe, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired):
             return False
     return proc.returncode == 0
