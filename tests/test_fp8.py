@@ -33,9 +33,30 @@ def gemv(m: int) -> str:
     return f"gemv_m{1 << (m - 1).bit_length()}"
 
 
-def ran(t, *names):
-    """The trace holds exactly these kernels, run in the simulator."""
-    assert t.names == list(names) and all(k.backend == "simulator" for k in t.kernels), t.names
+def ran(t, *names, device="cpu"):
+    """The trace holds exactly these kernels, run on ``device``'s backend."""
+    backend = "simulator" if device == "cpu" else "metal"
+    assert t.names == list(names) and all(k.backend == backend for k in t.kernels), t.names
+
+
+def on(device, fn, *args, **kwargs):
+    """``fn`` with its tensor arguments on ``device`` (float8 as the bytes torch keeps there: uint8 where it holds
+    no float8) and its results back on the CPU as float8 again, for comparing with torch's CPU results."""
+    storage = fp8.storage_dtype(device)
+
+    def there(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        return (x.view(storage) if x.dtype == F8 else x).to(device)
+
+    def back(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        x = x.cpu()
+        return x.view(F8) if x.dtype == torch.uint8 and storage == torch.uint8 else x
+
+    out = fn(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
+    return tuple(map(back, out)) if isinstance(out, tuple) else back(out)
 
 
 # ----------------------------------------------------------- quantize/dequantize
@@ -57,7 +78,7 @@ def expand_blocks(s: torch.Tensor, shape, br: int, bc: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["tensor", "dim0", "dim1", "dim3d", "block128", "block16x48"])
-def test_quantize_and_dequantize_match_torch(mode, dtype):
+def test_quantize_and_dequantize_match_torch(mode, dtype, device):
     shape = {"dim3d": (3, 37, 20), "block128": (300, 260)}.get(mode, (50, 70))
     x = (torch.randn(shape, generator=gen(4)) * 5).to(dtype)
     x.view(-1)[7] = 0
@@ -65,31 +86,31 @@ def test_quantize_and_dequantize_match_torch(mode, dtype):
         x[3] = 0  # an all-zero slice: scale 1
     with mps_ext.trace() as t:
         if mode == "tensor":
-            q, s = fp8.quantize(x)
+            q, s = on(device, fp8.quantize, x)
             want_q, want_s = ref_quantize(x, x.float().abs().amax(), lambda s: s)
         elif mode.startswith("dim"):
             dim = {"dim0": 0, "dim1": 1, "dim3d": 1}[mode]
-            q, s = fp8.quantize(x, dim=dim)
+            q, s = on(device, fp8.quantize, x, dim=dim)
             want_q, want_s = ref_quantize(x, x.float().abs().amax(dim, keepdim=True), lambda s: s)
         else:
             br, bc = (128, 128) if mode == "block128" else (16, 48)
-            q, s = fp8.quantize(x, block=(br, bc))
+            q, s = on(device, fp8.quantize, x, block=(br, bc))
             want_q, want_s = ref_quantize(x, block_amax(x, br, bc), lambda s: expand_blocks(s, shape, br, bc))
-    ran(t, f"fp8_amax_{MT[dtype]}", f"fp8_quantize_{MT[dtype]}")
+    ran(t, f"fp8_amax_{MT[dtype]}", f"fp8_quantize_{MT[dtype]}", device=device)
     assert q.dtype == F8 and q.shape == x.shape and s.dtype == torch.float32
     assert torch.equal(s, want_s) and torch.equal(bits(q), bits(want_q))
     block = {"block128": (128, 128), "block16x48": (16, 48)}.get(mode)
     for out_dtype in DTYPES:
         with mps_ext.trace() as t:
-            d = fp8.dequantize(q, s, dtype=out_dtype, block=block)
-        ran(t, f"fp8_dequantize_{MT[out_dtype]}")
+            d = on(device, fp8.dequantize, q, s, dtype=out_dtype, block=block)
+        ran(t, f"fp8_dequantize_{MT[out_dtype]}", device=device)
         full = expand_blocks(s, shape, *block) if block else s
         assert torch.equal(d, (q.float() * full).to(out_dtype))
     # uint8 bits work the same, against torch's own conversion of the same bytes
     full = expand_blocks(s, shape, *block) if block else s
     with mps_ext.trace() as t:
-        d = fp8.dequantize(bits(q), s, block=block)
-    ran(t, "fp8_dequantize_float")
+        d = on(device, fp8.dequantize, bits(q), s, block=block)
+    ran(t, "fp8_dequantize_float", device=device)
     assert torch.equal(d, bits(q).view(F8).float() * full)
 
 
@@ -153,30 +174,30 @@ SCALED_MM_SHAPES = {1: (64, 48), 2: (200, 33), 4: (130, 300), 8: (256, 40), 9: (
 @pytest.mark.parametrize("out_dtype", DTYPES)
 @pytest.mark.parametrize("recipe", ["tensor", "row"])
 @pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 64])
-def test_scaled_mm_matches_torch(m, recipe, out_dtype):
+def test_scaled_mm_matches_torch(m, recipe, out_dtype, device):
     k, n = SCALED_MM_SHAPES[m]
     a, b, sa, sb = fp8_operands(m, k, n, recipe == "row", seed=m * 7 + k)
     bias = torch.randn(n, generator=gen(m)).to(out_dtype) if (m + k) % 2 else None
     with mps_ext.trace() as t:
-        got = mps_ext.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
-    ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}")
+        got = on(device, mps_ext.scaled_mm, a, b, sa, sb, bias=bias, out_dtype=out_dtype)
+    ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}", device=device)
     want = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
     assert got.dtype == want.dtype == out_dtype
     assert_close_dot(got, want, magnitude(a, b, sa, sb), k)
 
 
-def test_scaled_mm_layouts_bits_and_defaults():
+def test_scaled_mm_layouts_bits_and_defaults(device):
     a, b, sa, sb = fp8_operands(5, 96, 40, True, seed=3)
     want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
     mag = magnitude(a, b, sa, sb)
-    assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb), want, mag, 96)  # bfloat16 by default
-    assert_close_dot(mps_ext.scaled_mm(bits(a), bits(b), sa, sb), want, mag, 96)  # uint8 bits
-    assert_close_dot(mps_ext.scaled_mm(a, b.contiguous(), sa, sb), want, mag, 96)  # row-major b
+    assert_close_dot(on(device, mps_ext.scaled_mm, a, b, sa, sb), want, mag, 96)  # bfloat16 by default
+    assert_close_dot(on(device, mps_ext.scaled_mm, bits(a), bits(b), sa, sb), want, mag, 96)  # uint8 bits
+    assert_close_dot(on(device, mps_ext.scaled_mm, a, b.contiguous(), sa, sb), want, mag, 96)  # row-major b
     big = torch.zeros(5, 100, dtype=torch.uint8)
     big[:, 1:97] = bits(a)  # rows at an odd offset: no 16-byte loads
-    assert_close_dot(mps_ext.scaled_mm(big[:, 1:97], b, sa, sb), want, mag, 96)
+    assert_close_dot(on(device, mps_ext.scaled_mm, big[:, 1:97], b, sa, sb), want, mag, 96)
     a9, b9, sa9, sb9 = fp8_operands(40, 96, 40, False, seed=4)
-    assert_close_dot(mps_ext.scaled_mm(a9[:, :95], b9[:95], sa9, sb9),
+    assert_close_dot(on(device, mps_ext.scaled_mm, a9[:, :95], b9[:95], sa9, sb9),
                      torch._scaled_mm(a9[:, :95], b9[:95], sa9, sb9, out_dtype=torch.bfloat16),
                      magnitude(a9[:, :95], b9[:95], sa9, sb9), 95)
 
@@ -344,16 +365,16 @@ def weight_and_scale(n: int, k: int, granularity: str, seed: int):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("granularity", ["tensor", "channel", "block", "block16x48", "block8x40"])
 @pytest.mark.parametrize("lead", [(1,), (2, 3), (8,), (9,), (2, 20)])
-def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype):
+def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype, device):
     n, k = (300, 260) if granularity == "block" else (70, 200)
     q, s, block, deq = weight_and_scale(n, k, granularity, seed=len(lead) + n)
     x = torch.randn(*lead, k, generator=gen(9)).to(dtype)
     bias = torch.randn(n, generator=gen(10)).to(dtype) if lead[-1] % 2 == 0 else None
     with mps_ext.trace() as t:
-        got = mps_ext.fp8_linear(x, q, s, bias, block_size=block)
+        got = on(device, mps_ext.fp8_linear, x, q, s, bias, block_size=block)
     rows = math.prod(lead)
     few = rows <= 8 and granularity != "block8x40"  # block_k % 16 != 0: tiled, which scales per element
-    ran(t, f"fp8_linear_{gemv(rows) if few else 'tiled'}_{MT[dtype]}")
+    ran(t, f"fp8_linear_{gemv(rows) if few else 'tiled'}_{MT[dtype]}", device=device)
     want = F.linear(x.float(), deq, bias.float() if bias is not None else None).to(dtype)
     assert got.shape == (*lead, n) and got.dtype == dtype
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
