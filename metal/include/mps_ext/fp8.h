@@ -28,6 +28,18 @@ inline float fp8_to_float(uchar b) {
   return metal::as_type<float>(sign | ((exponent + 120) << 23) | (mantissa << 20));
 }
 
+// |x| (float bits `a`) below a float8 format's smallest normal, in units of
+// its smallest subnormal, 2^(units_exponent - 150), rounded to nearest even.
+inline uint subnormal_units(uint a, uint units_exponent) {
+  const uint exponent = a >> 23;
+  const uint shift = units_exponent - exponent;  // >= 21 below the smallest normal
+  if (exponent == 0 || shift > 24) return 0;
+  const uint mantissa = (a & 0x7FFFFFu) | 0x800000u;
+  const uint units = mantissa >> shift;
+  const uint rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
+  return units + ((rest > half_unit || (rest == half_unit && (units & 1))) ? 1 : 0);
+}
+
 // Integer arithmetic only, so fast-math settings cannot change a rounding.
 inline uchar float_to_fp8(float f) {
   const uint bits = metal::as_type<uint>(f);
@@ -39,15 +51,7 @@ inline uchar float_to_fp8(float f) {
     const uint rounded = a + 0x7FFFFu + ((a >> 20) & 1u);
     return sign | uchar((rounded - (120u << 23)) >> 20);
   }
-  // A subnormal: the value in units of 2^-9 (0..8; 8 is the smallest normal).
-  const uint exponent = a >> 23;
-  const uint shift = 141 - exponent;  // >= 21 here
-  if (exponent == 0 || shift > 24) return sign;
-  const uint mantissa = (a & 0x7FFFFFu) | 0x800000u;
-  uint units = mantissa >> shift;
-  const uint rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
-  units += (rest > half_unit || (rest == half_unit && (units & 1))) ? 1 : 0;
-  return sign | uchar(units);
+  return sign | uchar(subnormal_units(a, 141));  // units of 2^-9 (0..8; 8 is the smallest normal)
 }
 
 // Four e4m3 bytes (little-endian in w) as half values x / 256.
@@ -82,15 +86,7 @@ inline uchar float_to_e5m2(float f) {
   if (a >= 0x47800000u) return sign | 0x7C;  // >= 65536: infinity
   if (a >= 0x38800000u)                      // >= 2^-14: a normal e5m2 value (rounding may reach infinity)
     return sign | uchar((a + 0xFFFFFu + ((a >> 21) & 1u) - (112u << 23)) >> 21);
-  // A subnormal: the value in units of 2^-16 (0..4; 4 is the smallest normal).
-  const uint exponent = a >> 23;
-  const uint shift = 134 - exponent;  // >= 22 here
-  if (exponent == 0 || shift > 24) return sign;
-  const uint mantissa = (a & 0x7FFFFFu) | 0x800000u;
-  uint units = mantissa >> shift;
-  const uint rest = mantissa & ((1u << shift) - 1), half_unit = 1u << (shift - 1);
-  units += (rest > half_unit || (rest == half_unit && (units & 1))) ? 1 : 0;
-  return sign | uchar(units);
+  return sign | uchar(subnormal_units(a, 134));  // units of 2^-16 (0..4; 4 is the smallest normal)
 }
 
 }  // namespace mps_ext
