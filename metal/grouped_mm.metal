@@ -11,7 +11,8 @@
 // - decode: few rows per group (MoE decode: each token's top-k experts), b
 //   the transposed expert weights, i.e. every group's weight W_g (n x k)
 //   row-major. A threadgroup serves up to M rows of one group (M = 1, 2, 4
-//   or 8, one pipeline each, so the 1-row kernel holds no 8-row registers)
+//   or 8, one pipeline each, so the 1-row kernel holds no 8-row registers;
+//   the host picks M from m and G: see decode_rows in csrc/ops/grouped_mm.cpp)
 //   and 4 x R / slices columns of out (R = rows_per_simdgroup(M)): the GEMV
 //   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows,
 //   K split over `slices` SIMD groups when the host finds too few SIMD groups

@@ -202,8 +202,10 @@ def grouped_mm_cases() -> Iterator[Case]:
     # Small integers: exact in every dtype, so any wrong element shows. Every
     # group layout, both layouts of b and all tile heights; offs[-1] covers
     # the split dimension (torch leaves positions past it unwritten).
-    # Decode pipelines by the rows an active group has on average: m rows over min(m, groups) groups.
-    shapes = [("decode_m1", (3, 40), (3, 24, 40), True, [1, 2, 3]), ("decode_m2", (6, 40), (3, 24, 40), True, [2, 2, 6]),
+    # Decode pipelines by the rows an active group has on average: m rows over min(m, groups) groups (two
+    # rows from m >= groups / 2 on, so decode_m1 needs few rows over many groups).
+    shapes = [("decode_m1", (3, 40), (8, 24, 40), True, [1, 2, 3, 3, 3, 3, 3, 3]),
+              ("decode_m2", (6, 40), (3, 24, 40), True, [2, 2, 6]),
               ("decode_m4", (12, 40), (3, 24, 40), True, [4, 4, 12]),
               ("decode_m8", (24, 40), (3, 24, 40), True, [8, 8, 24]), ("tiled_m16", (6, 40), (3, 40, 24), False, [2, 2, 6]),
               ("tiled_m32 3Dx2D", (3, 20, 40), (40, 24), False, [8, 8, 24]),

@@ -160,11 +160,15 @@ def test_moe_decode_shapes(device, model, proj, k, n, e, top_k, tokens):
 
 
 @pytest.mark.parametrize("tokens,kernel", [(1, "grouped_mm_decode_m1_bfloat"), (4, "grouped_mm_decode_m1_bfloat"),
-                                           (64, "grouped_mm_decode_m4_bfloat")])
+                                           (16, "grouped_mm_decode_m2_bfloat"), (64, "grouped_mm_decode_m4_bfloat")])
 def test_decode_grid_covers_routed_rows_only(tokens, kernel):
     # 128 experts, top-8: one threadgroup row per routed row of a (not per expert), the pipeline for the
-    # rows an active expert has on average, the same grid whatever the routing.
+    # rows an active expert has on average, the same grid whatever the routing. From 8 tokens (64 rows) on
+    # many experts get two rows: runs of up to two rows, each such expert's weights read once for both.
     offs = routing(tokens, 128, 8, seed=tokens)
+    if tokens == 16:  # this routing has both: single rows and experts with two
+        counts = torch.diff(offs, prepend=offs.new_zeros(1))
+        assert (counts == 1).any() and (counts == 2).any(), counts
     a = data(tokens * 8, 256, dtype=torch.bfloat16)
     _, t = check(a, experts(128, 256, 24, torch.bfloat16), offs, kernel="decode", torch_too=True)
     assert t.names == [kernel] and t.kernels[0].grid[1] == tokens * 8, t.kernels

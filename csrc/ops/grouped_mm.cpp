@@ -123,8 +123,21 @@ int64_t rows_bucket(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows 
 // (rows_per_simdgroup in mps_ext/gemv.h).
 int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
 
-// Decode: a pipeline for the rows an active group has on average (when split
-// by rows, the host knows m but not offs: at most min(G, m) groups are active),
+// The rows of a group a decode threadgroup serves when split by rows: the
+// host knows m but not offs, so as many as an active group (at most min(G, m)
+// are) has on average; and two, so that a group's pair of rows reads its
+// weights once, when that average is one but m >= G / 2 (of m rows routed at
+// random over G groups about a fifth or more then share their group). On the
+// CUDA proxy the 2-row kernel took 2-6% longer than the 1-row one where runs
+// are mostly single rows (4 tokens x top-8 of 128 experts: 2-3 of 32 rows
+// share), 3-5% less at 8 tokens and 9-14% less at 16 (docs/performance.md).
+int64_t decode_rows(int64_t m, int64_t g) {
+  const int64_t active = std::max<int64_t>(1, std::min(g, m));
+  const int64_t rows = rows_bucket((m + active - 1) / active);
+  return rows == 1 && 2 * m >= g ? 2 : rows;
+}
+
+// Decode: a pipeline for decode_rows (not split: all m rows of each group),
 // one threadgroup per row of a (only those starting a run of routed rows
 // work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
 // groups with work would not fill the GPU (Backend::fill_simdgroups).
@@ -132,8 +145,7 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
-  const int64_t active = by_rows ? std::max<int64_t>(1, std::min(g, m)) : g;
-  const int64_t rows = rows_bucket(by_rows ? (m + active - 1) / active : m);
+  const int64_t rows = by_rows ? decode_rows(m, g) : rows_bucket(m);
   const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
   const int64_t per_simdgroup = rows_per_simdgroup(rows);
   const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
