@@ -125,16 +125,13 @@ int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
 
 // The rows of a group a decode threadgroup serves when split by rows: the
 // host knows m but not offs, so as many as an active group (at most min(G, m)
-// are) has on average; and two, so that a group's pair of rows reads its
-// weights once, when that average is one but m >= G / 2 (of m rows routed at
-// random over G groups about a fifth or more then share their group). On the
-// CUDA proxy the 2-row kernel took 2-6% longer than the 1-row one where runs
-// are mostly single rows (4 tokens x top-8 of 128 experts: 2-3 of 32 rows
-// share), 3-5% less at 8 tokens and 9-14% less at 16 (docs/performance.md).
+// are) has on average, and at least two: an expert routed two rows reads its
+// weights once for both, and runs of one row take the 2-row kernel's 1-row
+// branch, which on the CUDA proxy beat the 1-row kernel at every token count
+// (two weight rows per SIMD group; docs/performance.md).
 int64_t decode_rows(int64_t m, int64_t g) {
   const int64_t active = std::max<int64_t>(1, std::min(g, m));
-  const int64_t rows = rows_bucket((m + active - 1) / active);
-  return rows == 1 && 2 * m >= g ? 2 : rows;
+  return std::max<int64_t>(2, rows_bucket((m + active - 1) / active));
 }
 
 // Decode: a pipeline for decode_rows (not split: all m rows of each group),

@@ -92,9 +92,8 @@ def rows_bucket(m: int) -> int:
 
 
 def decode_rows(m: int, groups: int) -> int:
-    # csrc/ops/grouped_mm.cpp decode_rows: the average rows of an active group, or two from m >= G / 2 on.
-    rows = rows_bucket(ceil_div(m, max(1, min(groups, m))))
-    return 2 if rows == 1 and 2 * m >= groups else rows
+    # csrc/ops/grouped_mm.cpp decode_rows: the average rows of an active group, at least two.
+    return max(2, rows_bucket(ceil_div(m, max(1, min(groups, m)))))
 
 
 def rows_per_simdgroup(bucket: int) -> int:
