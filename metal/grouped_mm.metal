@@ -11,7 +11,9 @@
 // - decode: few rows per group (MoE decode: each token's top-k experts), b
 //   the transposed expert weights, i.e. every group's weight W_g (n x k)
 //   row-major. A threadgroup serves up to M rows of one group (M = 1, 2, 4
-//   or 8, one pipeline each, so the 1-row kernel holds no 8-row registers)
+//   or 8, one pipeline each, so the 1-row kernel holds no 8-row registers;
+//   the host picks M from m and G: see decode_rows in csrc/ops/grouped_mm.cpp;
+//   a shorter run of one row takes the 1-row computation)
 //   and 4 x R / slices columns of out (R = rows_per_simdgroup(M)): the GEMV
 //   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows,
 //   K split over `slices` SIMD groups when the host finds too few SIMD groups
@@ -118,7 +120,15 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
   const mps_ext::DenseWeights<T> w{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
   const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row, p.a_row, rows.size,
                             p.a_vectorized != 0};
-  mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+  mps_ext::Tile<M, R> t;
+  if (M > 1 && rows.size == 1) {
+    // A run of one row (most runs where experts get one or two rows): no x loads or sums for absent rows.
+    const mps_ext::Tile<1, R> one = mps_ext::gemv_simdgroup<1, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    for (uint r = 0; r < R; ++r)
+      for (uint i = 0; i < M; ++i) t.v[r][i] = i == 0 ? one.v[r][0] : 0.0f;
+  } else {
+    t = mps_ext::gemv_simdgroup<M, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+  }
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
   device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row;

@@ -202,8 +202,12 @@ def grouped_mm_cases() -> Iterator[Case]:
     # Small integers: exact in every dtype, so any wrong element shows. Every
     # group layout, both layouts of b and all tile heights; offs[-1] covers
     # the split dimension (torch leaves positions past it unwritten).
-    # Decode pipelines by the rows an active group has on average: m rows over min(m, groups) groups.
-    shapes = [("decode_m1", (3, 40), (3, 24, 40), True, [1, 2, 3]), ("decode_m2", (6, 40), (3, 24, 40), True, [2, 2, 6]),
+    # Decode pipelines by the rows an active group has on average: m rows over min(m, groups) groups, at
+    # least two (runs of one row take the 2-row kernel's 1-row branch); one row of each batch of a 3D a
+    # (no offs: ends None) takes the 1-row kernel.
+    shapes = [("decode_m1 3Dx3D", (3, 1, 40), (3, 24, 40), True, None),
+              ("decode_m2", (3, 40), (8, 24, 40), True, [1, 2, 3, 3, 3, 3, 3, 3]),
+              ("decode_m2 two rows", (6, 40), (3, 24, 40), True, [2, 2, 6]),
               ("decode_m4", (12, 40), (3, 24, 40), True, [4, 4, 12]),
               ("decode_m8", (24, 40), (3, 24, 40), True, [8, 8, 24]), ("tiled_m16", (6, 40), (3, 40, 24), False, [2, 2, 6]),
               ("tiled_m32 3Dx2D", (3, 20, 40), (40, 24), False, [8, 8, 24]),
@@ -214,8 +218,8 @@ def grouped_mm_cases() -> Iterator[Case]:
                 g = torch.Generator().manual_seed(len(a_shape) * 10 + len(b_shape))
                 a, b = (torch.randint(-2, 3, s, generator=g).to(dtype) for s in (a_shape, b_shape))
                 b = b.transpose(-2, -1) if transposed else b
-                offs = torch.tensor(ends, dtype=torch.int32)
-                got = grouped_mm(a.to(device), b.to(device), offs.to(device))
+                offs = None if ends is None else torch.tensor(ends, dtype=torch.int32)
+                got = grouped_mm(a.to(device), b.to(device), None if offs is None else offs.to(device))
                 return got, torch._grouped_mm(a.float(), b.float(), offs=offs).to(dtype), 1.0
 
             yield Case(f"grouped_mm {variant} {SHORT[dtype]}", run)

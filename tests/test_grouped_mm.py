@@ -159,27 +159,32 @@ def test_moe_decode_shapes(device, model, proj, k, n, e, top_k, tokens):
     check(a, experts(e, k, n, torch.bfloat16), offs, device, kernel="decode")
 
 
-@pytest.mark.parametrize("tokens,kernel", [(1, "grouped_mm_decode_m1_bfloat"), (4, "grouped_mm_decode_m1_bfloat"),
-                                           (64, "grouped_mm_decode_m4_bfloat")])
+@pytest.mark.parametrize("tokens,kernel", [(1, "grouped_mm_decode_m2_bfloat"), (4, "grouped_mm_decode_m2_bfloat"),
+                                           (16, "grouped_mm_decode_m2_bfloat"), (64, "grouped_mm_decode_m4_bfloat")])
 def test_decode_grid_covers_routed_rows_only(tokens, kernel):
     # 128 experts, top-8: one threadgroup row per routed row of a (not per expert), the pipeline for the
-    # rows an active expert has on average, the same grid whatever the routing.
+    # rows an active expert has on average but at least two, the same grid whatever the routing: runs of
+    # one or two rows, an expert routed twice reading its weights once for both.
     offs = routing(tokens, 128, 8, seed=tokens)
+    if tokens == 16:  # this routing has both: single rows and experts with two
+        counts = torch.diff(offs, prepend=offs.new_zeros(1))
+        assert (counts == 1).any() and (counts == 2).any(), counts
     a = data(tokens * 8, 256, dtype=torch.bfloat16)
     _, t = check(a, experts(128, 256, 24, torch.bfloat16), offs, kernel="decode", torch_too=True)
     assert t.names == [kernel] and t.kernels[0].grid[1] == tokens * 8, t.kernels
 
 
-@pytest.mark.parametrize("cores,slices", [(8, 1), (80, 4)])
+@pytest.mark.parametrize("cores,slices", [(8, 2), (80, 4)])
 def test_decode_fills_the_gpu(cores, slices):
-    # One token, top-8 of 128 experts, 96 columns: 8 routed rows x 96 SIMD groups (one per column for one
-    # row) = 768 SIMD groups. That fills an 8-core GPU (256 resident); an 80-core one (2560) gets runs of
-    # four SIMD groups per column splitting K, as many as a threadgroup has (k = 2048: 2 of 8 steps each).
+    # One token, top-8 of 128 experts, 96 columns: the host counts 8 routed rows as 4 runs of two, x 48 SIMD
+    # groups (two columns each) = 192 SIMD groups. An 8-core GPU (256 resident) gets pairs of SIMD groups
+    # per column splitting K (k = 2048: 4 of 8 steps each); an 80-core one (2560) runs of four, as many as a
+    # threadgroup has (2 steps each).
     offs = routing(1, 128, 8, seed=2)
     with mps_ext.sim.gpu_cores(cores):
         _, t = check(data(8, 2048, dtype=torch.bfloat16), experts(128, 2048, 96, torch.bfloat16), offs,
-                     kernel="decode_m1", torch_too=True)
-    assert t.kernels[0].grid[:2] == (96 * slices // 4, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
+                     kernel="decode_m2", torch_too=True)
+    assert t.kernels[0].grid[:2] == (12 * slices, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
 
 
 def test_odd_layouts(device):

@@ -123,8 +123,18 @@ int64_t rows_bucket(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows 
 // (rows_per_simdgroup in mps_ext/gemv.h).
 int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
 
-// Decode: a pipeline for the rows an active group has on average (when split
-// by rows, the host knows m but not offs: at most min(G, m) groups are active),
+// The rows of a group a decode threadgroup serves when split by rows: the
+// host knows m but not offs, so as many as an active group (at most min(G, m)
+// are) has on average, and at least two: an expert routed two rows reads its
+// weights once for both, and runs of one row take the 2-row kernel's 1-row
+// branch, which on the CUDA proxy beat the 1-row kernel at every token count
+// (two weight rows per SIMD group; docs/performance.md).
+int64_t decode_rows(int64_t m, int64_t g) {
+  const int64_t active = std::max<int64_t>(1, std::min(g, m));
+  return std::max<int64_t>(2, rows_bucket((m + active - 1) / active));
+}
+
+// Decode: a pipeline for decode_rows (not split: all m rows of each group),
 // one threadgroup per row of a (only those starting a run of routed rows
 // work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
 // groups with work would not fill the GPU (Backend::fill_simdgroups).
@@ -132,8 +142,7 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
-  const int64_t active = by_rows ? std::max<int64_t>(1, std::min(g, m)) : g;
-  const int64_t rows = rows_bucket(by_rows ? (m + active - 1) / active : m);
+  const int64_t rows = by_rows ? decode_rows(m, g) : rows_bucket(m);
   const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
   const int64_t per_simdgroup = rows_per_simdgroup(rows);
   const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;

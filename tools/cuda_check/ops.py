@@ -91,6 +91,11 @@ def rows_bucket(m: int) -> int:
     return 1 if m <= 1 else 2 if m <= 2 else 4 if m <= 4 else 8
 
 
+def decode_rows(m: int, groups: int) -> int:
+    # csrc/ops/grouped_mm.cpp decode_rows: the average rows of an active group, at least two.
+    return max(2, rows_bucket(ceil_div(m, max(1, min(groups, m)))))
+
+
 def rows_per_simdgroup(bucket: int) -> int:
     return 1 if bucket == 1 else 2
 
@@ -239,8 +244,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     contiguous_x = a_k == 1 or k == 1
     if split in (SPLIT_ROWS, SPLIT_NONE) and rows_of_weights and contiguous_x and average <= K_DECODE_MAX_AVG:
         by_rows = split == SPLIT_ROWS
-        active = max(1, min(groups, m)) if by_rows else groups
-        rows = rows_bucket(ceil_div(m, active) if by_rows else m)
+        rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
         blocks = ceil_div(n, rows_per_simdgroup(rows))
         steps = ceil_div(k, 32 * (16 // es))
