@@ -196,7 +196,7 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
                      constant Fp8MatmulParams& p [[buffer(6)]], uint group [[threadgroup_position_in_grid]],
                      uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
                      uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = mps_ext::kRowsPerSimdGroup;
+  constexpr uint R = 4;  // rows of W per SIMD group of the FP8 GEMV
   const uint first = (group * simdgroups + sg) * R;
   if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
   const Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,

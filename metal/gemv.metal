@@ -30,7 +30,7 @@ kernel void gemv_dense(device const T* w [[buffer(0)]], device const T* x [[buff
                        constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                        uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
                        uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = rows_per_simdgroup(M);
+  constexpr uint R = rows_per_simdgroup<M>();
   const uint first = (group * simdgroups + sg) * R;
   if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
   const mps_ext::DenseWeights<T> weights{w, p.w_stride, p.w_vectorized != 0};
@@ -45,7 +45,7 @@ kernel void gemv_splitk(device const T* w [[buffer(0)]], device const T* x [[buf
                         constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                         uint sg [[simdgroup_index_in_threadgroup]],
                         uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = rows_per_simdgroup(M);
+  constexpr uint R = rows_per_simdgroup<M>();
   threadgroup float partial[32 * R * M];
   const uint first = group * R;
   const mps_ext::DenseWeights<T> weights{w, p.w_stride, p.w_vectorized != 0};

@@ -108,7 +108,7 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
                               constant GroupedMmParams& p [[buffer(4)]], uint2 group [[threadgroup_position_in_grid]],
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = rows_per_simdgroup(M);
+  constexpr uint R = rows_per_simdgroup<M>();
   threadgroup float partial[kDecodeSimdGroups * R * M];
   uint g;
   Extent rows;

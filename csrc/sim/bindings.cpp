@@ -48,7 +48,7 @@ std::vector<std::string> dispatch(const mtlsim::Module& module, const std::strin
       pending->tensors.push_back(std::move(t));
     } else {
       std::string& bytes = pending->scalars.emplace_back(b.cast<std::string>());
-      launch.buffers[i] = mtlsim::Buffer{bytes.data(), bytes.size()};
+      launch.buffers[i] = mtlsim::Buffer::bytes(bytes.data(), bytes.size());
     }
   }
   for (size_t i = 0; i < mtlsim::kMaxBufferSlots; ++i) launch.threadgroup_lengths[i] = threadgroup_lengths[i];

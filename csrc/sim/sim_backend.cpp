@@ -15,7 +15,7 @@ namespace mps_ext {
 
 mtlsim::Buffer sim_buffer(const at::Tensor& t) {
   static char empty;
-  if (t.numel() == 0) return mtlsim::Buffer{&empty, 0};
+  if (t.numel() == 0) return mtlsim::Buffer::bytes(&empty, 0);
   const size_t element = t.element_size();
   mtlsim::Buffer b{t.data_ptr(), element, element, {}};
   for (int64_t d = 0; d < t.dim(); ++d) {
@@ -78,7 +78,7 @@ class SimBackend final : public Backend {
       if (a.is_tensor()) {
         l.buffers[i] = sim_buffer(a.tensor);
       } else {
-        l.buffers[i] = mtlsim::Buffer{const_cast<uint8_t*>(a.bytes.data()), a.bytes.size()};
+        l.buffers[i] = mtlsim::Buffer::bytes(const_cast<uint8_t*>(a.bytes.data()), a.bytes.size());
       }
     }
     l.grid_in_threads = false;

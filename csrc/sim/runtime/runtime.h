@@ -44,6 +44,9 @@ struct Buffer {
   // leaves the rest of its storage to other writers). No dims: all `size` bytes.
   size_t element = 0;
   std::vector<Extent> dims;
+
+  // Plain bytes, every one the kernel's (a parameter struct, a contiguous span).
+  static Buffer bytes(void* data, size_t size) { return Buffer{data, size, 0, {}}; }
 };
 
 struct Launch {

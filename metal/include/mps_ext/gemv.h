@@ -29,10 +29,10 @@ namespace mps_ext {
 // 16-byte load of W per row in flight and the M x R totals in registers;
 // four rows per SIMD group held 64-120 registers and ran 1.1-1.6x slower on
 // the CUDA proxy (docs/performance.md).
-constexpr uint rows_per_simdgroup(uint m) { return m == 1 ? 1 : 2; }
-
-// The rows per SIMD group of the FP8 GEMV.
-constant constexpr uint kRowsPerSimdGroup = 4;
+// A template, so a file that includes this header without a GEMV of its own
+// has no unused function.
+template <uint M>
+constexpr uint rows_per_simdgroup() { return M == 1 ? 1 : 2; }
 
 // 16 bytes as floats: four floats, or eight half/bfloat.
 inline void unpack16(uint4 u, thread float4* out, float) { out[0] = metal::as_type<float4>(u); }
