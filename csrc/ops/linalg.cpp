@@ -210,7 +210,7 @@ std::optional<std::string> lu_factor_ex_unsupported(const at::Tensor& A, bool pi
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex_kernels(const at::Tensor& A, bool check_errors) {
-  auto [LU, pivots, info] = factor(A.resolve_conj());
+  auto [LU, pivots, info] = factor(A);
   if (check_errors) {
     before_torch_ops(info.device());  // the check reads info on the host
     at::_linalg_check_errors(info, "torch.linalg.lu_factor_ex", A.dim() == 2);
@@ -245,7 +245,7 @@ std::optional<std::string> lu_solve_unsupported(const at::Tensor& LU, const at::
 
 at::Tensor lu_solve_kernels(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left,
                             bool adjoint) {
-  return solve_with_factors(LU.resolve_conj(), pivots, B.resolve_conj(), left, adjoint);
+  return solve_with_factors(LU, pivots, B, left, adjoint);
 }
 
 std::optional<std::string> solve_ex_unsupported(const at::Tensor& A, const at::Tensor& B, bool left) {
@@ -269,10 +269,8 @@ std::optional<std::string> solve_ex_unsupported(const at::Tensor& A, const at::T
   return no_kernels(A, {lu_kernel("solve_simd", t)}, 32 * kSolveSimdGroups);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(const at::Tensor& A_in,
-                                                                            const at::Tensor& B_in, bool left,
-                                                                            bool check_errors) {
-  const at::Tensor A = A_in.resolve_conj(), B = B_in.resolve_conj();
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(const at::Tensor& A, const at::Tensor& B,
+                                                                            bool left, bool check_errors) {
   const bool vector = is_vector_rhs(A, B);
   const at::Tensor B_ = vector ? B.unsqueeze(-1) : B;
   const int64_t n = A.size(-1), k = left ? B_.size(-1) : B_.size(-2);
@@ -328,9 +326,8 @@ std::optional<std::string> solve_triangular_unsupported(const at::Tensor& A, con
   return no_kernels(A, {trsm_kernel("simd", A.scalar_type())}, 32 * kSolveSimdGroups);
 }
 
-at::Tensor solve_triangular_kernels(const at::Tensor& A_in, const at::Tensor& B_in, bool upper, bool left,
+at::Tensor solve_triangular_kernels(const at::Tensor& A, const at::Tensor& B, bool upper, bool left,
                                     bool unitriangular) {
-  const at::Tensor A = A_in.resolve_conj(), B = B_in.resolve_conj();
   const int64_t n = A.size(-1), k = left ? B.size(-1) : B.size(-2);
   const Shape batch = *broadcast(batch_of(A), batch_of(B));
   const at::Tensor buf = at::empty(concat(batch, {k, n}), B.options());
