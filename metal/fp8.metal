@@ -2,8 +2,9 @@
 // dequantization, and out = a @ w^T for e4m3fn weights w (n x k, the layout
 // of a Linear weight and of torch._scaled_mm's column-major b), with
 //
-// - scaled_mm: e4m3fn a with one scale or one per row; w with one scale or
-//   one per row of w (per column of b);
+// - scaled_mm: e4m3fn or e5m2 a with one scale or one per row; w (e4m3fn or
+//   e5m2) with one scale or one per row of w (per column of b); float8
+//   outputs through scaled_mm_encode;
 // - fp8_linear: float/half/bfloat a; w with one scale per block_n x block_k
 //   block (per tensor, per row, or 128 x 128 blocks as in FP8 checkpoints).
 //

@@ -1,4 +1,5 @@
-"""FP8 (float8 e4m3fn) on Macs: quantization, scaled matmul and weight-only FP8 linear layers.
+"""FP8 (float8 e4m3fn) on Macs: quantization, scaled matmul (e5m2 too), weight-only FP8 linear layers,
+models converted to them and Hugging Face FP8 checkpoints loaded into them.
 
 e4m3fn tensors are ``torch.float8_e4m3fn`` where the device holds that dtype,
 and ``uint8`` tensors holding the same bits elsewhere (``mps`` before torch
