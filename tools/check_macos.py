@@ -67,6 +67,7 @@ import urllib.request
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache, partial
+from threading import Lock
 from pathlib import Path
 from urllib.parse import urljoin
 
@@ -90,6 +91,12 @@ LIBCXX = Path("/usr/lib/llvm-19/include/c++/v1")
 # From llvm-19, whose libLLVM clang-19 brings already; llvm-nm reads Mach-O.
 NM, CXXFILT = "llvm-nm-19", "llvm-cxxfilt-19"
 APT_PACKAGES = ("clang-19", "libc++-19-dev", "llvm-19")
+
+# The torch header most of our C++ sources include: compiled once per torch
+# version into a precompiled header, which every C++ source that reads torch's
+# headers is compiled with (see prefix_header).
+PREFIX_HEADER = "ATen/ATen.h"
+INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 # A cache of another layout than this one's is fetched anew (v2 added the export lists).
 CACHE_LAYOUT = "macos-v2"
@@ -228,9 +235,11 @@ def clang_include() -> Path:
     return Path(resource.strip()) / "include"
 
 
-def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | None) -> list[str]:
+def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | None, *,
+                    header: bool = False) -> list[str]:
     """Compiles source into the object obj, or, without obj, through clang's
-    static analyzer (retain/release balance under manual reference counting)."""
+    static analyzer (retain/release balance under manual reference counting);
+    with header, source is a C++ header compiled into the precompiled header obj."""
     system = [
         LIBCXX, clang_include(), sdk_headers(), STUBS,
         torch_include, torch_include / "torch" / "csrc" / "api" / "include", sysconfig.get_paths()["include"],
@@ -239,6 +248,8 @@ def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | Non
     major, minor = DEPLOYMENT
     if obj is None:
         output = ["--analyze", "-Xclang", "-analyzer-werror", "-o", os.devnull]
+    elif header:
+        output = ["-x", "c++-header", "-o", str(obj)]
     else:  # -O0: every torch function the code calls stays a call, to be looked up in torch's exports
         output = ["-c", "-O0", "-o", str(obj)]
     return [
@@ -252,6 +263,51 @@ def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | Non
         "-DTORCH_API_INCLUDE_EXTENSION_H", "-DTORCH_EXTENSION_NAME=_C",
         "-Wall", "-Wextra", "-Werror", *output, str(source),
     ]
+
+
+def reads_torch(source: Path, seen: set | None = None) -> bool:
+    """Whether source includes a torch header, itself or through our headers
+    (by its #include lines: what preprocessor conditions exclude counts too)."""
+    seen = set() if seen is None else seen
+    if source in seen or not source.is_file():
+        return False
+    seen.add(source)
+    ours = [source.parent, ROOT / "csrc", ROOT / "csrc" / "sim" / "include", ROOT / "metal" / "include"]
+    for name in INCLUDE.findall(source.read_text(errors="replace")):
+        if name.split("/")[0] in ("ATen", "c10", "torch"):
+            return True
+        if any(reads_torch(d / name, seen) for d in ours):
+            return True
+    return False
+
+
+class PrefixHeaders:
+    """PREFIX_HEADER precompiled once per torch version, on first use.
+
+    Parsing torch's headers is most of a compile's time, so a C++ source that
+    reads them is compiled with the precompiled header instead, as if it began
+    with #include <ATen/ATen.h>. That changes nothing for a source that
+    includes torch's headers anyway except that ATen is visible from its first
+    line: a source that forgot an include of ATen would pass here, but not the
+    Linux build, which compiles every C++ source as it is. Objective-C++ is
+    compiled without: it is compiled nowhere else."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.lock, self.built = directory, Lock(), {}
+        # A fixed path: it is in what every compile with the header read, so in the keys of ResultCache.
+        self.source = cache_dir() / "prefix" / "prefix.h"
+        self.source.parent.mkdir(parents=True, exist_ok=True)
+        if not self.source.is_file() or self.source.read_text() != f"#include <{PREFIX_HEADER}>\n":
+            self.source.write_text(f"#include <{PREFIX_HEADER}>\n")
+
+    def get(self, version: str, sdk: str) -> Path | None:
+        """The precompiled header, or None where it does not compile (each source then shows why)."""
+        with self.lock:
+            if (version, sdk) not in self.built:
+                pch = self.directory / f"{version}-{sdk}.pch"
+                command = compile_command(self.source, torch_cache(version) / "include", sdk, pch, header=True)
+                self.built[version, sdk] = pch if subprocess.run(command, capture_output=True).returncode == 0 else None
+            return self.built[version, sdk]
 
 
 def symbols(obj: Path) -> tuple[set[str], set[str]]:
@@ -323,14 +379,20 @@ class ResultCache:
         os.replace(f.name, self._entry(command))  # whole or not at all, even with concurrent runs
 
 
-def compile_job(source: Path, version: str, sdk: str, analyze: bool, cache: ResultCache) -> dict:
+def compile_job(source: Path, version: str, sdk: str, analyze: bool, cache: ResultCache,
+                prefix: PrefixHeaders) -> dict:
     """One compile (or analysis): {"returncode", "output", "defined", "undefined", "inputs"}."""
     with tempfile.TemporaryDirectory() as tmp:
         obj, depfile = None if analyze else Path(tmp) / "out.o", Path(tmp) / "out.d"
         command = compile_command(source, torch_cache(version) / "include", sdk, obj)
+        with_prefix = source.suffix == ".cpp" and reads_torch(source)
+        if with_prefix:
+            command[-1:-1] = ["-include", str(prefix.source)]
         key = [a if obj is None or a != str(obj) else "OBJECT" for a in command]  # not the temporary object's name
         if (hit := cache.get(key)) is not None:
             return hit
+        if with_prefix and (pch := prefix.get(version, sdk)):
+            command[-3:-1] = ["-include-pch", str(pch)]  # its depfile lists the headers the pch holds
         result = subprocess.run([*command, "-MD", "-MF", str(depfile)], capture_output=True, text=True)
         defined, undefined = symbols(obj) if obj and not result.returncode else (set(), set())
         out = {"returncode": result.returncode, "output": result.stdout + result.stderr,
@@ -354,15 +416,16 @@ def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     jobs = [(s, newest, sdk, False) for s in sources for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
     jobs += [(s, newest, sdks[-1], True) for s in sources if s.suffix == ".mm"]
     cache = ResultCache(cache_dir() / "results")
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
-        results = list(pool.map(lambda job: compile_job(*job, cache), jobs))
+    with ThreadPoolExecutor(os.cpu_count()) as pool, tempfile.TemporaryDirectory() as tmp:
+        prefix = PrefixHeaders(Path(tmp))
+        results = list(pool.map(lambda job: compile_job(*job, cache, prefix), jobs))
         first = {(s, sdk): r for (s, _, sdk, analyze), r in zip(jobs, results) if not analyze}
         again = [(s, v, sdk, False) for v in older for s, sdk in first]
 
         def run_again(job):
             done = first[job[0], job[2]]
             read_torch = any(Path(p).is_relative_to(torch_cache(newest)) for p in done["inputs"])
-            return done if not done["returncode"] and not read_torch else compile_job(*job, cache)
+            return done if not done["returncode"] and not read_torch else compile_job(*job, cache, prefix)
 
         results += list(pool.map(run_again, again))
         jobs += again
