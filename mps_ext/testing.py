@@ -106,6 +106,65 @@ def assert_close_dot(actual: torch.Tensor, expected: torch.Tensor, magnitude: to
                            f"{got[bad][0].item()} vs {want[bad][0].item()}")
 
 
+def _gamma(n: int, dtype: torch.dtype) -> float:
+    """Higham's gamma_n = n u / (1 - n u), the bound on the relative rounding
+    error of n floating-point operations in a row; complex arithmetic costs a
+    small constant factor more (Higham, Accuracy and Stability of Numerical
+    Algorithms, 3.6), taken here as 4."""
+    u = 2.0**-53 if dtype in (torch.float64, torch.complex128) else 2.0**-24
+    n *= 4 if dtype.is_complex else 1
+    return n * u / (1 - n * u)
+
+
+def _assert_residual_within(residual: torch.Tensor, magnitude: torch.Tensor, gamma: float, what: str):
+    bound = gamma * magnitude
+    bad = residual.abs() > bound  # NaN residuals (from NaN or inf inputs) are not bounded here
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} residual entries exceed the backward-error "
+                           f"bound; the worst is {float((residual.abs() / bound)[bad].max()):.3g}x it")
+
+
+def _unpacked(LU: torch.Tensor, pivots: torch.Tensor):
+    wide = torch.complex128 if LU.dtype.is_complex else torch.float64
+    return torch.lu_unpack(LU.detach().cpu().to(wide), pivots.detach().cpu())
+
+
+def assert_lu_backward_stable(LU: torch.Tensor, pivots: torch.Tensor, A: torch.Tensor):
+    """The packed LU factors with partial pivoting of square ``A`` (as
+    ``torch.linalg.lu_factor`` returns them) are those of ``A`` up to rounding:
+    ``|P L U - A| <= gamma_n P |L| |U|`` entry by entry (Higham, Theorem 9.3).
+
+    The bound is rigorous, so it needs no measured headroom, and it holds
+    whatever order the kernel sums in; factors scaled by 1.01, or one update
+    skipped, are far outside it."""
+    P, L, U = _unpacked(LU, pivots)
+    wide = P.dtype
+    residual = P @ L @ U - A.detach().cpu().to(wide)
+    magnitude = P.real @ (L.abs() @ U.abs())
+    _assert_residual_within(residual, magnitude, _gamma(A.shape[-1], LU.dtype), "P L U - A")
+
+
+def assert_solve_backward_stable(A: torch.Tensor, X: torch.Tensor, B: torch.Tensor, LU: torch.Tensor,
+                                 pivots: torch.Tensor, left: bool = True, adjoint: bool = False):
+    """``X`` solves ``op(A) X = B`` (``X op(A) = B`` when not ``left``; ``op``
+    the conjugate transpose when ``adjoint``) through the LU factors
+    ``LU``/``pivots`` of ``A`` up to rounding: the residual is within
+    ``gamma_3n`` of ``op(P |L| |U|) |X|`` (``|X| op(P |L| |U|)``) entry by
+    entry, the backward error of a factorization and two triangular solves
+    (Higham, Theorem 9.4), rigorous like :func:`assert_lu_backward_stable`."""
+    P, L, U = _unpacked(LU, pivots)
+    wide = P.dtype
+    A, X, B = (t.detach().cpu().to(wide) for t in (A, X, B))
+    # A batch of vectors, by torch.linalg.solve's rule
+    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])
+    if vector:
+        X, B = X.unsqueeze(-1), B.unsqueeze(-1)
+    factors = P.real @ (L.abs() @ U.abs())
+    if adjoint:
+        A, factors = A.mH, factors.mT
+    residual, magnitude = (A @ X - B, factors @ X.abs()) if left else (X @ A - B, X.abs() @ factors)
+    _assert_residual_within(residual, magnitude, _gamma(3 * A.shape[-1], LU.dtype), "the solution's residual")
+
+
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Largest absolute difference, NaNs at the same places ignored (inf where only one side is NaN)."""
     a, e = actual.detach().cpu().double(), expected.detach().cpu().double()

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tolerances import TOLERANCES, assert_close, assert_close_dot, assert_close_normwise
+from tolerances import (TOLERANCES, assert_close, assert_close_dot, assert_close_normwise, assert_lu_backward_stable,
+                        assert_solve_backward_stable)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -71,4 +72,27 @@ def test_normwise_tolerance(dtype):
                       "a NaN turned into 0": want.nan_to_num(0.0)}.items():
         with pytest.raises(AssertionError, match="not close"):
             assert_close_normwise(got, want)
+            pytest.fail(f"{what} passed")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+@pytest.mark.parametrize("n", [3, 64])
+def test_backward_error_bounds(dtype, n):
+    A = torch.randn(4, n, n, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    B = torch.randn(4, n, 2, dtype=dtype, generator=torch.Generator().manual_seed(n + 1))
+    LU, pivots = torch.linalg.lu_factor(A)  # LAPACK in float32: rounding errors, no mistakes
+    X = torch.linalg.lu_solve(LU, pivots, B)
+    assert_lu_backward_stable(LU, pivots, A)
+    assert_solve_backward_stable(A, X, B, LU, pivots)
+    Y = torch.linalg.lu_solve(LU, pivots, B.mT, left=False, adjoint=True)
+    assert_solve_backward_stable(A, Y, B.mT, LU, pivots, left=False, adjoint=True)
+    skipped = LU.clone()
+    skipped[:, -1, -1] += LU[:, -1, -2] * LU[:, -2, -1]  # U's last entry without the last update
+    for what, factors in {"factors x 1.01": LU * 1.01, "the last update skipped": skipped}.items():
+        with pytest.raises(AssertionError, match="P L U - A"):
+            assert_lu_backward_stable(factors, pivots, A)
+            pytest.fail(f"{what} passed")
+    for what, solution in {"solution x 1.01": X * 1.01, "the first row 10% off": X.index_fill(-2, torch.tensor([0]), 0) + X[..., :1, :] * 1.1}.items():
+        with pytest.raises(AssertionError, match="residual"):
+            assert_solve_backward_stable(A, solution, B, LU, pivots)
             pytest.fail(f"{what} passed")
