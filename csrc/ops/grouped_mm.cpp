@@ -106,7 +106,8 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   const int64_t es = int64_t(a.element_size());
   const auto multiple16 = [es](int64_t stride) { return stride * es % 16 == 0; };
   q.a_vectorized = aligned16(a) && multiple16(q.a_row) && multiple16(q.a_group);
-  q.b_vectorized = aligned16(b) && multiple16(q.b_col) && multiple16(q.b_group);
+  // b's contiguous rows: of W_g (n x k) when b is the transposed weights, of the stored (k x n) matrix otherwise.
+  q.b_vectorized = aligned16(b) && multiple16(q.b_k == 1 ? q.b_col : q.b_k) && multiple16(q.b_group);
   return pr;
 }
 
@@ -159,19 +160,33 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
           uint32_t(slices)};
 }
 
-// Decode when the groups' weights are row-major (b the transposed expert
-// weights), a's rows contiguous and the groups have few rows on average (the
-// host cannot see how many each has); tiles otherwise, as tall as the
-// average group.
+// Decode for b stored (G, K, N) with N contiguous: the rows decode_plan
+// would serve, 4 x 16 bytes of columns per threadgroup (kKnChunks in
+// metal/grouped_mm.metal).
+Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype) {
+  const GroupedMmParams& q = pr.params;
+  const bool by_rows = q.split == kGroupedSplitRows;
+  const int64_t rows = by_rows ? decode_rows(q.m, pr.groups) : rows_bucket(q.m);
+  const int64_t columns = 4 * (16 / int64_t(c10::elementSize(dtype)));
+  return {host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype}),
+          {uint32_t((q.n + columns - 1) / columns), uint32_t(by_rows ? q.m : pr.groups * ((q.m + rows - 1) / rows))},
+          {kThreads}};
+}
+
+// Decode when a's rows are contiguous and the groups have few rows on
+// average (the host cannot see how many each has): along K when the groups'
+// weights are row-major (b the transposed expert weights), along N when b is
+// stored (G, K, N); tiles otherwise, as tall as the average group.
 Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
-  const bool rows_of_weights = q.b_k == 1 || q.k == 1;
   const bool contiguous_x = q.a_k == 1 || q.k == 1;
-  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && rows_of_weights && contiguous_x &&
-      average <= kDecodeMaxAverageRows)
-    return decode_plan(pr, dtype, backend.fill_simdgroups());
+  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && contiguous_x &&
+      average <= kDecodeMaxAverageRows) {
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, dtype, backend.fill_simdgroups());
+    if (q.b_col == 1) return decode_kn_plan(pr, dtype);
+  }
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
   if (q.split == kGroupedSplitRows) y += g;       // worst case: every group ends in a partial tile

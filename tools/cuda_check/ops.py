@@ -237,14 +237,21 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     out_row = stride[-2]
     es = a.element_size()
     a_vec = aligned16(a) and a_row * es % 16 == 0 and a_group * es % 16 == 0
-    b_vec = aligned16(b) and b_col * es % 16 == 0 and b_group * es % 16 == 0
+    b_vec = aligned16(b) and (b_col if b_k == 1 else b_k) * es % 16 == 0 and b_group * es % 16 == 0
     fields = [split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec]
     average = m // max(groups, 1) if split == SPLIT_ROWS else m
     rows_of_weights = b_k == 1 or k == 1
     contiguous_x = a_k == 1 or k == 1
-    if split in (SPLIT_ROWS, SPLIT_NONE) and rows_of_weights and contiguous_x and average <= K_DECODE_MAX_AVG:
-        by_rows = split == SPLIT_ROWS
-        rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
+    decode = split in (SPLIT_ROWS, SPLIT_NONE) and contiguous_x and average <= K_DECODE_MAX_AVG
+    by_rows = split == SPLIT_ROWS
+    rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
+    if decode and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 x 16 bytes of columns per threadgroup
+        columns = 4 * (16 // es)
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1)]
+        kernel = host_name("grouped_mm", f"decode_kn_m{rows}", a.dtype)
+        y = m if by_rows else groups * ceil_div(m, rows)
+        return [Launch(kernel, (ceil_div(n, columns), y), (32 * K_DECODE_SG,), bufs)], out
+    if decode and rows_of_weights:
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
         blocks = ceil_div(n, rows_per_simdgroup(rows))
         steps = ceil_div(k, 32 * (16 // es))
