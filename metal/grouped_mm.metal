@@ -140,17 +140,14 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
 // Decode for weights stored (G, K, N) with N contiguous (gpt-oss, Aria: b
 // not transposed), where a SIMD group cannot stream a weight row along K. A
 // threadgroup serves the rows of a that grouped_mm_decode's would and
-// kKnChunks chunks of 16 bytes of columns: 64 contiguous bytes of every
-// weight row (128 bytes halved the threadgroups and ran 1.0-1.8x slower on
-// the CUDA proxy; docs/performance.md). Its threads stand as chunks x
-// kKnLanes K-lanes; a K-lane reads
-// every kKnLanes-th weight row, kKnInFlight rows per step (one 16-byte load
-// each, all issued before the first is used) with the matching element of
-// each row of a, and the K-lanes' sums meet through shuffles, then
-// threadgroup memory. Grid: ceil(n / columns) x m when split by rows, else
-// x G * ceil(m / M).
-constant constexpr uint kKnChunks = 4;
-constant constexpr uint kKnLanes = kDecodeSimdGroups * 32 / kKnChunks;
+// p.decode_chunks (2 or 4) chunks of 16 bytes of columns: 32 or 64
+// contiguous bytes of every weight row, the host's choice (csrc/ops). Its
+// threads stand as chunks x K-lanes; a K-lane reads every lanes-th weight
+// row, kKnInFlight rows per step (one 16-byte load each, all issued before
+// the first is used) with the matching element of each row of a, and the
+// K-lanes' sums meet through shuffles, then threadgroup memory. Grid:
+// ceil(n / columns) x m when split by rows, else x G * ceil(m / M).
+constant constexpr uint kKnMaxChunks = 4;
 constant constexpr uint kKnInFlight = 4;
 
 template <typename T, uint M>
@@ -161,46 +158,46 @@ kernel void grouped_mm_decode_kn(device const T* a [[buffer(0)]], device const T
                                  uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]],
                                  uint lane [[thread_index_in_simdgroup]]) {
   constexpr uint P = 16 / sizeof(T);  // columns of a chunk
-  constexpr uint kColumns = kKnChunks * P;
-  threadgroup float partial[kDecodeSimdGroups * M * kColumns];
+  threadgroup float partial[kDecodeSimdGroups * M * kKnMaxChunks * P];
   uint g;
   Extent rows;
   if (!decode_rows_of<M>(offs, p, group.y, g, rows)) return;  // the whole threadgroup, before the barrier
-  const uint chunk = lane % kKnChunks, k_lane = sg * (32 / kKnChunks) + lane / kKnChunks;
-  const uint first = group.x * kColumns;
+  const uint chunks = p.decode_chunks, columns = chunks * P, lanes = kDecodeSimdGroups * 32 / chunks;
+  const uint chunk = lane % chunks, k_lane = sg * (32 / chunks) + lane / chunks;
+  const uint first = group.x * columns;
   device const T* w = b + ulong(g) * p.b_group;
   device const T* x = a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row;
   float4 acc[M][P / 4];
   for (uint i = 0; i < M; ++i)
     for (uint c = 0; c < P / 4; ++c) acc[i][c] = 0.0f;
-  for (uint k0 = k_lane; k0 < p.k; k0 += kKnLanes * kKnInFlight) {
+  for (uint k0 = k_lane; k0 < p.k; k0 += lanes * kKnInFlight) {
     float4 wv[kKnInFlight][P / 4];
     for (uint u = 0; u < kKnInFlight; ++u) {
-      const uint k = min(k0 + u * kKnLanes, p.k - 1);  // a row past K is read, then weighted by 0
+      const uint k = min(k0 + u * lanes, p.k - 1);  // a row past K is read, then weighted by 0
       mps_ext::load_floats<P>(w + ulong(k) * p.b_k, first + chunk * P, p.n, p.b_vectorized != 0, wv[u]);
     }
     for (uint u = 0; u < kKnInFlight; ++u) {
-      const uint k = k0 + u * kKnLanes;
+      const uint k = k0 + u * lanes;
       for (uint i = 0; i < M; ++i) {
         const float xi = i < rows.size && k < p.k ? float(x[ulong(i) * p.a_row + k]) : 0.0f;
         for (uint c = 0; c < P / 4; ++c) acc[i][c] += wv[u][c] * xi;
       }
     }
   }
-  // The SIMD group's K-lanes of a chunk are lanes kKnChunks apart.
-  for (uint d = kKnChunks; d < 32; d *= 2)
+  // The SIMD group's K-lanes of a chunk are lanes `chunks` apart.
+  for (uint d = chunks; d < 32; d *= 2)
     for (uint i = 0; i < M; ++i)
       for (uint c = 0; c < P / 4; ++c) acc[i][c] += simd_shuffle(acc[i][c], ushort(lane ^ d));
-  if (lane < kKnChunks)
+  if (lane < chunks)
     for (uint i = 0; i < M; ++i)
-      for (uint j = 0; j < P; ++j) partial[(sg * M + i) * kColumns + chunk * P + j] = acc[i][j / 4][j % 4];
+      for (uint j = 0; j < P; ++j) partial[(sg * M + i) * columns + chunk * P + j] = acc[i][j / 4][j % 4];
   threadgroup_barrier(mem_flags::mem_threadgroup);
   device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row + first;
-  for (uint e = tid; e < M * kColumns; e += kDecodeSimdGroups * 32) {
-    const uint i = e / kColumns, j = e % kColumns;
+  for (uint e = tid; e < M * columns; e += kDecodeSimdGroups * 32) {
+    const uint i = e / columns, j = e % columns;
     if (i >= rows.size || first + j >= p.n) continue;
     float v = 0.0f;
-    for (uint s = 0; s < kDecodeSimdGroups; ++s) v += partial[(s * M + i) * kColumns + j];
+    for (uint s = 0; s < kDecodeSimdGroups; ++s) v += partial[(s * M + i) * columns + j];
     y[ulong(i) * p.out_row + j] = T(v);
   }
 }

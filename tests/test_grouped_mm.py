@@ -188,6 +188,18 @@ def test_decode_fills_the_gpu(cores, slices):
     assert t.kernels[0].grid[:2] == (12 * slices, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
 
 
+@pytest.mark.parametrize("cores,chunks", [(8, 4), (80, 2)])
+def test_decode_kn_fills_the_gpu(cores, chunks):
+    # One token, top-4 of 32 experts stored (E, K, N), 256 columns: 8 threadgroups of 64 bytes of columns per
+    # routed row x 4 rows x 4 SIMD groups = 128 SIMD groups. An 8-core GPU (256 resident) keeps 4 chunks of 16
+    # bytes per threadgroup; an 80-core one (2560) takes 2, twice the threadgroups, each K-lane on half the rows.
+    offs = routing(1, 32, 4, seed=3)
+    with mps_ext.sim.gpu_cores(cores):
+        _, t = check(data(4, 64, dtype=torch.bfloat16), data(32, 64, 256, dtype=torch.bfloat16, seed=1), offs,
+                     kernel="decode_kn_m2", torch_too=True)
+    assert t.kernels[0].grid[:2] == (256 // (8 * chunks), 4), t.kernels
+
+
 def test_odd_layouts(device):
     # The kernels take what torch's stride rule rejects: odd K and N, a non-contiguous a, an
     # unaligned start, an expanded b (one expert for every group; its rows are N long), a transposed a.
@@ -372,17 +384,22 @@ def test_opcheck():
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-@pytest.mark.parametrize("case", ["decode", "decode split K", "decode_kn", "tiled_m16", "tiled_m64", "cols", "k"])
+@pytest.mark.parametrize("case", ["decode", "decode split K", "decode_kn", "decode_kn 4 chunks", "tiled_m16",
+                                  "tiled_m64", "cols", "k"])
 def test_checked(case):
     offs = offsets([2, 0, 3])
     args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
             "decode split K": (data(6, 1030), experts(3, 1030, 9, torch.float32), offsets([1, 0, 4])),
             "decode_kn": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
+            "decode_kn 4 chunks": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
             "tiled_m16": (data(30, 40), data(3, 40, 9, seed=1), offsets([10, 0, 30])),
             "tiled_m64": (data(2, 70, 40), experts(2, 40, 9, torch.float32), None),
             "cols": (data(3, 5, 40), data(40, 9, seed=1), offs),
             "k": (data(5, 6), data(6, 9, seed=1), offs)}[case]
-    with mps_ext.sim.checked():
+    # One core's fill keeps decode_kn's 4 chunks of 16 bytes (16 float columns per threadgroup); 32 cores' takes 2.
+    with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(1 if case.endswith("4 chunks") else 32), mps_ext.trace() as t:
         got = mps_ext.grouped_mm(*args)
     want, mask = reference(*args)
     torch.testing.assert_close(got[mask].double(), want[mask], rtol=1e-5, atol=1e-5)
+    if case.startswith("decode_kn"):
+        assert t.kernels[0].grid[0] == (3 if case.endswith("4 chunks") else 5), t.kernels

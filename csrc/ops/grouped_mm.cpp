@@ -115,6 +115,7 @@ struct Plan {
   std::string kernel;
   Size3 grid, threads;
   uint32_t decode_slices = 1;
+  uint32_t decode_chunks = 4;
 };
 
 // The rows of a group a decode threadgroup serves at once: 1, 2, 4 or 8.
@@ -161,16 +162,24 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
 }
 
 // Decode for b stored (G, K, N) with N contiguous: the rows decode_plan
-// would serve, 4 x 16 bytes of columns per threadgroup (kKnChunks in
-// metal/grouped_mm.metal).
-Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype) {
+// would serve, 4 chunks of 16 bytes of columns per threadgroup, or 2 (twice
+// the threadgroups, each K-lane reading half as many weight rows) when the
+// threadgroups' SIMD groups would not reach half the fill: on the CUDA proxy
+// 2 chunks ran gpt-oss's down projection for one token 1.5x faster and its
+// gate_up (twice the columns) 1.1x slower (docs/performance.md).
+Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
   const GroupedMmParams& q = pr.params;
   const bool by_rows = q.split == kGroupedSplitRows;
   const int64_t rows = by_rows ? decode_rows(q.m, pr.groups) : rows_bucket(q.m);
-  const int64_t columns = 4 * (16 / int64_t(c10::elementSize(dtype)));
-  return {host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype}),
-          {uint32_t((q.n + columns - 1) / columns), uint32_t(by_rows ? q.m : pr.groups * ((q.m + rows - 1) / rows))},
-          {kThreads}};
+  const int64_t threadgroup_rows = by_rows ? q.m : pr.groups * ((q.m + rows - 1) / rows);
+  const int64_t per_chunk = 16 / int64_t(c10::elementSize(dtype));
+  const int64_t wide = (q.n + 4 * per_chunk - 1) / (4 * per_chunk) * threadgroup_rows * kDecodeSimdGroups;
+  const int64_t chunks = 2 * wide < fill ? 2 : 4, columns = chunks * per_chunk;
+  Plan p{host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype}),
+         {uint32_t((q.n + columns - 1) / columns), uint32_t(threadgroup_rows)},
+         {kThreads}};
+  p.decode_chunks = uint32_t(chunks);
+  return p;
 }
 
 // Decode when a's rows are contiguous and the groups have few rows on
@@ -185,7 +194,7 @@ Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && contiguous_x &&
       average <= kDecodeMaxAverageRows) {
     if (q.b_k == 1 || q.k == 1) return decode_plan(pr, dtype, backend.fill_simdgroups());
-    if (q.b_col == 1) return decode_kn_plan(pr, dtype);
+    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
   }
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
@@ -264,6 +273,7 @@ at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const st
   if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
   const Plan p = plan(pr, a.scalar_type(), *backend_for(a.device()));
   pr.params.decode_slices = p.decode_slices;
+  pr.params.decode_chunks = p.decode_chunks;
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(a).tensor(b).tensor(offs ? *offs : a).tensor(out).bytes(
       pr.params));
   return out;

@@ -245,12 +245,13 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     decode = split in (SPLIT_ROWS, SPLIT_NONE) and contiguous_x and average <= K_DECODE_MAX_AVG
     by_rows = split == SPLIT_ROWS
     rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
-    if decode and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 x 16 bytes of columns per threadgroup
-        columns = 4 * (16 // es)
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1)]
+    if decode and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 or 2 chunks of 16 bytes of columns
         kernel = host_name("grouped_mm", f"decode_kn_m{rows}", a.dtype)
         y = m if by_rows else groups * ceil_div(m, rows)
-        return [Launch(kernel, (ceil_div(n, columns), y), (32 * K_DECODE_SG,), bufs)], out
+        wide = ceil_div(n, 4 * (16 // es)) * y * K_DECODE_SG
+        chunks = 2 if 2 * wide < fill_simdgroups(kernel, 32 * K_DECODE_SG) else 4
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, chunks)]
+        return [Launch(kernel, (ceil_div(n, chunks * (16 // es)), y), (32 * K_DECODE_SG,), bufs)], out
     if decode and rows_of_weights:
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
         blocks = ceil_div(n, rows_per_simdgroup(rows))
@@ -261,9 +262,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
         while slices < K_DECODE_SG and runs * blocks * slices < fill and steps // (2 * slices) >= K_DECODE_MIN_STEPS:
             slices *= 2
         columns = rows_per_simdgroup(rows) * K_DECODE_SG // slices
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices)]
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices, 4)]
         return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,), bufs)], out
-    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1)]
+    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, 4)]
     tm = 16 if average <= 16 else 32 if average <= 32 else 64
     x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
     if split == SPLIT_ROWS:
