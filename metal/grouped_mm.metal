@@ -137,6 +137,71 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
       if (lane == r * M + i && first + r < p.n && i < rows.size) y[ulong(i) * p.out_row + first + r] = T(t.v[r][i]);
 }
 
+// Decode for weights stored (G, K, N) with N contiguous (gpt-oss, Aria: b
+// not transposed), where a SIMD group cannot stream a weight row along K. A
+// threadgroup serves the rows of a that grouped_mm_decode's would and
+// p.decode_chunks (2 or 4) chunks of 16 bytes of columns: 32 or 64
+// contiguous bytes of every weight row, the host's choice (csrc/ops). Its
+// threads stand as chunks x K-lanes; a K-lane reads every lanes-th weight
+// row, kKnInFlight rows per step (one 16-byte load each, all issued before
+// the first is used) with the matching element of each row of a, and the
+// K-lanes' sums meet through shuffles, then threadgroup memory. Grid:
+// ceil(n / columns) x m when split by rows, else x G * ceil(m / M).
+constant constexpr uint kKnMaxChunks = 4;
+constant constexpr uint kKnInFlight = 4;
+
+template <typename T, uint M>
+kernel void grouped_mm_decode_kn(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+                                 device const int* offs [[buffer(2)]], device T* out [[buffer(3)]],
+                                 constant GroupedMmParams& p [[buffer(4)]],
+                                 uint2 group [[threadgroup_position_in_grid]],
+                                 uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]],
+                                 uint lane [[thread_index_in_simdgroup]]) {
+  constexpr uint P = 16 / sizeof(T);  // columns of a chunk
+  threadgroup float partial[kDecodeSimdGroups * M * kKnMaxChunks * P];
+  uint g;
+  Extent rows;
+  if (!decode_rows_of<M>(offs, p, group.y, g, rows)) return;  // the whole threadgroup, before the barrier
+  const uint chunks = p.decode_chunks, columns = chunks * P, lanes = kDecodeSimdGroups * 32 / chunks;
+  const uint chunk = lane % chunks, k_lane = sg * (32 / chunks) + lane / chunks;
+  const uint first = group.x * columns;
+  device const T* w = b + ulong(g) * p.b_group;
+  device const T* x = a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row;
+  float4 acc[M][P / 4];
+  for (uint i = 0; i < M; ++i)
+    for (uint c = 0; c < P / 4; ++c) acc[i][c] = 0.0f;
+  for (uint k0 = k_lane; k0 < p.k; k0 += lanes * kKnInFlight) {
+    float4 wv[kKnInFlight][P / 4];
+    for (uint u = 0; u < kKnInFlight; ++u) {
+      const uint k = min(k0 + u * lanes, p.k - 1);  // a row past K is read, then weighted by 0
+      mps_ext::load_floats<P>(w + ulong(k) * p.b_k, first + chunk * P, p.n, p.b_vectorized != 0, wv[u]);
+    }
+    for (uint u = 0; u < kKnInFlight; ++u) {
+      const uint k = k0 + u * lanes;
+      for (uint i = 0; i < M; ++i) {
+        const float xi = i < rows.size && k < p.k ? float(x[ulong(i) * p.a_row + k]) : 0.0f;
+        for (uint c = 0; c < P / 4; ++c) acc[i][c] += wv[u][c] * xi;
+      }
+    }
+  }
+  // The SIMD group's K-lanes of a chunk are lanes `chunks` apart.
+  for (uint d = chunks; d < 32; d *= 2)
+    for (uint i = 0; i < M; ++i)
+      for (uint c = 0; c < P / 4; ++c) acc[i][c] += simd_shuffle(acc[i][c], ushort(lane ^ d));
+  if (lane < chunks)
+    for (uint i = 0; i < M; ++i)
+      for (uint j = 0; j < P; ++j) partial[(sg * M + i) * columns + chunk * P + j] = acc[i][j / 4][j % 4];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row + first;
+  for (uint e = tid; e < M * columns; e += kDecodeSimdGroups * 32) {
+    const uint i = e / columns, j = e % columns;
+    if (i >= rows.size || first + j >= p.n) continue;
+    float v = 0.0f;
+    for (uint s = 0; s < kDecodeSimdGroups; ++s) v += partial[(s * M + i) * columns + j];
+    y[ulong(i) * p.out_row + j] = T(v);
+  }
+}
+
 // An R x C tile of a strided operand as floats ([R][C]), element (r, c) at
 // base[r * rs + c * cs], zeros at or past (r_size, c_size). K runs along c
 // for a (R = TM rows, C = K) and along r for b (R = K, C = 32 columns). The
@@ -193,7 +258,8 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   }
 }
 
-// Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_tiled_m<TM>_<type>, built
+// Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_decode_kn_m<M>_<type>,
+// grouped_mm_tiled_m<TM>_<type>, built
 // by the host from the same parts (csrc/ops/grouped_mm.cpp).
 #define MPS_EXT_GROUPED_MM_TILED(T, TM)                                                                        \
   template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, TM>)         \
@@ -203,9 +269,15 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   template [[host_name("grouped_mm_decode_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode<T, M>)        \
       grouped_mm_decode<T, M>;
 
+#define MPS_EXT_GROUPED_MM_DECODE_KN(T, M)                                                                     \
+  template [[host_name("grouped_mm_decode_kn_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode_kn<T, M>)  \
+      grouped_mm_decode_kn<T, M>;
+
 #define MPS_EXT_GROUPED_MM(T)                                                                                  \
   MPS_EXT_GROUPED_MM_DECODE(T, 1) MPS_EXT_GROUPED_MM_DECODE(T, 2) MPS_EXT_GROUPED_MM_DECODE(T, 4)              \
   MPS_EXT_GROUPED_MM_DECODE(T, 8)                                                                              \
+  MPS_EXT_GROUPED_MM_DECODE_KN(T, 1) MPS_EXT_GROUPED_MM_DECODE_KN(T, 2) MPS_EXT_GROUPED_MM_DECODE_KN(T, 4)     \
+  MPS_EXT_GROUPED_MM_DECODE_KN(T, 8)                                                                           \
   MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)
 
 MPS_EXT_GROUPED_MM(float)

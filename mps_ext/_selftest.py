@@ -204,12 +204,18 @@ def grouped_mm_cases() -> Iterator[Case]:
     # the split dimension (torch leaves positions past it unwritten).
     # Decode pipelines by the rows an active group has on average: m rows over min(m, groups) groups, at
     # least two (runs of one row take the 2-row kernel's 1-row branch); one row of each batch of a 3D a
-    # (no offs: ends None) takes the 1-row kernel.
+    # (no offs: ends None) takes the 1-row kernel. b stored (G, K, N) decodes along N (decode_kn), with the
+    # same pipelines, or takes tiles from 9 rows per group on average.
     shapes = [("decode_m1 3Dx3D", (3, 1, 40), (3, 24, 40), True, None),
               ("decode_m2", (3, 40), (8, 24, 40), True, [1, 2, 3, 3, 3, 3, 3, 3]),
               ("decode_m2 two rows", (6, 40), (3, 24, 40), True, [2, 2, 6]),
               ("decode_m4", (12, 40), (3, 24, 40), True, [4, 4, 12]),
-              ("decode_m8", (24, 40), (3, 24, 40), True, [8, 8, 24]), ("tiled_m16", (6, 40), (3, 40, 24), False, [2, 2, 6]),
+              ("decode_m8", (24, 40), (3, 24, 40), True, [8, 8, 24]),
+              ("decode_kn_m1 3Dx3D", (3, 1, 40), (3, 40, 24), False, None),
+              ("decode_kn_m2", (3, 40), (8, 40, 24), False, [1, 2, 3, 3, 3, 3, 3, 3]),
+              ("decode_kn_m4", (12, 40), (3, 40, 24), False, [4, 4, 12]),
+              ("decode_kn_m8", (24, 40), (3, 40, 24), False, [8, 8, 24]),
+              ("tiled_m16", (30, 40), (3, 40, 24), False, [10, 10, 30]),
               ("tiled_m32 3Dx2D", (3, 20, 40), (40, 24), False, [8, 8, 24]),
               ("tiled_m64 2Dx2D", (40, 48), (48, 24), False, [16, 16, 48])]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):

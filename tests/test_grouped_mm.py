@@ -6,13 +6,14 @@ import re
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import mps_ext
 from tolerances import assert_close_dot, assert_close_normwise
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
-KERNEL = re.compile(r"grouped_mm_(decode_m(1|2|4|8)|tiled_m(16|32|64))_(?P<type>float|half|bfloat)")
+KERNEL = re.compile(r"grouped_mm_(decode_(kn_)?m(1|2|4|8)|tiled_m(16|32|64))_(?P<type>float|half|bfloat)")
 
 
 def data(*shape, dtype=torch.float32, seed=0):
@@ -138,8 +139,8 @@ def test_group_counts(device, groups):
     tokens = 6
     offs = routing(tokens, groups, min(groups, 4))
     a = data(int(offs[-1]), 32, dtype=torch.bfloat16)
-    check(a, experts(groups, 32, 24, torch.bfloat16), offs, device, kernel="decode", torch_too=True)
-    check(a, data(groups, 32, 24, dtype=torch.bfloat16, seed=1), offs, device, kernel="tiled_m16")
+    check(a, experts(groups, 32, 24, torch.bfloat16), offs, device, kernel="decode_m", torch_too=True)
+    check(a, data(groups, 32, 24, dtype=torch.bfloat16, seed=1), offs, device, kernel="decode_kn", torch_too=True)
 
 
 # (model, projection, K, N, experts, top-k): expert shapes of real MoE models, sized for the simulator where noted.
@@ -187,15 +188,28 @@ def test_decode_fills_the_gpu(cores, slices):
     assert t.kernels[0].grid[:2] == (12 * slices, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
 
 
+@pytest.mark.parametrize("cores,chunks", [(8, 4), (80, 2)])
+def test_decode_kn_fills_the_gpu(cores, chunks):
+    # One token, top-4 of 32 experts stored (E, K, N), 256 columns: 8 threadgroups of 64 bytes of columns per
+    # routed row x 4 rows x 4 SIMD groups = 128 SIMD groups. An 8-core GPU (256 resident) keeps 4 chunks of 16
+    # bytes per threadgroup; an 80-core one (2560) takes 2, twice the threadgroups, each K-lane on half the rows.
+    offs = routing(1, 32, 4, seed=3)
+    with mps_ext.sim.gpu_cores(cores):
+        _, t = check(data(4, 64, dtype=torch.bfloat16), data(32, 64, 256, dtype=torch.bfloat16, seed=1), offs,
+                     kernel="decode_kn_m2", torch_too=True)
+    assert t.kernels[0].grid[:2] == (256 // (8 * chunks), 4), t.kernels
+
+
 def test_odd_layouts(device):
     # The kernels take what torch's stride rule rejects: odd K and N, a non-contiguous a, an
-    # unaligned start, an expanded b (one expert for every group), a transposed a.
+    # unaligned start, an expanded b (one expert for every group; its rows are N long), a transposed a.
     offs = offsets([2, 0, 5])
     check(data(7, 13), experts(3, 13, 11, torch.float32), offs, device, kernel="decode")
     check(data(7, 26)[:, ::2], experts(3, 13, 11, torch.float32), offs, device, kernel="tiled_m16")
     check(data(7 * 16 + 1, dtype=torch.half)[1:].view(7, 16), experts(3, 16, 8, torch.half), offs, device,
           kernel="decode")
-    check(data(7, 16), data(16, 8, seed=1).expand(3, 16, 8), offs, device, kernel="tiled_m16")
+    check(data(7, 16), data(16, 8, seed=1).expand(3, 16, 8), offs, device, kernel="decode_kn")
+    check(data(7, 13), data(3, 13, 11), offs, device, kernel="decode_kn")  # rows of b 44 bytes apart
     check(data(16, 7).t(), experts(3, 16, 8, torch.float32), offs, device, kernel="tiled_m16")
 
 
@@ -301,6 +315,49 @@ def test_moe_block(dtype, tokens, request):
         assert_close_normwise(g, w)
 
 
+class GroupedMmOperands(TorchDispatchMode):
+    """The b operands of every aten::_grouped_mm a piece of model code sends."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._grouped_mm.default:
+            self.b.append(args[1])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 4])
+def test_gpt_oss_experts(dtype, tokens):
+    # transformers' own gpt-oss experts (tiny config, random weights, biases): their weights stay stored
+    # (E, K, N), contiguous, so both products decode along N; hidden size 72 leaves a partial block of columns.
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    config = transformers.GptOssConfig(hidden_size=72, intermediate_size=40, num_local_experts=16,
+                                       num_experts_per_tok=4)
+    config._experts_implementation = "grouped_mm"  # what from_pretrained picks where torch has _grouped_mm
+    module = GptOssExperts(config)
+    with torch.no_grad():
+        for seed, p in enumerate(module.parameters(), start=3):
+            p.copy_(data(*p.shape, seed=seed) * 0.3)
+    module = module.to(dtype)
+    x = data(tokens, 72, dtype=dtype, seed=6)
+    logits = data(tokens, 16, seed=7)
+    top, chosen = logits.topk(4, dim=-1)
+    weights = top.softmax(-1).to(dtype)
+    with torch.no_grad():
+        with GroupedMmOperands() as sent:
+            want = module(x, chosen, weights)
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = module(x, chosen, weights)
+    assert [(tuple(b.shape), b.is_contiguous()) for b in sent.b] == [((16, 72, 80), True), ((16, 40, 72), True)]
+    assert t.names == [f"grouped_mm_decode_kn_m2_{TYPE[dtype]}"] * 2, t.names
+    assert_close_normwise(got, want)
+
+
 def test_autograd():
     # mps_ext.grouped_mm's own derivative in every mode, against torch's on the CPU; offs covers every
     # position (torch leaves gradient rows past offs[-1] unwritten, ours are 0).
@@ -327,16 +384,22 @@ def test_opcheck():
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
 
 
-@pytest.mark.parametrize("case", ["decode", "decode split K", "tiled_m16", "tiled_m64", "cols", "k"])
+@pytest.mark.parametrize("case", ["decode", "decode split K", "decode_kn", "decode_kn 4 chunks", "tiled_m16",
+                                  "tiled_m64", "cols", "k"])
 def test_checked(case):
     offs = offsets([2, 0, 3])
     args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
             "decode split K": (data(6, 1030), experts(3, 1030, 9, torch.float32), offsets([1, 0, 4])),
-            "tiled_m16": (data(6, 40), data(3, 40, 9, seed=1), offs),
+            "decode_kn": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
+            "decode_kn 4 chunks": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
+            "tiled_m16": (data(30, 40), data(3, 40, 9, seed=1), offsets([10, 0, 30])),
             "tiled_m64": (data(2, 70, 40), experts(2, 40, 9, torch.float32), None),
             "cols": (data(3, 5, 40), data(40, 9, seed=1), offs),
             "k": (data(5, 6), data(6, 9, seed=1), offs)}[case]
-    with mps_ext.sim.checked():
+    # One core's fill keeps decode_kn's 4 chunks of 16 bytes (16 float columns per threadgroup); 32 cores' takes 2.
+    with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(1 if case.endswith("4 chunks") else 32), mps_ext.trace() as t:
         got = mps_ext.grouped_mm(*args)
     want, mask = reference(*args)
     torch.testing.assert_close(got[mask].double(), want[mask], rtol=1e-5, atol=1e-5)
+    if case.startswith("decode_kn"):
+        assert t.kernels[0].grid[0] == (3 if case.endswith("4 chunks") else 5), t.kernels

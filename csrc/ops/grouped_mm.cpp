@@ -106,7 +106,8 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   const int64_t es = int64_t(a.element_size());
   const auto multiple16 = [es](int64_t stride) { return stride * es % 16 == 0; };
   q.a_vectorized = aligned16(a) && multiple16(q.a_row) && multiple16(q.a_group);
-  q.b_vectorized = aligned16(b) && multiple16(q.b_col) && multiple16(q.b_group);
+  // b's contiguous rows: of W_g (n x k) when b is the transposed weights, of the stored (k x n) matrix otherwise.
+  q.b_vectorized = aligned16(b) && multiple16(q.b_k == 1 ? q.b_col : q.b_k) && multiple16(q.b_group);
   return pr;
 }
 
@@ -114,6 +115,7 @@ struct Plan {
   std::string kernel;
   Size3 grid, threads;
   uint32_t decode_slices = 1;
+  uint32_t decode_chunks = 4;
 };
 
 // The rows of a group a decode threadgroup serves at once: 1, 2, 4 or 8.
@@ -159,19 +161,41 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
           uint32_t(slices)};
 }
 
-// Decode when the groups' weights are row-major (b the transposed expert
-// weights), a's rows contiguous and the groups have few rows on average (the
-// host cannot see how many each has); tiles otherwise, as tall as the
-// average group.
+// Decode for b stored (G, K, N) with N contiguous: the rows decode_plan
+// would serve, 4 chunks of 16 bytes of columns per threadgroup, or 2 (twice
+// the threadgroups, each K-lane reading half as many weight rows) when the
+// threadgroups' SIMD groups would not reach half the fill: on the CUDA proxy
+// 2 chunks ran gpt-oss's down projection for one token 1.5x faster and its
+// gate_up (twice the columns) 1.1x slower (docs/performance.md).
+Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
+  const GroupedMmParams& q = pr.params;
+  const bool by_rows = q.split == kGroupedSplitRows;
+  const int64_t rows = by_rows ? decode_rows(q.m, pr.groups) : rows_bucket(q.m);
+  const int64_t threadgroup_rows = by_rows ? q.m : pr.groups * ((q.m + rows - 1) / rows);
+  const int64_t per_chunk = 16 / int64_t(c10::elementSize(dtype));
+  const int64_t wide = (q.n + 4 * per_chunk - 1) / (4 * per_chunk) * threadgroup_rows * kDecodeSimdGroups;
+  const int64_t chunks = 2 * wide < fill ? 2 : 4, columns = chunks * per_chunk;
+  Plan p{host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype}),
+         {uint32_t((q.n + columns - 1) / columns), uint32_t(threadgroup_rows)},
+         {kThreads}};
+  p.decode_chunks = uint32_t(chunks);
+  return p;
+}
+
+// Decode when a's rows are contiguous and the groups have few rows on
+// average (the host cannot see how many each has): along K when the groups'
+// weights are row-major (b the transposed expert weights), along N when b is
+// stored (G, K, N); tiles otherwise, as tall as the average group.
 Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
-  const bool rows_of_weights = q.b_k == 1 || q.k == 1;
   const bool contiguous_x = q.a_k == 1 || q.k == 1;
-  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && rows_of_weights && contiguous_x &&
-      average <= kDecodeMaxAverageRows)
-    return decode_plan(pr, dtype, backend.fill_simdgroups());
+  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && contiguous_x &&
+      average <= kDecodeMaxAverageRows) {
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, dtype, backend.fill_simdgroups());
+    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
+  }
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
   if (q.split == kGroupedSplitRows) y += g;       // worst case: every group ends in a partial tile
@@ -249,6 +273,7 @@ at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const st
   if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
   const Plan p = plan(pr, a.scalar_type(), *backend_for(a.device()));
   pr.params.decode_slices = p.decode_slices;
+  pr.params.decode_chunks = p.decode_chunks;
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(a).tensor(b).tensor(offs ? *offs : a).tensor(out).bytes(
       pr.params));
   return out;

@@ -342,11 +342,16 @@ def grouped_ref(a, b, offs):
 
 
 def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
-    """kind: decode/rows (2D a x 3D b, b the transposed expert weights), none (3D x 3D), cols (3D x 2D), k (2D x 2D)."""
+    """kind: decode/rows (2D a x 3D b, b the transposed expert weights), decode_kn (2D a x 3D b stored
+    (G, K, N)), none (3D x 3D), cols (3D x 2D), k (2D x 2D)."""
     offs = None
     if kind in ("decode", "rows"):
         a = randn(m, k, dtype=dt)
         b = randn(groups, n, k, dtype=dt, scale=k ** -0.5).transpose(-2, -1)
+        offs = partition(m, groups, empty_every)
+    elif kind == "decode_kn":
+        a = randn(m, k, dtype=dt)
+        b = randn(groups, k, n, dtype=dt, scale=k ** -0.5)
         offs = partition(m, groups, empty_every)
     elif kind == "none":
         a, b = randn(groups, m, k, dtype=dt), randn(groups, n, k, dtype=dt, scale=k ** -0.5).transpose(-2, -1)
@@ -371,7 +376,7 @@ def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
                 msg += f"; torch._grouped_mm unavailable ({type(e).__name__})"
         return ok, msg
 
-    if kind in ("decode", "rows"):
+    if kind in ("decode", "decode_kn", "rows"):
         used = torch.unique(torch.bucketize(torch.arange(m, device=DEV), offs.long(), right=True)).numel()
         moved = used * n * k * a.element_size() + nbytes(a) + m * n * a.element_size()
     else:
@@ -389,6 +394,8 @@ def grouped_small():
                   grouped_case("decode", dt, 6, 20, 40, 1030, empty_every=2),
                   grouped_case("decode", dt, 8, 13, 24, 520),
                   grouped_case("decode", dt, 64, 9, 24, 300, empty_every=2),
+                  grouped_case("decode_kn", dt, 5, 21, 72, 48, empty_every=3),
+                  grouped_case("decode_kn", dt, 64, 9, 24, 300, empty_every=2),
                   grouped_case("rows", dt, 4, 50, 40, 40),      # TM 16
                   grouped_case("rows", dt, 3, 80, 33, 40),      # TM 32
                   grouped_case("rows", dt, 2, 150, 40, 36, empty_every=2),  # TM 64
@@ -403,6 +410,8 @@ def grouped_large():
             grouped_case("decode", BF16, 128, 32, 1536, 2048, large=True),
             grouped_case("decode", BF16, 128, 128, 1536, 2048, large=True),
             grouped_case("decode", BF16, 128, 1024, 1536, 2048, large=True),
+            grouped_case("decode_kn", BF16, 32, 4, 5760, 2880, large=True),
+            grouped_case("decode_kn", BF16, 32, 16, 2880, 2880, large=True),
             grouped_case("rows", BF16, 128, 32768, 1536, 2048, large=True),
             grouped_case("rows", F32, 128, 8192, 768, 2048, large=True)]
 

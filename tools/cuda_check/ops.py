@@ -237,14 +237,22 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     out_row = stride[-2]
     es = a.element_size()
     a_vec = aligned16(a) and a_row * es % 16 == 0 and a_group * es % 16 == 0
-    b_vec = aligned16(b) and b_col * es % 16 == 0 and b_group * es % 16 == 0
+    b_vec = aligned16(b) and (b_col if b_k == 1 else b_k) * es % 16 == 0 and b_group * es % 16 == 0
     fields = [split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec]
     average = m // max(groups, 1) if split == SPLIT_ROWS else m
     rows_of_weights = b_k == 1 or k == 1
     contiguous_x = a_k == 1 or k == 1
-    if split in (SPLIT_ROWS, SPLIT_NONE) and rows_of_weights and contiguous_x and average <= K_DECODE_MAX_AVG:
-        by_rows = split == SPLIT_ROWS
-        rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
+    decode = split in (SPLIT_ROWS, SPLIT_NONE) and contiguous_x and average <= K_DECODE_MAX_AVG
+    by_rows = split == SPLIT_ROWS
+    rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
+    if decode and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 or 2 chunks of 16 bytes of columns
+        kernel = host_name("grouped_mm", f"decode_kn_m{rows}", a.dtype)
+        y = m if by_rows else groups * ceil_div(m, rows)
+        wide = ceil_div(n, 4 * (16 // es)) * y * K_DECODE_SG
+        chunks = 2 if 2 * wide < fill_simdgroups(kernel, 32 * K_DECODE_SG) else 4
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, chunks)]
+        return [Launch(kernel, (ceil_div(n, chunks * (16 // es)), y), (32 * K_DECODE_SG,), bufs)], out
+    if decode and rows_of_weights:
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
         blocks = ceil_div(n, rows_per_simdgroup(rows))
         steps = ceil_div(k, 32 * (16 // es))
@@ -254,9 +262,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
         while slices < K_DECODE_SG and runs * blocks * slices < fill and steps // (2 * slices) >= K_DECODE_MIN_STEPS:
             slices *= 2
         columns = rows_per_simdgroup(rows) * K_DECODE_SG // slices
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices)]
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices, 4)]
         return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,), bufs)], out
-    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1)]
+    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, 4)]
     tm = 16 if average <= 16 else 32 if average <= 32 else 64
     x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
     if split == SPLIT_ROWS:

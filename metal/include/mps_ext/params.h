@@ -113,9 +113,10 @@ struct GroupedMmParams {
   mps_ext_u32 b_group, b_k, b_col;      // strides of b
   mps_ext_u32 out_group, out_row;       // strides of out (its columns are contiguous)
   mps_ext_u32 a_vectorized;  // decode: a, its rows and its groups start 16-byte aligned
-  mps_ext_u32 b_vectorized;  // decode: b's weight rows (b_col apart) and groups start 16-byte aligned
+  mps_ext_u32 b_vectorized;  // decode: b's contiguous rows (b_col or b_k apart) and groups start 16-byte aligned
   mps_ext_u32 decode_slices;  // decode: SIMD groups that split K for the same weight rows (1, 2, 4)
+  mps_ext_u32 decode_chunks;  // decode along N: 16-byte column chunks per threadgroup (2, 4)
 };
-static_assert(sizeof(GroupedMmParams) == 64, "GroupedMmParams layout");
+static_assert(sizeof(GroupedMmParams) == 68, "GroupedMmParams layout");
 
 }  // namespace mps_ext
