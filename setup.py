@@ -111,6 +111,17 @@ class build_py_with_headers(build_py):
             shutil.copy(ROOT / "tests" / "kernels" / name, package / "benchmarks" / "kernels" / name)
 
 
+class build_ext_kept(BuildExtension.with_options(use_ninja=True)):
+    """An editable install (``pip install -e``, as ``./run`` does) compiles in
+    build/editable instead of pip's temporary folder, so that ninja rebuilds
+    only what changed since the last install."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if getattr(self, "editable_mode", False):
+            self.build_temp = str(ROOT / "build" / "editable")
+
+
 def with_metal() -> bool:
     """The Metal backend is built on macOS with a torch that has MPS."""
     import torch
@@ -153,5 +164,5 @@ setup(
     packages=find_packages(include=["mps_ext", "mps_ext.*"]),
     package_data={"mps_ext.sim": ["*.metal"]},
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True), "build_py": build_py_with_headers},
+    cmdclass={"build_ext": build_ext_kept, "build_py": build_py_with_headers},
 )
