@@ -38,8 +38,9 @@ Metal/Foundation and Python's C API, whose exports are not to be had here.
 Nothing is linked or run: what only ld64 or a Mac at run time would report
 is not caught.
 
-    python tools/check_macos.py                check everything (the Python must
-                                               have torch: setup.py generates sources)
+    python tools/check_macos.py                check everything (needs no torch: the
+                                               sources setup.py generates are generated
+                                               here by tools/generate_sources.py)
     python tools/check_macos.py --fetch-only   install clang and llvm, fetch the wheels
     python tools/check_macos.py --torch 2.13.0 --sdk 15 FILE...   these files only
 
@@ -73,7 +74,7 @@ from urllib.parse import urljoin
 
 ROOT = Path(__file__).resolve().parent.parent
 STUBS = ROOT / "tools" / "macos_sdk_stubs"
-GENERATED = ROOT / "build" / "mtlsim"
+GENERATED = ROOT / "build" / "check_macos"
 
 TORCH_VERSIONS = ("2.13.0", "2.14.1", "2.15.0")
 TORCH_WHEEL = "-cp311-cp311-macosx_14_0_arm64.whl"
@@ -220,12 +221,14 @@ def fetch_all(versions) -> None:
 
 def generated_sources() -> list[Path]:
     """What setup.py generates and builds (the translated kernels, their
-    registry, the embedded .metal sources), generated as it does."""
-    result = subprocess.run([sys.executable, "setup.py", "-q", "--name"], cwd=ROOT, capture_output=True, text=True)
-    if result.returncode:
-        sys.exit(f"check_macos: setup.py could not generate its sources (run this with the Python that has torch, "
-                 f"e.g. .venv/bin/python):\n{result.stderr}")
-    return sorted(GENERATED.glob("*.cpp"))
+    registry, the embedded .metal sources), generated as it does but into a
+    folder of this check's own, so that a build running at the same time
+    never reads a file this writes."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    from generate_sources import generated_sources as generate
+
+    sim, metal = generate(GENERATED)
+    return sorted(Path(p) for p in [*sim, metal])
 
 
 @cache
