@@ -10,11 +10,14 @@
 //
 // Two kernels each:
 // - gemv (m <= 8, decode): the decode GEMV loop of mps_ext/gemv.h with an
-//   e4m3fn weight policy: one SIMD group per four rows of w; each lane reads
-//   16 bytes of each row per step (a SIMD group 512 contiguous bytes),
-//   decodes them once with the shift trick of mps_ext/fp8.h and uses them for
-//   every row of a (from cache: a is small). Each weight byte is read once
-//   per call. The 256 the trick divides by is folded in once per dot product.
+//   e4m3fn weight policy: one SIMD group per row of w for one row of a, per
+//   four rows for more; each lane reads 16 bytes of each row per step (a
+//   SIMD group 512 contiguous bytes), decodes them once with the shift trick
+//   of mps_ext/fp8.h and uses them for every row of a (from cache: a is
+//   small). Each weight byte is read once per call. The 256 the trick
+//   divides by is folded in once per dot product. The host sizes the grid
+//   as for the dense GEMV (ops::gemv_geometry): K split over gemv_slices
+//   SIMD groups when the rows alone would not fill the GPU.
 // - tiled: 32 x 32 output tiles (mps_ext/mma.h), fp8 decoded exactly to
 //   float in threadgroup memory, float accumulation.
 //
@@ -151,8 +154,11 @@ struct Fp8Weights {
 
   void load(uint row, uint k, uint end, thread float4* out) const {
     const bool nan = load16(w + row * row_stride, k, end, vectorized, out, e5m2);
-    const float s = nan ? NAN : (per_chunk && k < end) ? scales[(row / block_n) * scale_cols + k / block_k] : 1.0f;
-    for (uint c = 0; c < 4; ++c) out[c] *= s;
+    if (per_chunk && k < end) {
+      const float s = scales[(row / block_n) * scale_cols + k / block_k];
+      for (uint c = 0; c < 4; ++c) out[c] *= s;
+    }
+    if (nan) out[0].x = NAN;  // poisons the dot product whatever a holds (NaN x 0 is NaN)
   }
   float scale(uint row) const { return per_chunk ? 256.0f : 256.0f * scales[(row / block_n) * scale_cols]; }
 };
@@ -188,7 +194,16 @@ struct RowsOf<fp8> {
   }
 };
 
+// Rows of w per SIMD group of the FP8 GEMV: one for one row of a (most SIMD
+// groups resident: the decode's registers weigh more than the bf16 GEMV's),
+// four for more (on the CUDA proxy 3-18% faster than two at m = 4).
+// csrc/ops/fp8.cpp's gemv_rows_per_simdgroup says the same.
+template <uint M>
+constexpr uint fp8_rows_per_simdgroup() { return M == 1 ? 1 : 4; }
+
 // M: the rows of a the kernel is built for (1, 2, 4, 8); it serves any m <= M.
+// Runs of p.gemv_slices SIMD groups share R rows of w, each on every
+// gemv_slices-th step of K (1: each SIMD group its own rows).
 // a_scale is bound to any buffer when there is none (it is not read).
 template <typename In, typename Out, uint M>
 kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buffer(1)]],
@@ -197,13 +212,20 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
                      constant Fp8MatmulParams& p [[buffer(6)]], uint group [[threadgroup_position_in_grid]],
                      uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
                      uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = 4;  // rows of W per SIMD group of the FP8 GEMV
-  const uint first = (group * simdgroups + sg) * R;
-  if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
+  constexpr uint R = fp8_rows_per_simdgroup<M>();
+  threadgroup float partial[32 * R * M];
+  const uint slices = p.gemv_slices;
+  const uint first = (group * (simdgroups / slices) + sg / slices) * R;
+  // A whole SIMD group leaves (no SIMD-group function is split); split runs
+  // never do (the grid has one threadgroup per block of rows), so every
+  // thread reaches gemv_sum_slices' barrier.
+  if (first >= p.n) return;
   const Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
                            p.block_k, p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
   const typename RowsOf<In>::type rows = RowsOf<In>::make(a, p);
-  const mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, 0, 1, lane);
+  mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, sg % slices, slices, lane);
+  if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
+  if (sg % slices != 0) return;
   const float unfold = load16_factor(In());
   for (uint r = 0; r < R; ++r)
     for (uint i = 0; i < M; ++i) {

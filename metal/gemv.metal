@@ -11,10 +11,16 @@
 //   slices-th step of K, and add their totals through threadgroup memory, so
 //   the GPU has enough SIMD groups to hide memory latency.
 //
-// R is mps_ext/gemv.h's rows_per_simdgroup(M).
-//
 // M is the number of x rows a kernel is built for (1, 2, 4, 8); it serves
 // any m <= M. Every weight byte is read once per call, whatever m is.
+//
+// R is the rows of W per SIMD group (mps_ext/gemv.h), and U the 16-byte
+// chunks of each row a lane reads per step (chunks_per_lane). One row of x
+// has kernels for R = 1 and 2: one weight row per SIMD group keeps the most
+// SIMD groups resident, which a large n (lm_head, MLP up) needs; two rows
+// give each SIMD group more loads in flight, which a small n needs (q_proj,
+// down: about as many rows as the GPU holds SIMD groups). More rows of x take
+// R = 2.
 #include <metal_stdlib>
 
 #include "mps_ext/gemv.h"
@@ -22,47 +28,60 @@
 
 using namespace metal;
 using mps_ext::GemvParams;
-using mps_ext::rows_per_simdgroup;
 
-template <typename T, uint M>
+// Chunks per lane and step: two for one row of x over two rows of W (four
+// 16-byte loads per lane in flight; on the CUDA proxy down m=1 ran 49 -> 38
+// us); one otherwise: one row of W keeps the fewest registers (the most SIMD
+// groups resident: lm_head fp16 ran 281 us with two, 262 with one), and more
+// rows of x already fill a step with their loads (two ran slower there).
+// csrc/ops/gemv.cpp's chunks_per_lane says the same.
+template <uint M, uint R>
+constexpr uint chunks_per_lane() { return M == 1 && R == 2 ? 2 : 1; }
+
+template <typename T, uint M, uint R>
 kernel void gemv_dense(device const T* w [[buffer(0)]], device const T* x [[buffer(1)]],
                        device const T* bias [[buffer(2)]], device T* y [[buffer(3)]],
                        constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                        uint sg [[simdgroup_index_in_threadgroup]], uint simdgroups [[simdgroups_per_threadgroup]],
                        uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = rows_per_simdgroup<M>();
   const uint first = (group * simdgroups + sg) * R;
   if (first >= p.n) return;  // a whole SIMD group leaves: no SIMD-group function is split
   const mps_ext::DenseWeights<T> weights{w, p.w_stride, p.w_vectorized != 0};
   const mps_ext::XRows<T> rows{x, p.x_stride, p.m, p.x_vectorized != 0};
-  const mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, 0, 1, lane);
+  const mps_ext::Tile<M, R> t =
+      mps_ext::gemv_simdgroup<M, R, chunks_per_lane<M, R>()>(weights, rows, first, p.n, p.k, 0, 1, lane);
   mps_ext::gemv_store_tile(y, bias, p, weights, first, t, lane);
 }
 
-template <typename T, uint M>
+template <typename T, uint M, uint R>
 kernel void gemv_splitk(device const T* w [[buffer(0)]], device const T* x [[buffer(1)]],
                         device const T* bias [[buffer(2)]], device T* y [[buffer(3)]],
                         constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                         uint sg [[simdgroup_index_in_threadgroup]],
                         uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint R = rows_per_simdgroup<M>();
   threadgroup float partial[32 * R * M];
   const uint first = group * R;
   const mps_ext::DenseWeights<T> weights{w, p.w_stride, p.w_vectorized != 0};
   const mps_ext::XRows<T> rows{x, p.x_stride, p.m, p.x_vectorized != 0};
   const mps_ext::Tile<M, R> t =
-      mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, sg, simdgroups, lane);
+      mps_ext::gemv_simdgroup<M, R, chunks_per_lane<M, R>()>(weights, rows, first, p.n, p.k, sg, simdgroups, lane);
   const mps_ext::Tile<M, R> sums = mps_ext::gemv_sum_slices(t, partial, sg, simdgroups, lane);
   if (sg == 0) mps_ext::gemv_store_tile(y, bias, p, weights, first, sums, lane);
 }
 
-// Host names: gemv_<kernel>_m<M>_<type>, built by the host from the same
-// parts (csrc/ops/gemv.cpp).
-#define MPS_EXT_GEMV(T, M)                                                                                     \
-  template [[host_name("gemv_dense_m" #M "_" #T)]] [[kernel]] decltype(gemv_dense<T, M>) gemv_dense<T, M>;     \
-  template [[host_name("gemv_splitk_m" #M "_" #T)]] [[kernel]] decltype(gemv_splitk<T, M>) gemv_splitk<T, M>;
+// Host names: gemv_<kernel>_m<M>_r<R>_<type>, built by the host from the same
+// parts (csrc/ops/gemv.cpp). One weight row per SIMD group is only planned
+// when the rows fill the GPU, so never split.
+#define MPS_EXT_GEMV_DENSE(T, M, R)                                                                            \
+  template [[host_name("gemv_dense_m" #M "_r" #R "_" #T)]] [[kernel]] decltype(gemv_dense<T, M, R>)           \
+      gemv_dense<T, M, R>;
+#define MPS_EXT_GEMV(T, M, R)                                                                                  \
+  MPS_EXT_GEMV_DENSE(T, M, R)                                                                                  \
+  template [[host_name("gemv_splitk_m" #M "_r" #R "_" #T)]] [[kernel]] decltype(gemv_splitk<T, M, R>)         \
+      gemv_splitk<T, M, R>;
 
-#define MPS_EXT_GEMV_ROWS(T) MPS_EXT_GEMV(T, 1) MPS_EXT_GEMV(T, 2) MPS_EXT_GEMV(T, 4) MPS_EXT_GEMV(T, 8)
+#define MPS_EXT_GEMV_ROWS(T) \
+  MPS_EXT_GEMV_DENSE(T, 1, 1) MPS_EXT_GEMV(T, 1, 2) MPS_EXT_GEMV(T, 2, 2) MPS_EXT_GEMV(T, 4, 2) MPS_EXT_GEMV(T, 8, 2)
 
 MPS_EXT_GEMV_ROWS(float)
 MPS_EXT_GEMV_ROWS(half)

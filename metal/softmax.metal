@@ -2,8 +2,11 @@
 // any other dimension).
 //
 // - simd: rows of up to 128 elements (MoE routers over their experts,
-//   short attention rows): one SIMD group per row, eight rows per
-//   threadgroup, SIMD-group reductions only; values stay in registers.
+//   short attention rows): `width` lanes per row (the least power of two of
+//   at least cols / 4: 32 for 65-128 elements, 16 for 33-64, ...), so a
+//   SIMD group holds 32 / width rows and no lane idles on padding; eight
+//   SIMD groups per threadgroup, SIMD-group shuffles only; values stay in
+//   registers.
 // - block: one threadgroup per row of up to 4096 elements; each thread keeps
 //   its (at most) four elements in registers, so the input is read once and
 //   the output written once.
@@ -59,10 +62,20 @@ inline float2 threadgroup_max_sum(float local_max, float local_sum, threadgroup 
   return float2(m, mps_ext::threadgroup_reduce<mps_ext::SumOp>(rescaled, scratch, sg, lane, simdgroups));
 }
 
-// Reductions over the threads that share a row: one SIMD group...
+// Reductions over the threads that share a row: `width` aligned lanes of a
+// SIMD group (a power of two; butterflies, so every lane gets the result)...
 struct SimdGroupReduce {
-  float maximum(float v) const { return simd_max(v); }
-  float total(float v) const { return simd_sum(v); }
+  uint width, lane;
+  float maximum(float v) const {
+    if (width == 32) return simd_max(v);
+    for (uint o = width / 2; o > 0; o /= 2) v = max(v, simd_shuffle(v, ushort(lane ^ o)));
+    return v;
+  }
+  float total(float v) const {
+    if (width == 32) return simd_sum(v);
+    for (uint o = width / 2; o > 0; o /= 2) v += simd_shuffle(v, ushort(lane ^ o));
+    return v;
+  }
 };
 
 // ... or a whole threadgroup.
@@ -74,14 +87,16 @@ struct ThreadgroupReduce {
 };
 
 // A row held in registers, four elements per thread starting at `first`.
+// `store` false: the row is computed (its threads take part in the
+// reductions) but not written.
 template <typename Out, bool Log, typename In, typename Reduce>
 inline void softmax_in_registers(device const In* in, device Out* out, uint cols, uint first, bool vectorized,
-                                 Reduce reduce) {
+                                 Reduce reduce, bool store = true) {
   const float4 v = load4(in, first, cols, vectorized);
   const float m = reduce.maximum(max(max(v.x, v.y), max(v.z, v.w)));
   const float4 e = float4(term(v.x, m), term(v.y, m), term(v.z, m), term(v.w, m));
   const float sum = reduce.total(e.x + e.y + e.z + e.w);
-  store4(out, first, cols, vectorized, Log ? v - m - log(sum) : e * (1.0f / sum));
+  if (store) store4(out, first, cols, vectorized, Log ? v - m - log(sum) : e * (1.0f / sum));
 }
 
 template <typename In, typename Out, bool Log>
@@ -101,11 +116,15 @@ kernel void softmax_simd(device const In* x [[buffer(0)]], device Out* y [[buffe
                          constant SoftmaxParams& p [[buffer(2)]], uint group [[threadgroup_position_in_grid]],
                          uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
                          uint simdgroups [[simdgroups_per_threadgroup]]) {
-  const uint row = group * simdgroups + sg;
-  if (row >= p.rows) return;  // a whole SIMD group leaves: no SIMD-group function is split
-  const ulong base = ulong(row) * p.cols;
-  softmax_in_registers<Out, Log>(x + base, y + base, p.cols, lane * kPerThread, p.vectorized != 0,
-                                 SimdGroupReduce{});
+  uint shift = 0;  // log2 of the lanes per row (shifts: a division by a variable costs more than the row)
+  while ((kPerThread << shift) < p.cols) ++shift;
+  const uint first_row = (group * simdgroups + sg) << (5 - shift);
+  if (first_row >= p.rows) return;  // a whole SIMD group leaves: no SIMD-group function is split
+  // Rows past the last are computed on the last row and not written, so every lane takes part in the shuffles.
+  const uint row = first_row + (lane >> shift);
+  const ulong base = ulong(min(row, p.rows - 1)) * p.cols;
+  softmax_in_registers<Out, Log>(x + base, y + base, p.cols, (lane & ((1u << shift) - 1)) * kPerThread,
+                                 p.vectorized != 0, SimdGroupReduce{1u << shift, lane}, row < p.rows);
 }
 
 // Pass 1 of long rows: the (max, sum of exp) of chunk `c` of each row.

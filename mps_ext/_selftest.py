@@ -28,7 +28,7 @@ def softmax_cases() -> Iterator[Case]:
     ops = {"softmax": (softmax, torch.softmax), "log_softmax": (log_softmax, torch.log_softmax)}
     pairs = [(torch.float32, None), (torch.float16, None), (torch.bfloat16, None), (torch.float16, torch.float32),
              (torch.bfloat16, torch.float32)]
-    shapes = [("simd", (11, 37), -1), ("simd", (9, 128), -1), ("block", (3, 129), -1), ("block", (2, 400), -1), ("split", (2, 5000), -1), ("strided", (2, 7, 600), 1),
+    shapes = [("simd", (11, 37), -1), ("simd", (9, 128), -1), ("simd", (13, 5), -1), ("block", (3, 129), -1), ("block", (2, 400), -1), ("split", (2, 5000), -1), ("strided", (2, 7, 600), 1),
               ("dim moved last", (2, 6, 5), 1)]
     for op, (ours, theirs) in ops.items():
         for dtype, out in pairs:
@@ -44,8 +44,10 @@ def softmax_cases() -> Iterator[Case]:
 
 
 def linear_cases() -> Iterator[Case]:
-    # (variant, rows, out_features, in_features): both kernels, every row bucket (1, 2, 4, 8).
-    shapes = [("dense", 1, 67, 100), ("dense", 2, 67, 100), ("dense", 3, 33, 129), ("dense", 5, 9, 256),
+    # (variant, rows, out_features, in_features): both kernels, every row bucket (1, 2, 4, 8); one row of x
+    # with enough rows of W to fill the simulated GPU (1024 SIMD groups) takes one row of W per SIMD group.
+    shapes = [("dense", 1, 67, 100), ("dense", 1, 1030, 24), ("dense", 2, 67, 100), ("dense", 3, 33, 129),
+              ("dense", 5, 9, 256),
               ("splitk", 1, 8, 3000), ("splitk", 2, 8, 3000), ("splitk", 4, 5, 2000), ("splitk", 8, 4, 2000)]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for variant, rows, n, k in shapes:
@@ -175,8 +177,14 @@ def fp8_cases() -> Iterator[Case]:
             full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:40, :72]
             return got, (x.float() @ (w.float() * full).t()).to(dtype), 1.0
 
+        def fp8_linear_split(device, dtype=dtype):  # K long enough for the gemv to split it over SIMD groups
+            x, w = ints(1, 2048, seed=9).to(dtype), ints(8, 2048, seed=10).to(f8)
+            got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), torch.tensor(0.5).to(device))
+            return got, (x.float() @ (w.float() * 0.5).t()).to(dtype), 1.0
+
         t = SHORT[dtype]
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
+        yield Case(f"fp8_linear gemv split K {t} 1x2048x8", fp8_linear_split)
         yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
         for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
             kind = "tiled" if m > 8 else "gemv"

@@ -62,7 +62,7 @@ FAMILIES = {"gemv": "GEMV (linear)", "grouped_mm": "grouped matmul (MoE experts)
 
 
 def kernel_family(name: str) -> str:
-    """The op family of a kernel host name (``gemv_dense_m1_float`` -> ``gemv``)."""
+    """The op family of a kernel host name (``gemv_dense_m1_r1_float`` -> ``gemv``)."""
     return max((f for f in FAMILIES if name.startswith(f + "_")), key=len, default=name.split("_")[0])
 
 

@@ -380,6 +380,24 @@ def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype, 
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "block"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fp8_linear_splits_a_long_k(rows, granularity, device):
+    # A router's shape: 64 rows of w leave the simulator's 1024 SIMD groups idle, so SIMD groups split K
+    # (32 x 16 bytes per step, at least two steps each) and add their sums through threadgroup memory.
+    n, k = 64, 4100
+    q, s, block, deq = weight_and_scale(n, k, granularity, seed=rows)
+    x = torch.randn(rows, k, generator=gen(11)).to(torch.bfloat16)
+    with mps_ext.trace() as t:
+        got = on(device, mps_ext.fp8_linear, x, q, s, block_size=block)
+    ran(t, f"fp8_linear_{gemv(rows)}_bfloat", device=device)
+    if device == "cpu":
+        per_simdgroup = 1 if rows == 1 else 4
+        assert t.kernels[0].grid[0] == n // per_simdgroup and t.kernels[0].threadgroup[0] > 32
+    want = F.linear(x.float(), deq).to(torch.bfloat16)
+    assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
+
+
 def test_fp8_linear_bits_strides_and_errors():
     q, s, _, deq = weight_and_scale(48, 96, "channel", seed=11)
     x = torch.randn(3, 97, generator=gen(12))[:, 1:]  # rows at an odd offset

@@ -36,7 +36,7 @@ def check(x, w, b=None, kernel=None, device="cpu"):
     backend = "simulator" if device == "cpu" else "metal"
     assert len(t.kernels) == 1 and t.kernels[0].backend == backend
     rows = max(1, x.numel() // max(1, x.shape[-1]))
-    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_{TYPE[x.dtype]}", t.names[0]), t.names
+    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_r[12]_{TYPE[x.dtype]}", t.names[0]), t.names
     if kernel is not None:
         assert t.names[0].startswith(f"gemv_{kernel}_")
     return got
@@ -86,11 +86,13 @@ MODEL_SHAPES = [
 def test_model_shapes(device, model, layer, n, k, rows):
     dtype = torch.bfloat16
     x, w = data(rows, 1, k, dtype=dtype), data(n, k, dtype=dtype, seed=1) / k**0.5  # [B, 1, K] hidden states
-    # Rows of W that leave at least half of the simulator's 32 x 32 SIMD groups idle (one SIMD group per
-    # row for one row of x, per two rows for more) split a long K over the SIMD groups of a threadgroup.
-    blocks = -(-n // (1 if rows == 1 else 2))
-    kernel = "splitk" if 1024 // blocks >= 2 and k >= 1024 else "dense"
-    got = check(x, w, kernel=kernel, device=device)
+    # One row of x takes one row of W per SIMD group when the rows fill the simulator's 32 x 32 SIMD groups,
+    # else two, as more rows of x do. Blocks of rows that leave at least half of the SIMD groups idle split a
+    # K of at least 4 steps (a step: 32 lanes x 16 bytes, twice that for one row of x) over SIMD groups.
+    per_simdgroup = 1 if rows == 1 and n >= 1024 else 2
+    steps = -(-k // (32 * 8 * (2 if rows == 1 else 1)))
+    kernel = "splitk" if 1024 // -(-n // per_simdgroup) >= 2 and steps >= 4 else "dense"
+    got = check(x, w, kernel=f"{kernel}_m{bucket(rows)}_r{per_simdgroup}", device=device)
     assert got.shape == (rows, 1, n)
 
 
@@ -98,14 +100,16 @@ def test_split_k_for_routers(device):
     x, w = data(1, 7168), data(128, 7168, seed=1)
     with mps_ext.trace() as t:
         check(x, w, device=device)
-    assert t.names == ["gemv_splitk_m1_float"] and t.kernels[0].threadgroup[0] > 32 and t.kernels[0].grid[0] == 128
+    # 128 rows: two per SIMD group (too few to fill the GPU one each), 64 threadgroups splitting K.
+    assert t.names == ["gemv_splitk_m1_r2_float"] and t.kernels[0].threadgroup[0] > 32 and t.kernels[0].grid[0] == 64
 
 
-@pytest.mark.parametrize("cores,kernel,grid,threads", [(8, "gemv_dense_m1_bfloat", 256, 128),
-                                                      (80, "gemv_splitk_m1_bfloat", 1024, 64)])
+@pytest.mark.parametrize("cores,kernel,grid,threads", [(8, "gemv_dense_m1_r1_bfloat", 256, 128),
+                                                      (80, "gemv_splitk_m1_r2_bfloat", 512, 64)])
 def test_fill_from_gpu_cores(cores, kernel, grid, threads):
-    # 1024 rows of W (a GQA k_proj), one SIMD group each: four times what an 8-core GPU keeps resident
-    # (8 x 32), dense; 0.4 of an 80-core one (2560), where two SIMD groups split K per row.
+    # 1024 rows of W (a GQA k_proj): four times the SIMD groups an 8-core GPU keeps resident (8 x 32), one
+    # row each, dense; 0.4 of an 80-core one (2560), where a SIMD group takes two rows and two SIMD groups
+    # split K per pair (512 pairs, 1024 SIMD groups).
     x, w = data(1, 2048, dtype=torch.bfloat16), data(1024, 2048, dtype=torch.bfloat16, seed=1)
     with mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
         check(x, w)
@@ -291,7 +295,7 @@ class TestOverrides:
         assert_close(out.detach(), want_out, scale=4)
         for p, exp in zip(model.parameters(), want):
             assert_close(p.grad, exp, scale=4)
-        assert sorted(set(t.names)) == ["gemv_dense_m2_float"]
+        assert sorted(set(t.names)) == ["gemv_dense_m2_r2_float"]
         assert len(t.names) == 8
         s = mps_ext.overrides.stats()
         assert s["aten::linear"] == {"hits": 8, "fallbacks": 0, "reasons": {}}
@@ -315,7 +319,7 @@ class TestOverrides:
         mps_ext.overrides.reset_stats()
         with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
             got = [F.linear(x, w, b), x @ w.T, torch.addmm(b, x, w.t()), torch.addmm(b.expand(3, 20), x, w.t())]
-        assert t.names == ["gemv_dense_m4_float"] * 4
+        assert t.names == ["gemv_dense_m4_r2_float"] * 4
         for g in got[:1] + got[2:]:
             assert_close(g, F.linear(x, w, b), scale=2)
         assert_close(got[1], x @ w.T, scale=2)
@@ -358,7 +362,7 @@ class TestOverrides:
         x, w = data(1, 256), data(512, 256, seed=1)
         with mps_ext.overrides.enabled("mps"), mps_ext.trace() as t:
             got = F.linear(x.to("mps"), w.to("mps"))
-        assert t.names == ["gemv_dense_m1_float"] and t.kernels[0].backend == "metal"
+        assert re.fullmatch(r"gemv_dense_m1_r[12]_float", t.names[0]) and t.kernels[0].backend == "metal"
         assert_close(got.cpu(), F.linear(x, w), scale=8)
 
 
@@ -370,5 +374,7 @@ def test_checked_mode_on_every_variant(dtype):
             x = data(rows, 200, dtype=dtype)
             check(x, w, b, kernel="dense")  # 16-byte loads, K tail
             check(x[:, 1:], w[:, 1:], kernel="dense")  # element loads
-            check(data(rows, 1100, dtype=dtype), data(5, 1100, dtype=dtype, seed=1), kernel="splitk")
+            check(data(rows, 2100, dtype=dtype), data(5, 2100, dtype=dtype, seed=1), kernel="splitk")
         check(data(2, 3, dtype=dtype), data(3, 3, dtype=dtype), data(3, dtype=dtype))
+        with mps_ext.sim.gpu_cores(1):  # 32 SIMD groups: 40 rows fill it, one per SIMD group
+            check(data(1, 200, dtype=dtype), data(40, 200, dtype=dtype, seed=1), kernel="dense_m1_r1")

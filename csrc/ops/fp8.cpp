@@ -14,17 +14,20 @@
 #include "backend.h"
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
+#include "ops/gemv.h"
 #include "ops/naming.h"
 
 namespace mps_ext::ops {
 
 namespace {
 
-constexpr uint32_t kAmaxThreads = 256, kGemvSimdGroups = 4, kTileThreads = 128, kTile = 32;
-constexpr int64_t kGemvMaxRows = 8;          // fp8_gemv serves up to this many rows of a
-constexpr uint32_t kGemvRowsPerSimdGroup = 4;  // rows of w per SIMD group (mps_ext/gemv.h)
+constexpr uint32_t kAmaxThreads = 256, kTileThreads = 128, kTile = 32;
+constexpr int64_t kFp8GemvStep = 512;  // K per step of an fp8_gemv SIMD group: 32 lanes x 16 bytes
 constexpr int64_t kAmaxElementsPerGroup = 16384;  // what one amax threadgroup reduces at most
 constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
+
+// Rows of w per SIMD group of fp8_gemv (fp8_rows_per_simdgroup in metal/fp8.metal).
+int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : 4; }
 
 uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
 
@@ -175,11 +178,20 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   const bool fp8_a = fp8_bits(a) || a.scalar_type() == at::kFloat8_e5m2;
   const std::string kernel = fp8_a ? host_name("scaled_mm", variant.c_str(), {at::kFloat8_e4m3fn, out.scalar_type()})
                                    : host_name("fp8_linear", variant.c_str(), {a.scalar_type()});
-  const uint32_t threads = few_rows ? 32 * kGemvSimdGroups : kTileThreads;
-  check_backend(op, a.device(), kernel, threads);
-  const Size3 grid = few_rows ? Size3{ceil_div(n, kGemvSimdGroups * kGemvRowsPerSimdGroup)}
-                              : Size3{ceil_div(n, kTile), ceil_div(m, kTile)};
-  dispatch(Launch{kernel, {}, grid, {threads}}
+  Size3 grid{ceil_div(n, kTile), ceil_div(m, kTile)}, threads{kTileThreads};
+  p.gemv_slices = 1;
+  std::string why;
+  Backend* backend = backend_for(a.device(), &why);
+  TORCH_CHECK(backend, op, ": ", why);
+  if (few_rows) {
+    const GemvGeometry g =
+        gemv_geometry(n, (k + kFp8GemvStep - 1) / kFp8GemvStep, gemv_rows_per_simdgroup(m), *backend, kernel);
+    p.gemv_slices = uint32_t(g.slices);
+    grid = g.grid;
+    threads = g.threads;
+  }
+  check_backend(op, a.device(), kernel, threads.x);
+  dispatch(Launch{kernel, {}, grid, threads}
                .tensor(fp8_a ? bytes_of(a) : a)
                .tensor(bytes_of(w))
                .tensor(a_scale ? *a_scale : w_scale)  // not read without a scales

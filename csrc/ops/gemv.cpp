@@ -20,8 +20,8 @@ namespace {
 
 // Four SIMD groups per threadgroup for the dense kernel.
 constexpr uint32_t kDenseSimdGroups = 4;
-// A slice of K gets at least this many steps (a step is 32 lanes x 16 bytes
-// of each of its rows), and a threadgroup at most 16 slices.
+// A slice of K gets at least this many steps, and a threadgroup at most 16
+// slices.
 constexpr int64_t kMinStepsPerSlice = 2;
 constexpr int64_t kMaxSlices = 16;
 
@@ -35,38 +35,29 @@ bool aligned16(const at::Tensor& t) {
   return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
 }
 
-// The rows of x (m) a kernel built for M rows serves: 1, 2, 4 or 8.
+// The rows of x (m) a kernel is built for: 1, 2, 4 or 8.
 int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
 
-// Rows of W per SIMD group of the kernel built for M rows of x
-// (rows_per_simdgroup in metal/gemv.metal).
-int64_t rows_per_simdgroup(int64_t bucket) { return bucket == 1 ? 1 : 2; }
+// 16-byte chunks of each weight row a lane reads per step (chunks_per_lane
+// in metal/gemv.metal).
+int64_t chunks_per_lane(int64_t bucket, int64_t rows) { return bucket == 1 && rows == 2 ? 2 : 1; }
 
 struct Plan {
   std::string kernel;
   Size3 grid, threads;
 };
 
-// The kernel and geometry for these sizes: K is split when one SIMD group per
-// block of rows would not fill the GPU (Backend::fill_simdgroups), over fewer
-// SIMD groups when the backend's pipeline allows fewer threads per threadgroup.
+// The kernel and geometry for these sizes. Rows of W per SIMD group: for one
+// row of x, one when that many SIMD groups fill the GPU (most resident), two
+// otherwise (more loads in flight each); two for more rows of x.
 Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
-  const int64_t bucket = rows_bucket(m), per_simdgroup = rows_per_simdgroup(bucket);
-  const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
-  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
-  const int64_t steps = (k + per_step - 1) / per_step;
-  // Split only when that at least doubles the SIMD groups: a grid just short
-  // of the fill runs best dense.
-  int64_t slices = std::min({kMaxSlices, backend.fill_simdgroups() / blocks, steps / kMinStepsPerSlice});
-  const std::string rows = "m" + std::to_string(bucket);
-  if (slices >= 2) {
-    const std::string kernel = host_name("gemv", ("splitk_" + rows).c_str(), {dtype});
-    while (slices > 2 && backend.unavailable(kernel, uint32_t(32 * slices))) slices /= 2;
-    return {kernel, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
-  }
-  return {host_name("gemv", ("dense_" + rows).c_str(), {dtype}),
-          {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)},
-          {32 * kDenseSimdGroups}};
+  const int64_t bucket = rows_bucket(m);
+  const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups() ? 1 : 2;
+  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket, rows);
+  const std::string tile = "m" + std::to_string(bucket) + "_r" + std::to_string(rows);
+  const std::string split = host_name("gemv", ("splitk_" + tile).c_str(), {dtype});
+  const GemvGeometry g = gemv_geometry(n, (k + per_step - 1) / per_step, rows, backend, split);
+  return {g.slices > 1 ? split : host_name("gemv", ("dense_" + tile).c_str(), {dtype}), g.grid, g.threads};
 }
 
 // x as (m, k) rows with unit stride along k.
@@ -76,6 +67,19 @@ at::Tensor rows_of(const at::Tensor& input, int64_t k) {
 }
 
 }  // namespace
+
+GemvGeometry gemv_geometry(int64_t n, int64_t steps, int64_t rows_per_simdgroup, Backend& backend,
+                           const std::string& split_kernel) {
+  const int64_t blocks = (n + rows_per_simdgroup - 1) / rows_per_simdgroup;
+  // Split only when that at least doubles the SIMD groups: a grid just short
+  // of the fill runs best dense.
+  int64_t slices = std::min({kMaxSlices, backend.fill_simdgroups() / blocks, steps / kMinStepsPerSlice});
+  if (slices >= 2) {
+    while (slices > 2 && backend.unavailable(split_kernel, uint32_t(32 * slices))) slices /= 2;
+    return {slices, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
+  }
+  return {1, {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)}, {32 * kDenseSimdGroups}};
+}
 
 std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::Tensor& weight,
                                             const std::optional<at::Tensor>& bias) {

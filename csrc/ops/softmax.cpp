@@ -19,10 +19,11 @@ namespace mps_ext::ops {
 
 namespace {
 
-// Rows up to this length are one SIMD group's (32 lanes x 4 elements), eight
-// rows per threadgroup; up to kBlockCols, a threadgroup's (1024 x 4).
+// Rows up to this length are held by the lanes of a SIMD group (at most 32
+// lanes x 4 elements), eight SIMD groups per threadgroup; up to kBlockCols, a
+// threadgroup's (1024 x 4).
 constexpr int64_t kSimdCols = 128, kBlockCols = 4096;
-constexpr uint32_t kRowsPerSimdGroup = 8;
+constexpr uint32_t kSimdGroupsPerThreadgroup = 8;
 // Longer rows: chunks of 256 threads x 8 elements, one threadgroup each.
 constexpr uint32_t kSplitThreads = 256, kChunk = kSplitThreads * 8;
 constexpr uint32_t kStridedThreads = 256;
@@ -71,8 +72,12 @@ Plan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype, bool l
   }
   q.rows = uint32_t(input.numel() / cols);
   if (cols <= kSimdCols) {
-    p.steps.push_back({host_name(op, "simd", {in_dtype, out_dtype}), {ceil_div(q.rows, kRowsPerSimdGroup)},
-                       {32 * kRowsPerSimdGroup}});
+    // Lanes per row: the least power of two holding cols at 4 per lane (the kernel's `width`).
+    int64_t width = 1;
+    while (width * 4 < cols) width *= 2;
+    p.steps.push_back({host_name(op, "simd", {in_dtype, out_dtype}),
+                       {ceil_div(q.rows, kSimdGroupsPerThreadgroup * (32 / width))},
+                       {32 * kSimdGroupsPerThreadgroup}});
     return p;
   }
   if (cols <= kBlockCols) {

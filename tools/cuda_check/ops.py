@@ -40,7 +40,7 @@ def byte_view(t: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------- softmax (csrc/ops/softmax.cpp)
 
-K_SIMD_COLS, K_BLOCK_COLS, K_SOFTMAX_ROWS_PER_SG = 128, 4096, 8
+K_SIMD_COLS, K_BLOCK_COLS, K_SOFTMAX_SG = 128, 4096, 8
 K_SPLIT_THREADS = 256
 K_CHUNK = K_SPLIT_THREADS * 8
 K_STRIDED_THREADS = 256
@@ -68,8 +68,11 @@ def softmax(x: torch.Tensor, dim: int, log: bool, out_dtype=None):
     rows = x.numel() // cols
     if cols <= K_SIMD_COLS:
         p = u32s(rows, cols, 1, 0, 0, vectorized)
-        return [Launch(host_name(op, "simd", x.dtype, out_dtype), (ceil_div(rows, K_SOFTMAX_ROWS_PER_SG),),
-                       (32 * K_SOFTMAX_ROWS_PER_SG,), [x, y, p])], y
+        width = 1  # lanes per row: the least power of two holding cols at 4 per lane
+        while width * 4 < cols:
+            width *= 2
+        return [Launch(host_name(op, "simd", x.dtype, out_dtype), (ceil_div(rows, K_SOFTMAX_SG * (32 // width)),),
+                       (32 * K_SOFTMAX_SG,), [x, y, p])], y
     if cols <= K_BLOCK_COLS:
         threads = min(max(ceil_div(ceil_div(cols, 4), 32) * 32, 32), 1024)
         p = u32s(rows, cols, 1, 0, 0, vectorized)
@@ -100,20 +103,28 @@ def rows_per_simdgroup(bucket: int) -> int:
     return 1 if bucket == 1 else 2
 
 
+def gemv_geometry(n: int, steps: int, rows: int, split_kernel: str):
+    """gemv.cpp gemv_geometry: (slices, grid, threads); slices 1 is dense, four SIMD groups per threadgroup."""
+    blocks = ceil_div(n, rows)
+    slices = min(K_MAX_SLICES, fill_simdgroups(split_kernel, 32 * K_DENSE_SG) // blocks, steps // K_MIN_STEPS)
+    if slices >= 2:
+        return slices, (blocks,), (32 * slices,)
+    return 1, (ceil_div(blocks, K_DENSE_SG),), (32 * K_DENSE_SG,)
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, bias=None):
     """x (m <= 8, k) contiguous rows, w (n, k) with unit column stride."""
     m, k = x.shape
     n = w.shape[0]
-    blocks = ceil_div(n, rows_per_simdgroup(rows_bucket(m)))
-    per_step = 32 * (16 // x.element_size())
-    steps = ceil_div(k, per_step)
-    rows = f"m{rows_bucket(m)}"
-    fill = fill_simdgroups(host_name("gemv", f"dense_{rows}", x.dtype), 32 * K_DENSE_SG)
-    slices = min(K_MAX_SLICES, fill // blocks, steps // K_MIN_STEPS)
-    if slices >= 2:
-        kernel, grid, threads = host_name("gemv", f"splitk_{rows}", x.dtype), (blocks,), (32 * slices,)
-    else:
-        kernel, grid, threads = host_name("gemv", f"dense_{rows}", x.dtype), (ceil_div(blocks, K_DENSE_SG),), (128,)
+    bucket = rows_bucket(m)
+    tile = f"m{bucket}_r2"  # gemv.cpp plan: one row of W per SIMD group when one row of x and n fill the GPU
+    if bucket == 1 and n >= fill_simdgroups(host_name("gemv", "dense_m1_r1", x.dtype), 32 * K_DENSE_SG):
+        tile = "m1_r1"
+    per_step = 32 * (16 // x.element_size()) * (2 if bucket == 1 else 1)  # chunks_per_lane (r2)
+    slices, grid, threads = 1, (ceil_div(n, K_DENSE_SG),), (32 * K_DENSE_SG,)  # r1: rows enough, never split
+    if tile.endswith("r2"):
+        slices, grid, threads = gemv_geometry(n, ceil_div(k, per_step), 2, host_name("gemv", f"splitk_{tile}", x.dtype))
+    kernel = host_name("gemv", f"{'splitk' if slices > 1 else 'dense'}_{tile}", x.dtype)
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     es = x.element_size()
     w_stride = k if n == 1 else w.stride(0)
@@ -169,15 +180,17 @@ def _fp8_matmul(a, w, a_scale, w_scale, block_n, block_k, bias, out, fp8_a):
     a_size = a.element_size()
     a_vec = (a.stride(0) * a_size) % 16 == 0 and a.data_ptr() % 16 == 0
     w_vec = w.stride(0) % 16 == 0 and w.data_ptr() % 16 == 0
-    p = u32s(m, n, k, a.stride(0), w.stride(0), out.stride(0), a_scale is not None,
-             1 if a_scale is not None and a_scale.numel() > 1 else 0, bn, bk, scale_cols, epilogue,
-             bias is not None, a_vec, w_vec, 0, 0)  # a_e5m2, w_e5m2: e4m3fn operands only here
     few_rows = m <= 8 and (epilogue or bk % 16 == 0)
     variant = f"gemv_m{rows_bucket(m)}" if few_rows else "tiled"
     kernel = (host_name("scaled_mm", variant, torch.uint8, out.dtype) if fp8_a
               else host_name("fp8_linear", variant, a.dtype))
-    grid = (ceil_div(n, 16),) if few_rows else (ceil_div(n, 32), ceil_div(m, 32))
-    return [Launch(kernel, grid, (128,), [byte_view(a) if fp8_a else a, byte_view(w),
+    slices, grid, threads = 1, (ceil_div(n, 32), ceil_div(m, 32)), (128,)
+    if few_rows:  # fp8.cpp: the GEMV's geometry; one row of w per SIMD group for one row of a, else four
+        slices, grid, threads = gemv_geometry(n, ceil_div(k, 512), 1 if m <= 1 else 4, kernel)
+    p = u32s(m, n, k, a.stride(0), w.stride(0), out.stride(0), a_scale is not None,
+             1 if a_scale is not None and a_scale.numel() > 1 else 0, bn, bk, scale_cols, epilogue,
+             bias is not None, a_vec, w_vec, 0, 0, slices)  # a_e5m2, w_e5m2: e4m3fn operands only here
+    return [Launch(kernel, grid, threads, [byte_view(a) if fp8_a else a, byte_view(w),
                                           a_scale if a_scale is not None else w_scale, w_scale,
                                           bias if bias is not None else w_scale, out, p])], out
 

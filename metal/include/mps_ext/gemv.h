@@ -5,8 +5,9 @@
 // threadgroup reads (one per expert in grouped matmul).
 //
 // Mapping: one SIMD group owns R consecutive rows of W. Each step, every lane
-// reads one 16-byte chunk of each of those rows (so a lane has R 16-byte
-// loads in flight, and a SIMD group reads 512 contiguous bytes of each row), and the matching K-range of every x row
+// reads U 16-byte chunks of each of those rows, 512 bytes apart (so a lane
+// has R x U 16-byte loads in flight, and a SIMD group reads U x 512
+// contiguous bytes of each row), and the matching K-ranges of every x row
 // (from cache: x is small), accumulating M x R dot products in float. A K
 // range may be split over several SIMD groups ("slices") that add their
 // results through threadgroup memory.
@@ -23,8 +24,9 @@
 
 namespace mps_ext {
 
-// Rows of W per SIMD group for kernels built for M rows of x (the hosts'
-// rows_per_simdgroup in csrc/ops): one for a single row, two for more. Few
+// Rows of W per SIMD group for grouped_mm's decode kernels built for M rows
+// of x (its host's rows_per_simdgroup in csrc/ops): one for a single row, two
+// for more (the dense GEMV picks its own per shape, metal/gemv.metal). Few
 // registers per lane keep many SIMD groups resident, each lane with one
 // 16-byte load of W per row in flight and the M x R totals in registers;
 // four rows per SIMD group held 64-120 registers and ran 1.1-1.6x slower on
@@ -96,25 +98,29 @@ struct Tile {
 
 // The dot products of rows [first, first + R) of `w` (rows past n - 1 read
 // row n - 1) with the M rows of x, over the K-steps of slice `slice` of
-// `slices`, summed over the SIMD group: every lane gets the totals.
-template <uint M, uint R, typename Weights, typename X>
+// `slices` (a step is U chunks of 32 lanes), summed over the SIMD group:
+// every lane gets the totals.
+template <uint M, uint R, uint U = 1, typename Weights, typename X>
 inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
-  constexpr uint P = Weights::kPerLane;
+  constexpr uint P = Weights::kPerLane, kChunk = 32 * P;
   Tile<M, R> t;
   for (uint r = 0; r < R; ++r)
     for (uint i = 0; i < M; ++i) t.v[r][i] = 0.0f;
   uint rows[R];
   for (uint r = 0; r < R; ++r) rows[r] = metal::min(first + r, n - 1);
-  for (uint k0 = (slice * 32 + lane) * P; k0 < k; k0 += slices * 32 * P) {
-    // All weight loads of the step first: R 16-byte loads in flight per lane.
-    float4 wv[R][P / 4];
-    for (uint r = 0; r < R; ++r) w.load(rows[r], k0, k, wv[r]);
-    for (uint i = 0; i < M; ++i) {
-      float4 xv[P / 4];
-      x.template load<P>(i, k0, k, xv);
-      for (uint r = 0; r < R; ++r)
-        for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][c], xv[c]);
-    }
+  for (uint k0 = slice * U * kChunk + lane * P; k0 < k; k0 += slices * U * kChunk) {
+    // All weight loads of the step first: R x U 16-byte loads in flight per
+    // lane (chunks past k read as zeros).
+    float4 wv[R][U][P / 4];
+    for (uint r = 0; r < R; ++r)
+      for (uint u = 0; u < U; ++u) w.load(rows[r], k0 + u * kChunk, k, wv[r][u]);
+    for (uint i = 0; i < M; ++i)
+      for (uint u = 0; u < U; ++u) {
+        float4 xv[P / 4];
+        x.template load<P>(i, k0 + u * kChunk, k, xv);
+        for (uint r = 0; r < R; ++r)
+          for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][u][c], xv[c]);
+      }
   }
   for (uint r = 0; r < R; ++r)
     for (uint i = 0; i < M; ++i) t.v[r][i] = metal::simd_sum(t.v[r][i]);

@@ -93,8 +93,9 @@ struct Fp8MatmulParams {
   mps_ext_u32 w_vectorized;       // w and its rows start 16-byte aligned
   mps_ext_u32 a_e5m2;             // scaled_mm: a holds e5m2 bytes (else e4m3fn)
   mps_ext_u32 w_e5m2;             // scaled_mm: w holds e5m2 bytes (else e4m3fn)
+  mps_ext_u32 gemv_slices;        // gemv: SIMD groups that split K for the same rows (1: none)
 };
-static_assert(sizeof(Fp8MatmulParams) == 68, "Fp8MatmulParams layout");
+static_assert(sizeof(Fp8MatmulParams) == 72, "Fp8MatmulParams layout");
 
 
 // torch._grouped_mm: out_g = a_g @ b_g for each group g. `split` says which
