@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from . import _C
+from . import _C, _compile
 
 __all__ = ["disable", "enable", "enabled", "is_enabled", "reset_stats", "stats"]
 
@@ -31,11 +31,13 @@ __all__ = ["disable", "enable", "enabled", "is_enabled", "reset_stats", "stats"]
 def enable(device: str = "mps") -> None:
     """Route the overridden torch ops on ``device`` ("mps" or "cpu") to mps_ext's kernels."""
     _C._overrides_enable(device)
+    _compile.state_changed()
 
 
 def disable(device: str = "mps") -> None:
     """Restore torch's own kernels on ``device``."""
     _C._overrides_disable(device)
+    _compile.state_changed()
 
 
 def is_enabled(device: str = "mps") -> bool:
