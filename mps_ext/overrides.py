@@ -13,6 +13,10 @@ transposed row-major right operand (``x @ W.T``), for 1 to 8 rows;
 ``aten::linalg_lu_factor_ex``, ``aten::linalg_lu_solve``, ``aten::_linalg_solve_ex``,
 ``aten::linalg_solve_triangular`` (``torch.linalg.lu_factor``, ``lu_solve``, ``solve``,
 ``solve_triangular``...).
+
+Graphs that torch.compile's inductor compiles keep the overridden ops for these kernels while the
+overrides are on for their device (``mps_ext/_compile.py``); enabling or disabling them makes compiled
+functions compile again.
 """
 
 from __future__ import annotations
