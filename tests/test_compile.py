@@ -1,7 +1,7 @@
 """torch.compile and torch.export with the overrides on: inductor's graphs call the kernels for every
 overridden op, with eager mode's decisions; compiled artifacts follow the override state; transformers
-decode steps compiled with fullgraph=True give eager's tokens. Inductor compiles take seconds on two
-cores: shapes are tiny and each test compiles once or twice."""
+decode steps compiled with fullgraph=True give eager's tokens. An inductor compile takes tens of seconds on
+two busy cores: shapes are tiny, and each test compiles once per override state."""
 
 import contextlib
 from collections import Counter
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import mps_ext
 from mps_ext.demo import kernel_family
-from tolerances import TOLERANCES, assert_close, assert_close_normwise
+from tolerances import TOLERANCES, assert_close_normwise
 
 F8 = torch.float8_e4m3fn
 # transformers configurations written in code: one layer, tiny sizes (random weights, nothing downloaded).
@@ -147,7 +147,7 @@ def test_export_keeps_the_ops():
             with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
                 got = module(*args)
             assert families(t.names) == {"gemv", "grouped_mm", "log_softmax", "softmax"}, t.names
-            assert_close(got, want, scale=4)
+            assert_close_normwise(got, want)
 
 
 def decode_step(model, ids, cache, position):
