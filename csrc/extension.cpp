@@ -36,6 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("_overrides_enable", [](const std::string& d) { ov::enable(device_type(d)); });
   m.def("_overrides_disable", [](const std::string& d) { ov::disable(device_type(d)); });
   m.def("_overrides_is_enabled", [](const std::string& d) { return ov::is_enabled(device_type(d)); });
+  m.def("_overridden_ops", [](const std::string& d) { return ov::overridden_ops(device_type(d)); });
   m.def("_override_stats", [] {
     py::dict out;
     for (const auto& [op, s] : ov::stats()) {

@@ -11,7 +11,7 @@ from ._load import load_extension
 
 _C = load_extension()
 
-from . import fp8, nn, overrides, sim  # noqa: E402 (they need _C)
+from . import _compile, fp8, nn, overrides, sim  # noqa: E402 (they need _C)
 from ._ops import grouped_mm, linear, log_softmax, softmax
 from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
@@ -26,4 +26,5 @@ __all__ += ["Event", "Stream", "current_stream", "default_stream", "record_strea
 __all__ += ["fp8", "fp8_linear", "nn", "scaled_mm"]
 __all__ += ["grouped_mm"]
 
+_compile.install()  # torch.compile keeps the overridden ops (see mps_ext/_compile.py)
 overrides.enable_on_import()

@@ -13,6 +13,10 @@ transposed row-major right operand (``x @ W.T``), for 1 to 8 rows;
 ``aten::linalg_lu_factor_ex``, ``aten::linalg_lu_solve``, ``aten::_linalg_solve_ex``,
 ``aten::linalg_solve_triangular`` (``torch.linalg.lu_factor``, ``lu_solve``, ``solve``,
 ``solve_triangular``...).
+
+Graphs that torch.compile's inductor compiles keep the overridden ops for these kernels while the
+overrides are on for their device (``mps_ext/_compile.py``); enabling or disabling them makes compiled
+functions compile again.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import threading
 
 import torch
 
-from . import _C
+from . import _C, _compile
 
 __all__ = ["disable", "enable", "enabled", "is_enabled", "reset_stats", "stats"]
 
@@ -31,11 +35,13 @@ __all__ = ["disable", "enable", "enabled", "is_enabled", "reset_stats", "stats"]
 def enable(device: str = "mps") -> None:
     """Route the overridden torch ops on ``device`` ("mps" or "cpu") to mps_ext's kernels."""
     _C._overrides_enable(device)
+    _compile.state_changed()
 
 
 def disable(device: str = "mps") -> None:
     """Restore torch's own kernels on ``device``."""
     _C._overrides_disable(device)
+    _compile.state_changed()
 
 
 def is_enabled(device: str = "mps") -> bool:

@@ -12,7 +12,11 @@
 // one here, computed with mm and sum as the decomposition's derivative is.
 // mm and addmm keep their own derivatives. torch's linear derivative has no
 // forward-mode formula (nor on mps, where it is used too); a CPU call with tangents
-// decomposes into mm/addmm, as it does without the overrides.
+// decomposes into mm/addmm, as it does without the overrides. So does a call
+// traced by torch.compile or torch.export (fake or functional tensors): a graph
+// must not call linear_backward, whose CPU kernel exists only while the
+// overrides are on (and whose gradient of the bias has torch's meta shape only
+// on mps); mm and addmm reach the GEMV as linear does.
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/linear_compositeimplicitautograd_dispatch.h>
@@ -152,10 +156,12 @@ std::optional<c10::SafeKernelFunction> torch_linear_autograd_cpu;
 
 void linear_autograd_cpu(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const auto args = torch::jit::last(*stack, 3);
-  const bool tangents = std::any_of(args.begin(), args.end(), [](const c10::IValue& a) {
-    return a.isTensor() && a.toTensor()._fw_grad(/*level=*/0).defined();
+  const bool decompose = std::any_of(args.begin(), args.end(), [](const c10::IValue& a) {
+    if (!a.isTensor()) return false;
+    const at::Tensor& t = a.toTensor();
+    return t._fw_grad(/*level=*/0).defined() || t.key_set().has(c10::DispatchKey::Python);
   });
-  if (!tangents) return torch_linear_autograd_cpu->callBoxed(op, keys, stack);
+  if (!decompose) return torch_linear_autograd_cpu->callBoxed(op, keys, stack);
   at::Tensor out = at::compositeimplicitautograd::linear(args[0].toTensor(), args[1].toTensor(),
                                                          args[2].toOptional<at::Tensor>());
   torch::jit::drop(*stack, 3);

@@ -103,6 +103,13 @@ bool is_enabled(c10::DeviceType device) {
   return libraries.count(device) != 0;
 }
 
+std::vector<std::string> overridden_ops(c10::DeviceType device) {
+  key_for(device);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = libraries.find(device);
+  return it == libraries.end() ? std::vector<std::string>{} : it->second->ops();
+}
+
 void hit(const char* op) {
   std::lock_guard<std::mutex> lock(mu);
   if (OpStats* s = counters(op)) ++s->hits;

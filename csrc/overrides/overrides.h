@@ -11,12 +11,17 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace mps_ext::overrides {
 
 void enable(c10::DeviceType device);
 void disable(c10::DeviceType device);
 bool is_enabled(c10::DeviceType device);
+// The aten ops (overload names) whose kernels the device's overrides replace;
+// empty while they are off. torch.compile keeps these ops whole for the
+// dispatcher to run (mps_ext/_compile.py).
+std::vector<std::string> overridden_ops(c10::DeviceType device);
 
 // Held while torch's own op runs a call that an override or one of
 // mps_ext's ops left to it: what that op reaches through the dispatcher (a
@@ -70,16 +75,19 @@ class OverrideLibrary {
   template <class Func>
   void impl(const char* name, Func&& func) {
     device_.impl(name, std::forward<Func>(func));
+    ops_.emplace_back(name);
     conjugate_.impl(name, resolving_lazy_bits());
     negative_.impl(name, resolving_lazy_bits());
   }
   // A kernel at the device's Autograd key, where torch's derivative of an op
   // given a device kernel does not cover what its decomposition did.
   void impl_autograd(const char* name, torch::CppFunction&& func) { autograd_.impl(name, std::move(func)); }
+  const std::vector<std::string>& ops() const { return ops_; }
 
  private:
   static torch::CppFunction resolving_lazy_bits();
   torch::Library device_, conjugate_, negative_, autograd_;
+  std::vector<std::string> ops_;
 };
 
 // Each op family adds its overrides here (overrides/<family>.cpp).
