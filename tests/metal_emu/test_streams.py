@@ -3,6 +3,7 @@ buffers complete on another thread, completion handlers run later, torch's
 default stream runs torch's ops asynchronously (tools/metal_emu)."""
 
 import gc
+import time
 
 import pytest
 import torch
@@ -103,3 +104,19 @@ def test_a_wait_gates_work_after_a_commit(emu):
         z = mps_ext.softmax(y, -1)
     s.synchronize()
     assert_softmax(z, torch.softmax(x, -1))
+
+
+def test_record_stream_on_an_idle_stream_lets_go(emu):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    s, other = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    x = rows().to("mps")
+    held = StorageWeakRef(x.untyped_storage())
+    mps_ext.record_stream(x, s)  # nothing else is ever enqueued on s, nor is it synchronized
+    del x
+    for _ in range(200):
+        other.synchronize()  # frees what completed work let go of
+        if held.expired():
+            break
+        time.sleep(0.01)
+    assert held.expired()

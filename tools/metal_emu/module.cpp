@@ -1,5 +1,5 @@
 // _metal_emu: loading it makes the mps device the emulated Metal GPU, with
-// csrc/metal as mps_ext's Metal backend (tools/metal_emu/README.md).
+// csrc/metal as mps_ext's Metal backend (README: The Metal layer on an emulated Metal).
 #include <torch/extension.h>
 
 #include "hooks.h"
