@@ -1,5 +1,7 @@
 #include "backend.h"
 
+#include <atomic>
+
 #include "sim/sim_backend.h"
 #include "trace.h"
 
@@ -12,7 +14,12 @@ c10::Device Launch::device() const {
 }
 
 #if !defined(MPS_EXT_METAL)
-Backend* metal_backend() { return nullptr; }
+namespace {
+std::atomic<Backend*> installed_metal{nullptr};
+}  // namespace
+
+Backend* metal_backend() { return installed_metal.load(); }
+void install_metal_backend(Backend* backend) { installed_metal.store(backend); }
 #endif
 
 Backend* backend_for(const c10::Device& device, std::string* why) {

@@ -119,5 +119,8 @@ void before_torch_ops(const c10::Device& device);
 
 // The Metal backend, when this build has one (macOS with an MPS-enabled torch).
 Backend* metal_backend();
+// Elsewhere, the Metal backend of a library loaded beside this one: the
+// emulated Metal of tools/metal_emu installs csrc/metal's backend here.
+void install_metal_backend(Backend* backend);
 
 }  // namespace mps_ext

@@ -99,8 +99,9 @@ inline void softmax_in_registers(device const In* in, device Out* out, uint cols
   if (store) store4(out, first, cols, vectorized, Log ? v - m - log(sum) : e * (1.0f / sum));
 }
 
+// Launched with up to 1024 threads: without the attribute a pipeline may allow fewer.
 template <typename In, typename Out, bool Log>
-kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buffer(1)]],
+[[max_total_threads_per_threadgroup(1024)]] kernel void softmax_block(device const In* x [[buffer(0)]], device Out* y [[buffer(1)]],
                           constant SoftmaxParams& p [[buffer(2)]], uint row [[threadgroup_position_in_grid]],
                           uint tid [[thread_position_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                           uint sg [[simdgroup_index_in_threadgroup]],

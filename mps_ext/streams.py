@@ -110,7 +110,8 @@ class Stream:
                 warnings.warn(message, DivergenceWarning, stacklevel=2)
 
     def query(self) -> bool:
-        """True when all work enqueued on this stream has run."""
+        """True when all work enqueued on this stream has run (on ``mps``: mps_ext's work; pending work is
+        committed, so that a polling loop ends)."""
         return _C._stream_query(self.device.type, self.stream_id)
 
     def wait_event(self, event) -> None:
@@ -262,7 +263,10 @@ class Event:
         return self._impl is None or self._impl.query()
 
     def synchronize(self) -> None:
-        """Wait until the event's last record has been reached (Ctrl-C stops the wait, not the work)."""
+        """Wait until the event's last record has been reached (Ctrl-C stops the wait, not the work).
+
+        On ``mps``, raises the first GPU error of the stream it was recorded on
+        not yet raised, as that stream's :meth:`Stream.synchronize` would."""
         if self._impl is not None:
             self._impl.synchronize()
 

@@ -96,9 +96,11 @@ class MetalBackend final : public Backend {
     const Launch* l = &launch;  // dispatch_sync runs the block before returning
     at::mps::MPSStream* stream = metal_streams::current();
     const bool keep_tensors = stream != at::mps::getDefaultMPSStream();
+    metal_streams::after_torch_work(stream);
     at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
       // Drains what Metal autoreleases here on threads that have no pool of their own.
       @autoreleasepool {
+        metal_streams::before_encoding(stream);
         id<MTLComputeCommandEncoder> encoder = stream->commandEncoder();
         [encoder setComputePipelineState:pipeline];
         for (NSUInteger i = 0; i < l->args.size(); ++i) {
@@ -166,6 +168,14 @@ class MetalBackend final : public Backend {
           NSError* ns_error = nil;
           pipeline = [device_ newComputePipelineStateWithFunction:function error:&ns_error];
           if (!pipeline) *error = "creating the pipeline of '" + kernel + "' failed: " + describe(ns_error);
+          // What the kernel declares plus what the compiler (or shader validation) adds.
+          if (pipeline && pipeline.staticThreadgroupMemoryLength > device_.maxThreadgroupMemoryLength) {
+            *error = "kernel '" + kernel + "' needs " + std::to_string(pipeline.staticThreadgroupMemoryLength) +
+                     " bytes of threadgroup memory; this GPU has " +
+                     std::to_string(device_.maxThreadgroupMemoryLength);
+            [pipeline release];
+            pipeline = nil;
+          }
           [function release];
         }
       }
@@ -230,8 +240,11 @@ std::vector<std::pair<std::string, std::string>> metal::device_info() {
   if (!backend) return {};
   id<MTLDevice> device = backend->device();
   std::string family = "older than Apple7 (M1)";
-  const std::pair<MTLGPUFamily, const char*> families[] = {
-      {MTLGPUFamilyApple9, "Apple9 (M3/M4)"}, {MTLGPUFamilyApple8, "Apple8 (M2)"}, {MTLGPUFamilyApple7, "Apple7 (M1)"}};
+  // MTLGPUFamilyApple10 (M5) has a name from the macOS 26 SDK on only.
+  const std::pair<MTLGPUFamily, const char*> families[] = {{static_cast<MTLGPUFamily>(1010), "Apple10 (M5)"},
+                                                           {MTLGPUFamilyApple9, "Apple9 (M3/M4)"},
+                                                           {MTLGPUFamilyApple8, "Apple8 (M2)"},
+                                                           {MTLGPUFamilyApple7, "Apple7 (M1)"}};
   for (const auto& [f, name] : families) {
     if ([device supportsFamily:f]) {
       family = name;

@@ -30,6 +30,15 @@ void record_tensor(const at::Tensor& t, int64_t stream_id);
 void wait_torch_event(int64_t stream_id, int64_t event_id);
 void before_torch_ops();
 
+// Inside a block on stream->queue(), before encoding a kernel: the stream's
+// waits gate the command buffer it goes into, whose completion and failure
+// the stream will report.
+void before_encoding(at::mps::MPSStream* stream);
+// Before encoding on `stream`, outside its queue: where torch's ops stay on
+// the default stream while mps_ext's kernels go to another (torch 2.13), the
+// kernels wait for the torch work enqueued so far, which they may consume.
+void after_torch_work(at::mps::MPSStream* stream);
+
 // Inside a block on stream->queue(), after encoding work that uses `tensors`
 // on a non-default stream: they live until the command buffer has completed.
 void keep_until_completed(at::mps::MPSStream* stream, std::vector<at::Tensor> tensors);

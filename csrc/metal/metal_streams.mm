@@ -8,6 +8,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <string>
+#include <unordered_map>
 
 #include "wait.h"
 
@@ -72,9 +74,110 @@ MPSStream* by_id(int64_t stream_id) {
 
 #endif
 
+std::string describe(id<MTLCommandBuffer> buffer) {
+  NSError* error = buffer.error;
+  return error ? std::string(error.localizedDescription.UTF8String) : std::string("no details");
+}
+
+// Work on a stream waits for (event, value) from the gate on. A wait gates
+// only later work of the command buffer it is encoded into, and torch commits
+// a stream's buffer and goes on in a new one at its sync points: the wait is
+// encoded again into every buffer that takes work of ours until the event
+// has been seen signalled.
+struct Gate {
+  id<MTLSharedEvent> event;  // retained
+  uint64_t value;
+  id<MTLCommandBuffer> encoded_in;  // retained: the last buffer it gated
+};
+
+// What mps_ext tracks of a stream. `gates` and `watched` are used inside
+// blocks on the stream's queue, which serializes them.
+struct StreamState {
+  std::vector<Gate> gates;
+  id<MTLCommandBuffer> watched = nil;  // retained: the last buffer whose completion reports its errors
+  std::atomic<int64_t> outstanding{0};  // watched buffers not yet completed
+  std::mutex mu;
+  std::string error;  // guarded by mu: the first GPU error not yet raised
+};
+
+// Streams live as long as the process, and so do their states.
+StreamState& state_of(MPSStream* stream) {
+  static std::unordered_map<MPSStream*, StreamState*> states;  // guarded by mu
+  std::lock_guard<std::mutex> lock(mu);
+  StreamState*& state = states[stream];
+  if (!state) state = new StreamState;
+  return *state;
+}
+
+id<MTLCommandBuffer> underlying(MPSStream* stream) { return stream->commandBuffer().commandBuffer; }
+
+// Inside a block on stream->queue(): `object` lives until the stream's
+// current command buffer, which references it, has completed.
+void hold_until_completed(MPSStream* stream, id object) {
+  [object retain];
+  [stream->commandBuffer() addCompletedHandler:^(id<MTLCommandBuffer>) {
+    [object release];
+  }];
+}
+
+// Inside a block on stream->queue(): the current command buffer, which holds
+// work of ours, reports its completion and its failure to the stream (once
+// per buffer).
+void watch(MPSStream* stream) {
+  StreamState& state = state_of(stream);
+  id<MTLCommandBuffer> buffer = underlying(stream);
+  if (buffer == state.watched) return;
+  [state.watched release];
+  state.watched = [buffer retain];
+  StreamState* s = &state;
+  ++s->outstanding;
+  [stream->commandBuffer() addCompletedHandler:^(id<MTLCommandBuffer> done) {
+    if (done.status == MTLCommandBufferStatusError) {
+      std::lock_guard<std::mutex> lock(s->mu);
+      if (s->error.empty()) s->error = describe(done);
+    }
+    --s->outstanding;
+  }];
+}
+
+// Inside a block on stream->queue(): the gates not yet passed, encoded into
+// the current command buffer where they are not yet.
+void apply_gates(MPSStream* stream) {
+  StreamState& state = state_of(stream);
+  std::vector<Gate> open;
+  for (Gate& gate : state.gates) {
+    if (gate.event.signaledValue >= gate.value) {
+      [gate.event release];
+      [gate.encoded_in release];
+      continue;
+    }
+    id<MTLCommandBuffer> buffer = underlying(stream);
+    if (gate.encoded_in != buffer) {
+      stream->endKernelCoalescing();
+      [stream->commandBuffer() encodeWaitForEvent:gate.event value:gate.value];
+      hold_until_completed(stream, gate.event);
+      [gate.encoded_in release];
+      gate.encoded_in = [buffer retain];
+    }
+    open.push_back(gate);
+  }
+  state.gates.swap(open);
+}
+
+// Raises the stream's first GPU error not yet raised.
+void raise_error(MPSStream* stream) {
+  StreamState& state = state_of(stream);
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    error.swap(state.error);
+  }
+  TORCH_CHECK(error.empty(), "mps_ext: a command buffer failed on the GPU: ", error);
+}
+
 // Where an event's signals have got to, updated by command buffer completion
 // handlers (on Metal's threads; buffers of different streams complete in any
-// order).
+// order), failed or not.
 struct Progress {
   std::mutex mu;
   std::condition_variable cv;
@@ -100,13 +203,17 @@ class MetalEvent final : public Event {
   void record(int64_t stream_id) override {
     MPSStream* stream = by_id(stream_id);
     const uint64_t value = ++recorded_;
+    recorded_on_.store(stream);
     std::shared_ptr<Progress> progress = progress_;
     id<MTLSharedEvent> event = event_;
     at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
       @autoreleasepool {
+        apply_gates(stream);
+        watch(stream);
         stream->endKernelCoalescing();
         MPSCommandBuffer* buffer = stream->commandBuffer();
         [buffer encodeSignalEvent:event value:value];
+        hold_until_completed(stream, event);
         // GPUEndTime of the buffer that ends with the signal: when it was reached.
         [buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
           progress->reach(value, done.GPUEndTime);
@@ -124,23 +231,22 @@ class MetalEvent final : public Event {
     id<MTLSharedEvent> event = event_;
     at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
       @autoreleasepool {
-        stream->endKernelCoalescing();
-        [stream->commandBuffer() encodeWaitForEvent:event value:value];
+        state_of(stream).gates.push_back(Gate{[event retain], value, nil});
+        apply_gates(stream);
       }
     });
   }
 
-  bool query() override {
-    std::lock_guard<std::mutex> lock(progress_->mu);
-    return progress_->reached >= recorded_;
-  }
+  bool query() override { return event_.signaledValue >= recorded_.load(); }
 
+  // Raises the first GPU error of the stream of the last record.
   void synchronize() override {
     {
       std::unique_lock<std::mutex> lock(progress_->mu);
       wait_interruptibly(progress_->cv, lock, [&] { return progress_->reached >= recorded_; });
     }
     free_released();
+    if (MPSStream* stream = recorded_on_.load()) raise_error(stream);
   }
 
   double seconds() override {
@@ -152,7 +258,9 @@ class MetalEvent final : public Event {
   id<MTLSharedEvent> event_;
   std::shared_ptr<Progress> progress_ = std::make_shared<Progress>();
   std::atomic<uint64_t> recorded_{0};  // the value of the last signal encoded
+  std::atomic<MPSStream*> recorded_on_{nullptr};
 };
+
 
 }  // namespace
 
@@ -199,22 +307,32 @@ void synchronize(int64_t stream_id) {
   MPSStream* stream = by_id(stream_id);
   // torch's wait below cannot be interrupted: wait for a signal after the
   // work so far first, where Ctrl-C can stop the wait; torch's then returns
-  // at once (and raises the work's errors).
+  // at once. Torch reads no command buffer's status before 2.15: the failures
+  // the stream's buffers reported are raised here.
   MetalEvent done(at::mps::MPSDevice::getInstance()->device());
   done.record(stream_id);
   done.synchronize();
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
-    stream->synchronize(SyncType::COMMIT_AND_WAIT);
+    @autoreleasepool {
+      stream->synchronize(SyncType::COMMIT_AND_WAIT);
+    }
   });
   free_released();
+  raise_error(stream);
 }
 
-// A queue cannot be asked whether it is idle: a signal after the work so far
-// (which commits that work) can.
+// A queue cannot be asked whether it is idle; the command buffers that hold
+// work of ours report their completion. Work not yet committed is committed,
+// so that a polling loop ends.
 bool query(int64_t stream_id) {
-  MetalEvent probe(at::mps::MPSDevice::getInstance()->device());
-  probe.record(stream_id);
-  return probe.query();
+  MPSStream* stream = by_id(stream_id);
+  if (state_of(stream).outstanding.load() == 0) return true;
+  at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
+    @autoreleasepool {
+      stream->synchronize(SyncType::COMMIT);
+    }
+  });
+  return false;
 }
 
 std::unique_ptr<Event> new_event(id<MTLDevice> device) { return std::make_unique<MetalEvent>(device); }
@@ -224,8 +342,12 @@ void record_tensor(const at::Tensor& t, int64_t stream_id) {
 #if MPS_EXT_TORCH_AT_LEAST(15)
   t.record_stream(stream->unwrap());  // torch's allocator tracks streams since 2.15
 #else
+  // Committed now: an idle stream would otherwise hold the tensor until it next synchronizes.
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
-    keep_until_completed(stream, {t});
+    @autoreleasepool {
+      keep_until_completed(stream, {t});
+      stream->synchronize(SyncType::COMMIT);
+    }
   });
 #endif
 }
@@ -244,6 +366,23 @@ void wait_torch_event(int64_t stream_id, int64_t event_id) {
   MetalEvent after(at::mps::MPSDevice::getInstance()->device());
   after.record(0);
   after.block(stream_id);
+#endif
+}
+
+void before_encoding(MPSStream* stream) {
+  apply_gates(stream);
+  watch(stream);
+}
+
+void after_torch_work(MPSStream* stream) {
+#if !MPS_EXT_TORCH_AT_LEAST(14)
+  MPSStream* torch_stream = at::mps::getDefaultMPSStream();
+  if (stream == torch_stream) return;
+  static MetalEvent* torch_work = new MetalEvent(at::mps::MPSDevice::getInstance()->device());  // never freed
+  torch_work->record(0);
+  torch_work->block(stream->unwrap().id());
+#else
+  (void)stream;
 #endif
 }
 

@@ -29,13 +29,11 @@ namespace {
 
 class SimBackend final : public Backend {
  public:
-  SimBackend() { mtlsim::fork_protect(mu_, mtlsim::ForkRank::Backend); }
-
   const char* name() const override { return "simulator"; }
 
   std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
     const mtlsim::Module* module = nullptr;
-    const mtlsim::KernelInfo* info = find(kernel, &module);
+    const mtlsim::KernelInfo* info = builtin_kernel(kernel, &module);
     if (!info) return "no kernel named '" + kernel + "' in this build";
     const uint32_t limit = info->max_total_threads_per_threadgroup ? info->max_total_threads_per_threadgroup
                                                                     : mtlsim::kMaxThreadsPerThreadgroup;
@@ -47,7 +45,7 @@ class SimBackend final : public Backend {
 
   void dispatch(const Launch& launch) override {
     const mtlsim::Module* module = nullptr;
-    const mtlsim::KernelInfo* kernel = find(launch.kernel, &module);
+    const mtlsim::KernelInfo* kernel = builtin_kernel(launch.kernel, &module);
     TORCH_CHECK(kernel, "mps_ext: no kernel named '", launch.kernel, "' in this build");
     TORCH_CHECK(launch.args.size() <= mtlsim::kMaxBufferSlots, "too many kernel arguments");
     // The copy of the launch keeps its tensors alive until the kernel has run;
@@ -94,27 +92,30 @@ class SimBackend final : public Backend {
     // The package's own kernels must never depend on divergent control flow.
     TORCH_CHECK(report.warnings.empty(), "mps_ext simulator: ", report.warnings.front());
   }
-
-  const mtlsim::KernelInfo* find(const std::string& name, const mtlsim::Module** module) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (index_.empty()) {
-      for (const mtlsim::BuiltinModule& m : mtlsim::builtin_modules()) {
-        const mtlsim::Module& mod = mtlsim::builtin_module(m.name, m.init);
-        for (uint32_t k = 0; k < mod.info->num_kernels; ++k)
-          index_[mod.info->kernels[k].host_name] = {&mod, &mod.info->kernels[k]};
-      }
-    }
-    auto it = index_.find(name);
-    if (it == index_.end()) return nullptr;
-    *module = it->second.first;
-    return it->second.second;
-  }
-
-  std::mutex mu_;
-  std::unordered_map<std::string, std::pair<const mtlsim::Module*, const mtlsim::KernelInfo*>> index_;
 };
 
 }  // namespace
+
+const mtlsim::KernelInfo* builtin_kernel(const std::string& name, const mtlsim::Module** module) {
+  static std::mutex& mu = [] () -> std::mutex& {
+    static std::mutex m;
+    mtlsim::fork_protect(m, mtlsim::ForkRank::Backend);
+    return m;
+  }();
+  static std::unordered_map<std::string, std::pair<const mtlsim::Module*, const mtlsim::KernelInfo*>> index;
+  std::lock_guard<std::mutex> lock(mu);
+  if (index.empty()) {
+    for (const mtlsim::BuiltinModule& m : mtlsim::builtin_modules()) {
+      const mtlsim::Module& mod = mtlsim::builtin_module(m.name, m.init);
+      for (uint32_t k = 0; k < mod.info->num_kernels; ++k)
+        index[mod.info->kernels[k].host_name] = {&mod, &mod.info->kernels[k]};
+    }
+  }
+  auto it = index.find(name);
+  if (it == index.end()) return nullptr;
+  *module = it->second.first;
+  return it->second.second;
+}
 
 namespace {
 std::atomic<int64_t> simulated_cores{kSimulatedGpuCores};

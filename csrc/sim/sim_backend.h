@@ -15,6 +15,10 @@ mtlsim::Buffer sim_buffer(const at::Tensor& t);
 int64_t sim_gpu_cores();
 void set_sim_gpu_cores(int64_t cores);
 
+// The kernel whose host name is `name` among those compiled into this
+// extension (with its module in *module), or nullptr.
+const mtlsim::KernelInfo* builtin_kernel(const std::string& name, const mtlsim::Module** module);
+
 // Runs the kernels translated from metal/*.metal at build time, on CPU tensors.
 Backend& sim_backend();
 

@@ -14,7 +14,7 @@ kernel void decode(device const uchar* codes [[buffer(0)]], device float* out [[
 // The fast decode, scaled back: four codes per thread, NaN codes flagged.
 kernel void decode_fast(device const uint* codes [[buffer(0)]], device float4* out [[buffer(1)]],
                         device uint* has_nan [[buffer(2)]], uint i [[thread_position_in_grid]]) {
-  out[i] = float4(mps_ext::fp8x4_to_half4_div256(codes[i])) * 256.0f;
+  out[i] = mps_ext::fp8x4_to_float4_div256(codes[i]) * 256.0f;
   has_nan[i] = mps_ext::fp8x4_has_nan(codes[i]) ? 1 : 0;
 }
 

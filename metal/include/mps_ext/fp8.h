@@ -6,12 +6,14 @@
 //   (round to nearest even; everything of magnitude >= 448, infinities
 //   included, saturates to +-448; NaN keeps its sign, and decodes to the
 //   float torch gives, 0x7FF00000 with the sign).
-// - fp8x4_to_half4_div256: the inner-loop decode. The 7 magnitude bits of a
-//   byte shifted into a half's exponent and mantissa fields (bits 13..7) give
-//   exactly x / 256, subnormals included (e4m3 subnormals become half
-//   subnormals), with two ANDs, two shifts and an OR for four bytes. Callers
-//   fold the 256 back into a scale once per dot product. It maps NaN codes
-//   to 1.875 / 256: use fp8x4_has_nan to catch them.
+// - fp8x4_to_float4_div256: the inner-loop decode, exactly x / 256. The 7
+//   magnitude bits of a byte shifted into a float's exponent and mantissa
+//   fields, with the exponent rebiased by an add, give the normal codes; the
+//   subnormal ones (exponent field 0) are their mantissa times 2^-17. No value
+//   is ever a denormal, so the decode is exact whether or not the GPU keeps
+//   them (a half-based decode would make e4m3 subnormals half subnormals).
+//   Callers fold the 256 back into a scale once per dot product. NaN codes
+//   decode to a finite value: use fp8x4_has_nan to catch them.
 #pragma once
 
 #include <metal_stdlib>
@@ -54,13 +56,15 @@ inline uchar float_to_fp8(float f) {
   return sign | uchar(subnormal_units(a, 141));  // units of 2^-9 (0..8; 8 is the smallest normal)
 }
 
-// Four e4m3 bytes (little-endian in w) as half values x / 256.
-inline half4 fp8x4_to_half4_div256(uint w) {
-  const uint lo = (w & 0xFFu) | ((w & 0xFF00u) << 8);
-  const uint hi = ((w >> 16) & 0xFFu) | ((w >> 8) & 0xFF0000u);
-  const uint2 h = uint2(((lo & 0x007F007Fu) << 7) | ((lo & 0x00800080u) << 8),
-                        ((hi & 0x007F007Fu) << 7) | ((hi & 0x00800080u) << 8));
-  return metal::as_type<half4>(h);
+// Four e4m3 bytes (little-endian in w) as float values x / 256.
+inline float4 fp8x4_to_float4_div256(uint w) {
+  const uint4 bytes = (uint4(w) >> uint4(0, 8, 16, 24)) & 0xFFu;
+  const uint4 magnitude = bytes & 0x7Fu;
+  // Exponent e (bias 7) becomes e + 112 (bias 127, less 8 for the / 256).
+  const float4 normal = metal::as_type<float4>((magnitude << 20) + (112u << 23));
+  const float4 subnormal = float4(magnitude) * (1.0f / 131072.0f);
+  const float4 value = metal::select(normal, subnormal, (magnitude >> 3) == 0u);
+  return metal::as_type<float4>(metal::as_type<uint4>(value) | ((bytes & 0x80u) << 24));
 }
 
 // Whether any of the four bytes is a NaN code (a magnitude of 0x7F carries into bit 7).

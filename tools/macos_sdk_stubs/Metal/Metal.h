@@ -1,8 +1,9 @@
-// Stand-in for Apple's Metal framework header, for tools/check_macos.py only:
-// the declarations that csrc/metal and torch's MPS headers use, as the macOS
-// SDK declares them (selectors, property and argument types, enum values,
-// availability), so a syntax check on Linux catches our mistakes. Protocols
-// keep their parents of the macOS 14 SDK.
+// Stand-in for Apple's Metal framework header, for tools/check_macos.py and
+// the emulated Metal (tools/metal_emu): the declarations that csrc/metal,
+// torch's MPS headers and the emulation of torch's MPS runtime use, as the
+// macOS SDK declares them (selectors, property and argument types, enum
+// values, availability), so a syntax check on Linux catches our mistakes.
+// Protocols keep their parents of the macOS 14 SDK.
 // __MAC_OS_X_VERSION_MAX_ALLOWED plays the SDK's version: what a macOS 14 SDK
 // lacks is left out below 150000, as it is from that SDK.
 #pragma once
@@ -24,7 +25,13 @@ static inline MTLSize MTLSizeMake(NSUInteger width, NSUInteger height, NSUIntege
 // MTLResource.h, MTLBuffer.h
 @protocol MTLResource <NSObject>
 @end
+typedef NS_ENUM(NSUInteger, MTLResourceOptions) {
+  MTLResourceStorageModeShared = 0,
+} API_AVAILABLE(macos(10.11), ios(8.0));
+
 @protocol MTLBuffer <MTLResource>
+@property(readonly) NSUInteger length;
+- (void*)contents __attribute__((objc_returns_inner_pointer));
 @end
 
 // MTLLibrary.h
@@ -60,10 +67,12 @@ API_AVAILABLE(macos(10.11), ios(8.0))
 // MTLComputePipeline.h
 @protocol MTLComputePipelineState <NSObject>
 @property(readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+@property(readonly) NSUInteger staticThreadgroupMemoryLength API_AVAILABLE(macos(11.0), ios(14.0));
 @end
 
 // MTLCommandEncoder.h, MTLComputeCommandEncoder.h
 @protocol MTLCommandEncoder <NSObject>
+- (void)endEncoding;
 @end
 
 @protocol MTLComputeCommandEncoder <MTLCommandEncoder>
@@ -92,14 +101,30 @@ typedef void (^MTLSharedEventNotificationBlock)(id<MTLSharedEvent>, uint64_t val
 @protocol MTLCommandBuffer;
 typedef void (^MTLCommandBufferHandler)(id<MTLCommandBuffer>);
 
+typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
+  MTLCommandBufferStatusNotEnqueued = 0,
+  MTLCommandBufferStatusEnqueued = 1,
+  MTLCommandBufferStatusCommitted = 2,
+  MTLCommandBufferStatusScheduled = 3,
+  MTLCommandBufferStatusCompleted = 4,
+  MTLCommandBufferStatusError = 5,
+} API_AVAILABLE(macos(10.11), ios(8.0));
+
 @protocol MTLCommandBuffer <NSObject>
+@property(readonly) MTLCommandBufferStatus status;
+@property(nullable, readonly) NSError* error;
+@property(readonly) CFTimeInterval GPUStartTime API_AVAILABLE(macos(10.15), ios(10.3));
 @property(readonly) CFTimeInterval GPUEndTime API_AVAILABLE(macos(10.15), ios(10.3));
+- (nullable id<MTLComputeCommandEncoder>)computeCommandEncoder;
+- (void)commit;
+- (void)waitUntilCompleted;
 - (void)addCompletedHandler:(MTLCommandBufferHandler)block;
 - (void)encodeSignalEvent:(id<MTLEvent>)event value:(uint64_t)value API_AVAILABLE(macos(10.14), ios(12.0));
 - (void)encodeWaitForEvent:(id<MTLEvent>)event value:(uint64_t)value API_AVAILABLE(macos(10.14), ios(12.0));
 @end
 
 @protocol MTLCommandQueue <NSObject>
+- (nullable id<MTLCommandBuffer>)commandBuffer;
 @end
 
 // MTLDevice.h
@@ -117,6 +142,7 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
 @property(nonnull, readonly) NSString* name;
 @property(nonnull, readonly) MTLArchitecture* architecture API_AVAILABLE(macos(14.0), ios(17.0));
 @property(readonly) BOOL hasUnifiedMemory API_AVAILABLE(macos(10.15), ios(13.0));
+@property(readonly) NSUInteger maxThreadgroupMemoryLength API_AVAILABLE(macos(10.13), ios(11.0));
 @property(readonly) uint64_t recommendedMaxWorkingSetSize API_AVAILABLE(macos(10.12), macCatalyst(13.0), ios(16.0));
 - (BOOL)supportsFamily:(MTLGPUFamily)gpuFamily API_AVAILABLE(macos(10.15), ios(13.0));
 - (nullable id<MTLLibrary>)newLibraryWithSource:(NSString*)source
@@ -124,6 +150,8 @@ typedef NS_ENUM(NSInteger, MTLGPUFamily) {
                                           error:(__autoreleasing NSError**)error;
 - (nullable id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)computeFunction
                                                                       error:(__autoreleasing NSError**)error;
+- (nullable id<MTLCommandQueue>)newCommandQueue;
+- (nullable id<MTLBuffer>)newBufferWithLength:(NSUInteger)length options:(MTLResourceOptions)options;
 - (nullable id<MTLSharedEvent>)newSharedEvent API_AVAILABLE(macos(10.14), ios(12.0));
 @end
 

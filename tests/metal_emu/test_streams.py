@@ -1,0 +1,122 @@
+"""Streams, events and errors of csrc/metal as a Mac runs them: command
+buffers complete on another thread, completion handlers run later, torch's
+default stream runs torch's ops asynchronously (tools/metal_emu)."""
+
+import gc
+import time
+
+import pytest
+import torch
+
+import mps_ext
+from mps_ext.testing import assert_close
+
+
+def rows(n=8, width=300, seed=0):
+    return torch.randn(n, width, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_softmax(got, x):
+    assert_close(got, torch.softmax(x, -1))
+
+
+def test_a_kernel_on_a_stream_sees_torchs_work_before_it(emu):
+    x = rows()
+    gpu = x.to("mps")
+    gpu.select(1, 0).fill_(30.0)  # torch's own work, on torch's default stream
+    x.select(1, 0).fill_(30.0)
+    s = mps_ext.Stream("mps")
+    with mps_ext.trace() as t, mps_ext.stream(s):
+        y = mps_ext.softmax(gpu, -1)
+    s.synchronize()
+    assert [k.backend for k in t.kernels] == ["metal"]
+    assert_softmax(y, x)
+
+
+def test_torch_sees_a_streams_kernel_before_it(emu):
+    a = torch.tensor([[4.0, 3.0], [6.0, 3.0]])
+    s = mps_ext.Stream("mps")
+    with mps_ext.stream(s):
+        # lu_factor checks the info its kernel wrote with torch's ops; torch made
+        # info (zeros) on its default stream before.
+        with pytest.raises(RuntimeError, match=r"U\[1,1\] is zero"):
+            mps_ext.lu_factor(torch.zeros(2, 2).to("mps"))
+        lu, pivots = mps_ext.lu_factor(a.to("mps"))
+    s.synchronize()
+    want_lu, want_pivots = torch.linalg.lu_factor(a)
+    assert_close(lu, want_lu)
+    assert torch.equal(pivots.cpu(), want_pivots)
+
+
+def test_query_is_true_once_the_stream_has_run(emu):
+    s = mps_ext.Stream("mps")
+    assert s.query()  # idle
+    with mps_ext.stream(s):
+        mps_ext.softmax(rows().to("mps"), -1)
+    s.synchronize()
+    assert s.query()
+    assert mps_ext.default_stream("mps").query()
+
+
+@pytest.mark.parametrize("waiter", ["stream", "event", "default stream"])
+def test_synchronize_raises_the_first_gpu_error(emu, waiter):
+    s = mps_ext.default_stream("mps") if waiter == "default stream" else mps_ext.Stream("mps")
+    x = rows().to("mps")
+    emu.fail_next_kernel("emulated GPU fault")
+    with mps_ext.stream(s):
+        mps_ext.softmax(x, -1)
+        event = s.record_event()
+    with pytest.raises(RuntimeError, match="emulated GPU fault"):
+        event.synchronize() if waiter == "event" else s.synchronize()
+    # Reported once: the stream goes on.
+    with mps_ext.stream(s):
+        y = mps_ext.softmax(x, -1)
+    s.synchronize()
+    assert_softmax(y, x.cpu())
+
+
+def test_events_live_until_the_gpu_is_done_with_them(emu):
+    s, other = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    before = emu.released_object_uses()
+    x = rows().to("mps")
+    with mps_ext.stream(other):
+        mps_ext.softmax(x, -1)
+    s.wait_stream(other)  # the event it records is dropped at once
+    gc.collect()
+    s.query()  # and so is the probe
+    with mps_ext.stream(s):
+        y = mps_ext.softmax(x, -1)
+    s.synchronize()
+    other.synchronize()
+    assert emu.released_object_uses() == before
+    assert_softmax(y, x.cpu())
+
+
+def test_a_wait_gates_work_after_a_commit(emu):
+    s, slow = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    x = rows(64, 4096) * 20  # long enough for the simulator to take a while; peaked rows
+    with mps_ext.stream(slow):
+        y = mps_ext.softmax(x.to("mps"), -1)
+    ready = slow.record_event()
+    s.wait_event(ready)
+    s.record_event()  # commits the buffer that holds the wait: later work is in another
+    with mps_ext.stream(s):
+        z = mps_ext.softmax(y, -1)
+    s.synchronize()
+    assert_softmax(z, torch.softmax(x, -1))
+
+
+def test_record_stream_on_an_idle_stream_lets_go(emu):
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    s, other = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    x = rows().to("mps")
+    held = StorageWeakRef(x.untyped_storage())
+    mps_ext.record_stream(x, s)  # nothing else is ever enqueued on s, nor is it synchronized
+    del x
+    for _ in range(200):
+        other.synchronize()  # frees what completed work let go of
+        if held.expired():
+            break
+        time.sleep(0.01)
+    assert held.expired()

@@ -1,0 +1,57 @@
+"""What the emulated Metal (tools/metal_emu) cannot settle, checked on a Mac's
+GPU: skipped wherever MPS does not really run."""
+
+import pytest
+import torch
+
+import mps_ext
+from mps_ext import fp8
+from mps_ext.testing import assert_close, mps_usable
+
+usable, why = mps_usable()
+pytestmark = pytest.mark.skipif(not usable, reason=why)
+
+
+def test_every_e4m3_code_through_the_fp8_gemv():
+    # Row i of the weight holds code i in its first column: y[i] is its decoding,
+    # subnormal codes included, whatever the GPU does with denormals.
+    codes = torch.zeros(256, 32, dtype=torch.uint8)
+    codes[:, 0] = torch.arange(256, dtype=torch.uint8)
+    want = codes[:, 0].view(torch.float8_e4m3fn).float()
+    x = torch.zeros(1, 32)
+    x[0, 0] = 1.0
+    weight = codes.view(fp8.storage_dtype("mps")).to("mps")
+    with mps_ext.trace() as t:
+        got = mps_ext.fp8_linear(x.to("mps"), weight, torch.tensor(1.0, device="mps")).cpu()[0]
+    assert t.kernels and {k.backend for k in t.kernels} == {"metal"}
+    finite = ~want.isnan()
+    assert torch.equal(got[finite], want[finite])
+    assert got[~finite].isnan().all()
+
+
+def test_a_wait_holds_work_committed_after_it():
+    # The GPU's answer to what the emulation assumes pessimistically: work in a
+    # command buffer committed after the one holding a wait runs after it too.
+    s, slow = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    x = torch.randn(64, 1 << 16) * 20
+    with mps_ext.stream(slow):
+        y = mps_ext.softmax(x.to("mps"), -1)
+    s.wait_event(slow.record_event())
+    s.record_event()  # commits the buffer that holds the wait
+    with mps_ext.stream(s):
+        z = mps_ext.softmax(y, -1)
+    s.synchronize()
+    assert_close(z, torch.softmax(torch.softmax(x, -1), -1))
+
+
+def test_lu_factor_of_complex64_within_the_threadgroup_memory_of_its_pipeline():
+    # lu_factor_simd for complex64 declares 32 KiB of threadgroup memory: it runs
+    # where its pipeline fits the device, and falls back to torch where not.
+    a = torch.randn(40, 40, dtype=torch.complex64)
+    with mps_ext.trace() as t:
+        lu, pivots, info = mps_ext.lu_factor_ex(a.to("mps"))
+    want_lu, want_pivots, _ = torch.linalg.lu_factor_ex(a)
+    assert_close(lu, want_lu, scale=40)
+    assert torch.equal(pivots.cpu(), want_pivots) and int(info.cpu()) == 0
+    names = [k.name for k in t.kernels]
+    assert not names or names == ["lu_factor_simd_float2"], names
