@@ -219,6 +219,26 @@ MTLCUDA_VEC_OPS(+) MTLCUDA_VEC_OPS(-) MTLCUDA_VEC_OPS(*) MTLCUDA_VEC_OPS(/) MTLC
 MTLCUDA_VEC_OPS(<<) MTLCUDA_VEC_OPS(>>)
 #undef MTLCUDA_VEC_OPS
 
+// Comparisons are per component, to a bool vector (as in MSL).
+#define MTLCUDA_VEC_CMP(op)                                                                 \
+  template <class T, int N>                                                                 \
+  MTLCUDA_FN metal::vec<bool, N> operator op(metal::vec<T, N> a, metal::vec<T, N> b) {      \
+    metal::vec<bool, N> r;                                                                  \
+    for (int i = 0; i < N; ++i) r[i] = a[i] op b[i];                                        \
+    return r;                                                                               \
+  }                                                                                         \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>    \
+  MTLCUDA_FN metal::vec<bool, N> operator op(metal::vec<T, N> a, S s) {                     \
+    return a op metal::vec<T, N>(s);                                                        \
+  }                                                                                         \
+  template <class T, int N, class S, std::enable_if_t<std::is_arithmetic_v<S>, int> = 0>    \
+  MTLCUDA_FN metal::vec<bool, N> operator op(S s, metal::vec<T, N> a) {                     \
+    return metal::vec<T, N>(s) op a;                                                        \
+  }
+MTLCUDA_VEC_CMP(==) MTLCUDA_VEC_CMP(!=) MTLCUDA_VEC_CMP(<) MTLCUDA_VEC_CMP(>) MTLCUDA_VEC_CMP(<=)
+MTLCUDA_VEC_CMP(>=)
+#undef MTLCUDA_VEC_CMP
+
 template <class T, int N>
 MTLCUDA_FN metal::vec<T, N> operator-(metal::vec<T, N> a) {
   metal::vec<T, N> r;
@@ -243,6 +263,18 @@ typedef metal::vec<mtl_bfloat, 4> mtl_bfloat4;
 // ------------------------------------------------------------------ functions
 
 namespace metal {
+
+// select(a, b, c): b where c, else a; per component for vectors.
+template <class T>
+MTLCUDA_FN T select(T a, T b, bool c) {
+  return c ? b : a;
+}
+template <class T, int N>
+MTLCUDA_FN vec<T, N> select(vec<T, N> a, vec<T, N> b, vec<bool, N> c) {
+  vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = c[i] ? b[i] : a[i];
+  return r;
+}
 
 template <class To, class From>
 MTLCUDA_FN To as_type(const From& f) {
