@@ -108,7 +108,14 @@ inline bool load16(device const fp8* row, uint k, uint end, bool vectorized, thr
     for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
     return false;
   }
-  for (uint c = 0; c < 4; ++c) out[c] = mps_ext::fp8x4_to_float4_div256(u[c]);
+  // Subnormal codes are rare in real weights (below 2^-6 of the scale): the
+  // lanes holding one take the float decode, the others the half one.
+  if ((mps_ext::fp8x4_subnormals(u.x) | mps_ext::fp8x4_subnormals(u.y) | mps_ext::fp8x4_subnormals(u.z) |
+       mps_ext::fp8x4_subnormals(u.w)) == 0) {
+    for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::fp8x4_to_half4_div256(u[c]));
+  } else {
+    for (uint c = 0; c < 4; ++c) out[c] = mps_ext::fp8x4_to_float4_div256(u[c]);
+  }
   return mps_ext::fp8x4_has_nan(u.x) || mps_ext::fp8x4_has_nan(u.y) || mps_ext::fp8x4_has_nan(u.z) ||
          mps_ext::fp8x4_has_nan(u.w);
 }

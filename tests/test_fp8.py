@@ -380,6 +380,22 @@ def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype, 
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
 
 
+@pytest.mark.parametrize("rows", [1, 8])
+def test_fp8_linear_decodes_every_code_exactly(rows, device):
+    # The GEMV decodes 16 bytes per lane through halves unless they hold a subnormal code, then through floats:
+    # one-hot rows of x pick single weights, so each output is one decoded code, exact in float32.
+    codes = torch.arange(256, dtype=torch.uint8)
+    codes[codes.view(F8).float().isnan()] = 0  # a NaN code poisons its whole dot product (tested elsewhere)
+    w = torch.stack([codes, codes.flip(0), *(codes[torch.randperm(256, generator=gen(r))] for r in range(30))])
+    picks = torch.tensor([0, 5, 17, 40, 100, 128, 200, 255])[:rows]
+    x = torch.zeros(rows, 256)
+    x[torch.arange(rows), picks] = 1
+    with mps_ext.trace() as t:
+        got = on(device, mps_ext.fp8_linear, x, w.view(F8), torch.ones(()))
+    ran(t, f"fp8_linear_{gemv(rows)}_float", device=device)
+    assert torch.equal(got, w.view(F8).float()[:, picks].t())
+
+
 @pytest.mark.parametrize("granularity", ["tensor", "block"])
 @pytest.mark.parametrize("rows", [1, 3])
 def test_fp8_linear_splits_a_long_k(rows, granularity, device):

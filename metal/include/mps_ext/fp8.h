@@ -6,14 +6,17 @@
 //   (round to nearest even; everything of magnitude >= 448, infinities
 //   included, saturates to +-448; NaN keeps its sign, and decodes to the
 //   float torch gives, 0x7FF00000 with the sign).
-// - fp8x4_to_float4_div256: the inner-loop decode, exactly x / 256. The 7
-//   magnitude bits of a byte shifted into a float's exponent and mantissa
-//   fields, with the exponent rebiased by an add, give the normal codes; the
-//   subnormal ones (exponent field 0) are their mantissa times 2^-17. No value
-//   is ever a denormal, so the decode is exact whether or not the GPU keeps
-//   them (a half-based decode would make e4m3 subnormals half subnormals).
+// - fp8x4_to_half4_div256: the inner-loop decode. The 7 magnitude bits of a
+//   byte shifted into a half's exponent and mantissa fields (bits 13..7) give
+//   exactly x / 256 for zeros and normal codes, whose smallest, 2^-6 / 256, is
+//   half's smallest normal, with two ANDs, two shifts and an OR for four
+//   bytes. An e4m3 subnormal would become a half subnormal, which a GPU may
+//   flush to zero: fp8x4_subnormals says where the decode is exact.
+// - fp8x4_to_float4_div256: the same values for every code, through floats,
+//   never through a denormal, at about four times the operations: the decode
+//   of a word that holds a subnormal.
 //   Callers fold the 256 back into a scale once per dot product. NaN codes
-//   decode to a finite value: use fp8x4_has_nan to catch them.
+//   decode to finite values: use fp8x4_has_nan to catch them.
 #pragma once
 
 #include <metal_stdlib>
@@ -54,6 +57,25 @@ inline uchar float_to_fp8(float f) {
     return sign | uchar((rounded - (120u << 23)) >> 20);
   }
   return sign | uchar(subnormal_units(a, 141));  // units of 2^-9 (0..8; 8 is the smallest normal)
+}
+
+// Four e4m3 bytes (little-endian in w) as half values x / 256, exact where
+// fp8x4_subnormals(w) is 0.
+inline half4 fp8x4_to_half4_div256(uint w) {
+  const uint lo = (w & 0xFFu) | ((w & 0xFF00u) << 8);
+  const uint hi = ((w >> 16) & 0xFFu) | ((w >> 8) & 0xFF0000u);
+  const uint2 h = uint2(((lo & 0x007F007Fu) << 7) | ((lo & 0x00800080u) << 8),
+                        ((hi & 0x007F007Fu) << 7) | ((hi & 0x00800080u) << 8));
+  return metal::as_type<half4>(h);
+}
+
+// Bit 7 of each byte of the result is set where that byte of w is a
+// subnormal code (exponent field 0, mantissa not 0). Per byte, adding 0x78
+// to the exponent field sets bit 7 unless it is 0, and adding 0x7F to the
+// mantissa sets it unless that is 0; no sum carries into the next byte.
+inline uint fp8x4_subnormals(uint w) {
+  const uint exponent_set = (w & 0x78787878u) + 0x78787878u, mantissa_set = (w & 0x07070707u) + 0x7F7F7F7Fu;
+  return mantissa_set & ~exponent_set & 0x80808080u;
 }
 
 // Four e4m3 bytes (little-endian in w) as float values x / 256.
