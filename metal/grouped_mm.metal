@@ -22,8 +22,8 @@
 //   of M routed rows of a group work, so unrouted experts cost nothing),
 //   else x G * ceil(m / M). The weights are read through a policy of
 //   gemv.h: b's own type, or e4m3fn bytes with their per-expert scales
-//   (fp8_grouped_mm: mps_ext/fp8_weights.h; scales bound at buffer 5, which
-//   the other kernels do not declare).
+//   (fp8_grouped_mm: mps_ext/fp8_weights.h; the scales at buffer 5, which
+//   the host binds for every kernel and the dense ones leave unread).
 // - tiled: TM x 32 tiles of out with simdgroup matrices (mps_ext/mma.h), TM
 //   chosen by the host from the average rows per group. Split by rows, the
 //   grid's y runs over ceil(m / TM) + G tiles (the most the groups can need)
