@@ -20,7 +20,10 @@
 //   to fill the GPU. Grid: ceil(n / (4 R / slices)) x m when split by rows
 //   (one threadgroup per row of a: only threadgroups at the start of a run
 //   of M routed rows of a group work, so unrouted experts cost nothing),
-//   else x G * ceil(m / M).
+//   else x G * ceil(m / M). The weights are read through a policy of
+//   gemv.h: b's own type, or e4m3fn bytes with their per-expert scales
+//   (fp8_grouped_mm: mps_ext/fp8_weights.h; the scales at buffer 5, which
+//   the host binds for every kernel and the dense ones leave unread).
 // - tiled: TM x 32 tiles of out with simdgroup matrices (mps_ext/mma.h), TM
 //   chosen by the host from the average rows per group. Split by rows, the
 //   grid's y runs over ceil(m / TM) + G tiles (the most the groups can need)
@@ -28,6 +31,7 @@
 //   split by columns likewise along x; split by K or not split, z is the group.
 #include <metal_stdlib>
 
+#include "mps_ext/fp8_weights.h"
 #include "mps_ext/gemv.h"
 #include "mps_ext/mma.h"
 #include "mps_ext/params.h"
@@ -102,10 +106,26 @@ inline bool decode_rows_of(device const int* offs, constant GroupedMmParams& p, 
   return true;
 }
 
-template <typename T, uint M>
-kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+typedef uchar fp8;  // host names say fp8 for e4m3fn bytes
+
+// Group g's weights W_g (n x k, rows b_col apart) as a gemv.h weight policy.
+template <typename W>
+inline mps_ext::DenseWeights<W> weights_of(device const W* b, device const float*, constant GroupedMmParams& p,
+                                           uint g) {
+  return mps_ext::DenseWeights<W>{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
+}
+
+inline mps_ext::Fp8Weights weights_of(device const fp8* b, device const float* scales, constant GroupedMmParams& p,
+                                      uint g) {
+  return mps_ext::Fp8Weights{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0, scales + ulong(g) * p.scale_group,
+                             p.block_n, p.block_k, p.scale_cols, p.block_k < p.k};
+}
+
+template <typename T, typename W, uint M>
+kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b [[buffer(1)]],
                               device const int* offs [[buffer(2)]], device T* out [[buffer(3)]],
-                              constant GroupedMmParams& p [[buffer(4)]], uint2 group [[threadgroup_position_in_grid]],
+                              constant GroupedMmParams& p [[buffer(4)]], device const float* scales [[buffer(5)]],
+                              uint2 group [[threadgroup_position_in_grid]],
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
   constexpr uint R = rows_per_simdgroup<M>();
@@ -117,7 +137,7 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
   // reading every slices-th step of K.
   const uint slices = p.decode_slices;
   const uint first = (group.x * (simdgroups / slices) + sg / slices) * R;
-  const mps_ext::DenseWeights<T> w{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
+  const auto w = weights_of(b, scales, p, g);
   const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row, p.a_row, rows.size,
                             p.a_vectorized != 0};
   mps_ext::Tile<M, R> t;
@@ -134,7 +154,8 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const T* b
   device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row;
   for (uint r = 0; r < R; ++r)
     for (uint i = 0; i < M; ++i)
-      if (lane == r * M + i && first + r < p.n && i < rows.size) y[ulong(i) * p.out_row + first + r] = T(t.v[r][i]);
+      if (lane == r * M + i && first + r < p.n && i < rows.size)
+        y[ulong(i) * p.out_row + first + r] = T(t.v[r][i] * w.scale(first + r));
 }
 
 // Decode for weights stored (G, K, N) with N contiguous (gpt-oss, Aria: b
@@ -259,15 +280,20 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
 }
 
 // Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_decode_kn_m<M>_<type>,
-// grouped_mm_tiled_m<TM>_<type>, built
-// by the host from the same parts (csrc/ops/grouped_mm.cpp).
+// grouped_mm_tiled_m<TM>_<type>, fp8_grouped_mm_decode_m<M>_<type> (e4m3fn
+// weights), built by the host from the same parts (csrc/ops/grouped_mm.cpp).
 #define MPS_EXT_GROUPED_MM_TILED(T, TM)                                                                        \
   template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, TM>)         \
       grouped_mm_tiled<T, TM>;
 
 #define MPS_EXT_GROUPED_MM_DECODE(T, M)                                                                        \
-  template [[host_name("grouped_mm_decode_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode<T, M>)        \
-      grouped_mm_decode<T, M>;
+  template [[host_name("grouped_mm_decode_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode<T, T, M>)     \
+      grouped_mm_decode<T, T, M>;
+
+// fp8_grouped_mm splits x by rows, so at least 2 rows per run (decode_rows in csrc/ops/grouped_mm.cpp).
+#define MPS_EXT_FP8_GROUPED_MM_DECODE(T, M)                                                                    \
+  template [[host_name("fp8_grouped_mm_decode_m" #M "_" #T)]] [[kernel]]                                       \
+      decltype(grouped_mm_decode<T, fp8, M>) grouped_mm_decode<T, fp8, M>;
 
 #define MPS_EXT_GROUPED_MM_DECODE_KN(T, M)                                                                     \
   template [[host_name("grouped_mm_decode_kn_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode_kn<T, M>)  \
@@ -278,7 +304,8 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   MPS_EXT_GROUPED_MM_DECODE(T, 8)                                                                              \
   MPS_EXT_GROUPED_MM_DECODE_KN(T, 1) MPS_EXT_GROUPED_MM_DECODE_KN(T, 2) MPS_EXT_GROUPED_MM_DECODE_KN(T, 4)     \
   MPS_EXT_GROUPED_MM_DECODE_KN(T, 8)                                                                           \
-  MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)
+  MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)            \
+  MPS_EXT_FP8_GROUPED_MM_DECODE(T, 2) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 4) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 8)
 
 MPS_EXT_GROUPED_MM(float)
 MPS_EXT_GROUPED_MM(half)

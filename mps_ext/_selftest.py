@@ -182,9 +182,28 @@ def fp8_cases() -> Iterator[Case]:
             got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), torch.tensor(0.5).to(device))
             return got, (x.float() @ (w.float() * 0.5).t()).to(dtype), 1.0
 
+        def grouped(device, dtype=dtype, ends=(1, 2, 3), block=None):
+            x, w = ints(ends[-1], 72, seed=9).to(dtype), ints(3, 24, 72, seed=10).to(f8)
+            powers = torch.tensor([0.5, 2.0, 0.25, 1.0])
+            if block:  # blocks of 16 x 32: 2 x 3 per expert
+                s = powers.repeat(5)[:18].view(3, 2, 3)
+                full = s.repeat_interleave(16, 1).repeat_interleave(32, 2)[:, :24, :72]
+            else:
+                s = powers.repeat(18).view(3, 24)
+                full = s[..., None]
+            offs = torch.tensor(ends, dtype=torch.int32)
+            got = fp8.fp8_grouped_mm(x.to(device), w.view(torch.uint8).to(device), s.to(device), offs.to(device),
+                                     block_size=block)
+            return got, torch._grouped_mm(x.float(), (w.float() * full).transpose(-2, -1), offs=offs).to(dtype), 1.0
+
         t = SHORT[dtype]
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
         yield Case(f"fp8_linear gemv split K {t} 1x2048x8", fp8_linear_split)
+        # Decode pipelines by the rows an expert has on average (at least two), per channel and in blocks.
+        for ends, rows in (((1, 2, 3), 2), ((4, 4, 12), 4), ((8, 8, 24), 8)):
+            yield Case(f"fp8_grouped_mm decode_m{rows} {t} {ends[-1]}x72x24x3",
+                       lambda d, f=grouped, ends=ends: f(d, ends=ends))
+        yield Case(f"fp8_grouped_mm decode_m2 {t} blocks 16x32", lambda d, f=grouped: f(d, block=(16, 32)))
         yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
         for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
             kind = "tiled" if m > 8 else "gemv"

@@ -21,7 +21,8 @@ import torch
 from . import _C  # noqa: F401  registers the mps_ext:: operators
 from . import _autograd
 
-__all__ = ["convert", "dequantize", "fp8_linear", "from_pretrained", "quantize", "scaled_mm", "storage_dtype"]
+__all__ = ["convert", "dequantize", "fp8_grouped_mm", "fp8_linear", "from_pretrained", "quantize", "scaled_mm",
+           "storage_dtype"]
 
 E4M3_MAX = 448.0
 
@@ -142,6 +143,25 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
                                         list(block_size) if block_size is not None else None)
 
 
+def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, offs: torch.Tensor,
+                   block_size: tuple[int, int] | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Mixture-of-Experts products with e4m3fn expert weights:
+    ``torch._grouped_mm(x, (weight * weight_scale).transpose(-2, -1), offs=offs)``, the weights kept in FP8.
+
+    ``x`` (rows, K): float32, float16 or bfloat16, its rows sorted by expert; ``weight`` (E, N, K) e4m3fn
+    (uint8 bits where the device holds no float8), the layout of transformers' stacked experts;
+    ``offs`` (E,) int32, each expert's cumulative row end. ``weight_scale`` (float): per expert ``(E,)`` or
+    ``(E, 1, 1)``, per output channel ``(E, N)`` or ``(E, N, 1)``, or with ``block_size=(bn, bk)`` one per
+    block of each expert, ``(E, ceil(N / bn), ceil(K / bk))``. Returns (rows, N) in ``x``'s dtype (``out_dtype``, if given, must be
+    that dtype); rows past ``offs[-1]`` are left unwritten, as torch leaves them. Few rows per expert on
+    average (decode) run a kernel that reads each routed expert's FP8 bytes once; more rows dequantize the
+    experts for the call and run :func:`mps_ext.grouped_mm`'s tiled kernel. Differentiable in ``x`` (the
+    weights are frozen).
+    """
+    return torch.ops.mps_ext.fp8_grouped_mm(x, weight, weight_scale, offs,
+                                            list(block_size) if block_size is not None else None, out_dtype)
+
+
 # Hugging Face's FP8 recipes keep these in the model's dtype: the output projection (often tied to the
 # embeddings) is where FP8 rounding shows most in the tokens.
 DEFAULT_EXCLUDE = ("lm_head", "*embed*")
@@ -157,6 +177,12 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
       ``weight_scale_inv`` and a ``block_size`` (None: one scale for the tensor).
     - Every other ``nn.Linear`` becomes an :class:`mps_ext.nn.FP8Linear` quantized
       with ``granularity`` ("channel", "tensor" or "block" with ``block_size``).
+    - Mixture-of-Experts experts stored stacked as transformers 5 stores them
+      (``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) parameters, gated,
+      without biases: Qwen3-MoE, Mixtral) become an :class:`mps_ext.nn.FP8Experts`
+      quantized the same way per expert ("tensor": one scale per expert), whose
+      products run :func:`fp8_grouped_mm`. Other stacked experts (transposed or
+      with biases, as gpt-oss's) stay as they are, with a warning.
     - ``exclude``: module names or ``fnmatch`` patterns, matched against the
       full name (``model.layers.0.mlp``) and the last part (``lm_head``); an
       excluded module and everything inside it stay as they are. By default
@@ -169,7 +195,7 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
     tensors (e5m2 weights, FP8 MoE experts, FP8 embeddings): they would be read
     as floats. Exclude them to keep them as they are.
     """
-    from .nn import FP8Linear
+    from .nn import FP8Experts, FP8Linear
 
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
     owners: dict[int, list[str]] = {}
@@ -183,7 +209,7 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
     def visit(module: torch.nn.Module, prefix: str) -> None:
         for child_name, child in module.named_children():
             name = f"{prefix}{child_name}"
-            if isinstance(child, FP8Linear) or _excluded(name, patterns):
+            if isinstance(child, (FP8Experts, FP8Linear)) or _excluded(name, patterns):
                 continue
             if _holds_fp8_weights(child):
                 scale = _scale_of(name, child)
@@ -192,6 +218,14 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
             elif _holds_fp8(child):
                 raise NotImplementedError(f"convert: {name} ({type(child).__name__}) holds float8 tensors that "
                                           "mps_ext cannot adopt; pass exclude=[...] with its name to keep it as it is")
+            elif _stacked_experts(child):
+                why = _kept_experts(child)
+                if why:
+                    warnings.warn(f"convert: {name} ({type(child).__name__}) stays {child.down_proj.dtype}: {why}",
+                                  stacklevel=2)
+                else:
+                    plan.append((module, child_name,
+                                 lambda c=child: FP8Experts.from_experts(c, granularity, block_size)))
             elif isinstance(child, torch.nn.Linear):
                 why = _kept_linear(child, [o for o in owners.get(id(child.weight), []) if o != name])
                 if why:
@@ -294,6 +328,25 @@ def _kept_linear(linear: torch.nn.Linear, others: list[str]) -> str | None:
     return None
 
 
+def _stacked_experts(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds MoE experts as transformers 5 stacks them: 3-D gate_up_proj and down_proj."""
+    return all(isinstance(getattr(module, p, None), torch.nn.Parameter) and getattr(module, p).dim() == 3
+               for p in ("gate_up_proj", "down_proj"))
+
+
+def _kept_experts(experts: torch.nn.Module) -> str | None:
+    """Why :class:`mps_ext.nn.FP8Experts` cannot stand for ``experts`` (set by transformers'
+    ``use_experts_implementation``), or None."""
+    if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False):
+        return "transposed (E, K, N) or biased experts have no FP8 kernel yet"
+    if not getattr(experts, "has_gate", True) or getattr(experts, "has_post_expert_norm", False):
+        return "only gated experts without a post-expert norm convert"
+    gate = getattr(type(experts), "_apply_gate", None)
+    if getattr(gate, "__qualname__", None) != "_default_apply_gate" or not hasattr(experts, "act_fn"):
+        return "its gate is its own (not act_fn(gate) * up)"
+    return None
+
+
 def _holds_fp8(module: torch.nn.Module) -> bool:
     tensors = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
     return any(t.dtype.itemsize == 1 and t.is_floating_point() for t in tensors)
@@ -326,6 +379,40 @@ def _dequantized_weight(weight, weight_scale, block_size, dtype):
         return dequantize(weight, weight_scale, dtype, block=block_size)
     return dequantize(weight, weight_scale.reshape(()) if weight_scale.numel() == 1 else weight_scale.reshape(-1, 1),
                       dtype)
+
+
+def _dequantized_experts(weight, weight_scale, block_size, dtype):
+    """The (E, N, K) expert weights ``weight * weight_scale`` in ``dtype``."""
+    if block_size is None:
+        e, n, k = weight.shape
+        scale = weight_scale.reshape(e, -1, 1).expand(e, n, 1)  # per expert or per channel
+        return dequantize(weight.reshape(e * n, k), scale.reshape(e * n, 1), dtype).view(e, n, k)
+    return torch.stack([dequantize(w, s, dtype, block=block_size) for w, s in zip(weight, weight_scale)])
+
+
+def _grouped_setup(ctx, inputs, kwargs, output):
+    x, weight, weight_scale, offs, block_size, _ = inputs
+    ctx.save_for_backward(weight, weight_scale, offs)
+    ctx.block_size = block_size
+
+
+def _grouped_backward(ctx, grad):
+    from ._ops import _zero_past
+
+    weight, weight_scale, offs = ctx.saved_tensors
+    grad_x = None
+    if ctx.needs_input_grad[0]:
+        w = _dequantized_experts(weight, weight_scale, ctx.block_size, grad.dtype)
+        grad_x = _zero_past(torch.ops.mps_ext.grouped_mm(_zero_past(grad, offs, 0), w, offs), offs, 0)
+    return grad_x, None, None, None, None, None
+
+
+def _grouped_jvp(inputs, kwargs, out, tangents):
+    # Linear in x and in weight_scale (the FP8 weight has no tangent).
+    (x, weight, scale, offs, block, dtype), (t_x, _, t_scale, *_) = inputs, tangents
+    op = torch.ops.mps_ext.fp8_grouped_mm
+    return _autograd.tangent_sum([None if t_x is None else op(t_x, weight, scale, offs, block, dtype),
+                                  None if t_scale is None else op(x, weight, t_scale, offs, block, dtype)], out)
 
 
 def _linear_setup(ctx, inputs, kwargs, output):
@@ -372,6 +459,7 @@ def _no_setup(ctx, inputs, kwargs, output):
 
 
 _autograd.register("fp8_linear", _linear_setup, _linear_backward, _linear_jvp)
+_autograd.register("fp8_grouped_mm", _grouped_setup, _grouped_backward, _grouped_jvp)
 # Quantizing rounds: no derivative. Scaled products and dequantizing have a
 # forward derivative in their scales; reverse mode raises for them.
 _autograd.register("fp8_quantize", _no_setup)
@@ -404,3 +492,12 @@ def _(a, b, scale_a, scale_b, bias=None, out_dtype=None, scale_result=None):
 @torch.library.register_fake("mps_ext::fp8_linear")
 def _(input, weight, weight_scale, bias=None, block_size=None):
     return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+@torch.library.register_fake("mps_ext::fp8_grouped_mm")
+def _(x, weight, weight_scale, offs, block_size=None, out_dtype=None):
+    from ._ops import _grouped_mm_layout
+
+    torch._check(x.dim() == 2 and weight.dim() == 3, lambda: "fp8_grouped_mm: x must be 2-D and weight 3-D")
+    size, stride = _grouped_mm_layout(x, weight.transpose(-2, -1), offs)
+    return torch.empty_strided(size, stride, dtype=x.dtype, device=x.device)

@@ -6,7 +6,7 @@ import torch
 
 from . import fp8
 
-__all__ = ["FP8Linear"]
+__all__ = ["FP8Experts", "FP8Linear"]
 
 
 class FP8Linear(torch.nn.Module):
@@ -75,6 +75,70 @@ class FP8Linear(torch.nn.Module):
     def extra_repr(self) -> str:
         scales = f"block_size={self.block_size}" if self.block_size else f"scales={tuple(self.weight_scale_inv.shape)}"
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {scales}"
+
+
+class FP8Experts(torch.nn.Module):
+    """Mixture-of-Experts experts with FP8 (e4m3fn) weights, in place of transformers 5's stacked experts
+    (Qwen3-MoE's ``Qwen3MoeExperts``, Mixtral's ``MixtralExperts``): the same
+    ``forward(hidden_states, top_k_index, top_k_weights)``, each token's top-k rows sorted by expert and run
+    through :func:`mps_ext.fp8_grouped_mm` for the gate/up and the down projections, as transformers'
+    ``grouped_mm`` experts run ``torch._grouped_mm``.
+
+    Buffers: ``gate_up_proj`` (E, 2 * intermediate, hidden) and ``down_proj`` (E, hidden, intermediate)
+    holding e4m3fn bits as ``uint8``, with float32 ``gate_up_proj_scale_inv`` and ``down_proj_scale_inv``:
+    per output channel (E, N, 1), per expert (E, 1, 1), or (E, ceil(N / bn), ceil(K / bk)) with
+    ``block_size=(bn, bk)``.
+    Build one with :meth:`from_experts`.
+    """
+
+    def __init__(self, gate_up_proj: torch.Tensor, gate_up_proj_scale_inv: torch.Tensor, down_proj: torch.Tensor,
+                 down_proj_scale_inv: torch.Tensor, act_fn, block_size: tuple[int, int] | None = None):
+        super().__init__()
+        self.num_experts, _, self.hidden_dim = gate_up_proj.shape
+        self.intermediate_dim = down_proj.shape[2]
+        self.block_size = tuple(block_size) if block_size is not None else None
+        self.act_fn = act_fn
+        self.register_buffer("gate_up_proj", _bits(gate_up_proj.detach()))
+        self.register_buffer("gate_up_proj_scale_inv", gate_up_proj_scale_inv.detach().float())
+        self.register_buffer("down_proj", _bits(down_proj.detach()))
+        self.register_buffer("down_proj_scale_inv", down_proj_scale_inv.detach().float())
+
+    @classmethod
+    def from_experts(cls, experts: torch.nn.Module, granularity: str = "channel",
+                     block_size: tuple[int, int] = (128, 128)) -> FP8Experts:
+        """Quantize ``experts``' ``gate_up_proj`` and ``down_proj`` with amax scaling, one scale per output
+        channel of each expert ("channel"), per expert ("tensor") or per ``block_size`` block ("block")."""
+        if granularity not in ("channel", "tensor", "block"):
+            raise ValueError(f"granularity must be 'channel', 'tensor' or 'block', got {granularity!r}")
+        parts = []
+        for w in (experts.gate_up_proj.detach(), experts.down_proj.detach()):
+            w = w if w.dtype in (torch.float32, torch.float16, torch.bfloat16) else w.float()
+            if granularity == "channel":
+                parts += fp8.quantize(w, dim=2)
+                continue
+            block = tuple(w.shape[1:]) if granularity == "tensor" else block_size  # "tensor": (E, 1, 1) scales
+            q, s = zip(*(fp8.quantize(m, block=block) for m in w))
+            parts += [torch.stack(q), torch.stack(s)]
+        return cls(*parts, experts.act_fn, block_size if granularity == "block" else None)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        top_k = top_k_index.shape[-1]
+        expert_ids, order = torch.sort(top_k_index.reshape(-1))
+        tokens = order // top_k
+        offs = torch.cumsum(torch.bincount(expert_ids, minlength=self.num_experts), 0, dtype=torch.int32)
+        x = hidden_states[tokens]
+        gate, up = fp8.fp8_grouped_mm(x, self.gate_up_proj, self.gate_up_proj_scale_inv, offs,
+                                      self.block_size).chunk(2, dim=-1)
+        out = fp8.fp8_grouped_mm(self.act_fn(gate) * up, self.down_proj, self.down_proj_scale_inv, offs,
+                                 self.block_size)
+        out = out * top_k_weights.reshape(-1)[order, None]
+        return torch.zeros_like(hidden_states).index_add_(0, tokens, out.to(hidden_states.dtype))
+
+    def extra_repr(self) -> str:
+        scales = f"block_size={self.block_size}" if self.block_size else f"scales={tuple(self.down_proj_scale_inv.shape)}"
+        return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
+                f"intermediate_dim={self.intermediate_dim}, {scales}")
 
 
 def _bits(w: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,15 @@ def _fp8_linear_reference(x, w, scale, bias):
     return F.linear(x, fp8.dequantize(w, scale), bias)
 
 
+def _fp8_grouped_mm_inputs(seed):
+    w, scale = fp8.quantize(randn(3, 16, 32, seed=seed + 1), dim=2)
+    return randn(6, 32, seed=seed), w, scale, torch.tensor([2, 3, 6], dtype=torch.int32)
+
+
+def _fp8_grouped_mm_reference(x, w, scale, offs):
+    return _grouped_rows(x, (w.float() * scale).transpose(-2, -1), offs)
+
+
 CASES = [
     Case("softmax", lambda s: (randn(3, 33, seed=s),), lambda x: mps_ext.softmax(x, -1),
          lambda x: torch.softmax(x, -1), (0,)),
@@ -124,6 +133,8 @@ CASES = [
                                   torch.tensor([2, 3, 6], dtype=torch.int32)),
          mps_ext.grouped_mm, lambda a, b, offs: torch._grouped_mm(a, b, offs=offs), (0, 1), scale=4,
          reference_jvp=_grouped_rows),
+    Case("fp8_grouped_mm", _fp8_grouped_mm_inputs, mps_ext.fp8_grouped_mm, _fp8_grouped_mm_reference, (0,), scale=4,
+         overridden=False),
 ]
 for _dtype, _suffix in ((torch.float32, ""), (torch.complex64, "_complex")):
     CASES += [

@@ -1,5 +1,6 @@
 """FP8 with transformers' own classes: `fp8.convert` adopts transformers' FP8Linear layers (bytes and scales
-kept), excludes and leaves alone what it must; `fp8.from_pretrained` loads a checkpoint written in Hugging
+kept), excludes and leaves alone what it must, and turns Qwen3-MoE's and Mixtral's stacked experts into
+FP8Experts running fp8_grouped_mm; `fp8.from_pretrained` loads a checkpoint written in Hugging
 Face's fine-grained FP8 format (tiny Llama and Qwen3 built from configs, 128 x 128 blocks, partial ones
 included) with its FP8 bytes, and decodes the tokens its dequantized reference decodes."""
 
@@ -17,8 +18,8 @@ from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  
 
 import mps_ext  # noqa: E402
 from mps_ext import fp8  # noqa: E402
-from mps_ext.nn import FP8Linear  # noqa: E402
-from tolerances import assert_close_dot  # noqa: E402
+from mps_ext.nn import FP8Experts, FP8Linear  # noqa: E402
+from tolerances import assert_close_dot, assert_close_normwise  # noqa: E402
 
 F8 = torch.float8_e4m3fn
 BLOCK = (128, 128)
@@ -120,6 +121,66 @@ def test_convert_leaves_multihead_attention_working():
         fp8.convert(mha)
     assert type(mha.out_proj) is torch.nn.modules.linear.NonDynamicallyQuantizableLinear
     assert torch.equal(mha(x, x, x)[0], want)
+
+
+# ---------------------------------------------------------------- MoE experts
+
+def tiny_moe(arch: str):
+    torch.manual_seed(7)
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2)
+    if arch == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, num_experts=8, moe_intermediate_size=48)
+    else:
+        config = transformers.MixtralConfig(**common, num_local_experts=8, intermediate_size=48)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def dequantized_twin(model, converted):
+    """``model`` (as it was before conversion) holding the converted model's FP8 weights as floats."""
+    with torch.no_grad():
+        for name, m in converted.named_modules():
+            mine = model.get_submodule(name)
+            if isinstance(m, FP8Linear):
+                mine.weight.copy_(m.weight.view(F8).float() * m.weight_scale_inv)
+            elif isinstance(m, FP8Experts):
+                mine.gate_up_proj.copy_(m.gate_up_proj.view(F8).float() * m.gate_up_proj_scale_inv)
+                mine.down_proj.copy_(m.down_proj.view(F8).float() * m.down_proj_scale_inv)
+    return model
+
+
+def fp8_share(layers: torch.nn.Module) -> float:
+    """The share of the elements of ``layers``' parameters and buffers held in FP8 (scales count as not)."""
+    tensors = [*layers.parameters(), *layers.buffers()]
+    return sum(t.numel() for t in tensors if t.dtype in (torch.uint8, F8)) / sum(t.numel() for t in tensors)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
+    import copy
+
+    model = tiny_moe(arch)
+    converted = fp8.convert(copy.deepcopy(model))
+    experts = [m for m in converted.modules() if isinstance(m, FP8Experts)]
+    assert len(experts) == 2 and fp8_share(converted.model.layers) >= 0.95
+    reference = dequantized_twin(model, converted)
+    prompt, token = torch.tensor([[3, 141, 59, 26, 5]]), torch.tensor([[7]])
+    with torch.no_grad():
+        want = reference(token, cache=reference(prompt, use_cache=True).past_key_values).logits
+        cache = converted(prompt, use_cache=True).past_key_values
+        with mps_ext.trace() as t:
+            got = converted(token, cache=cache).logits
+    assert t.names.count("fp8_grouped_mm_decode_m2_float") == 2 * 2  # gate/up and down of each layer
+    assert_close_normwise(got, want)
+
+
+def test_convert_excludes_experts_and_converts_in_blocks():
+    model = fp8.convert(tiny_moe("qwen3_moe"), granularity="block", block_size=(32, 32),
+                        exclude=["model.layers.1.mlp.experts"])
+    assert isinstance(model.model.layers[0].mlp.experts, FP8Experts)
+    assert type(model.model.layers[1].mlp.experts).__name__ == "Qwen3MoeExperts"
+    assert model.model.layers[0].mlp.experts.gate_up_proj_scale_inv.shape == (8, 3, 2)  # 96 x 64 in 32 x 32
+    assert model.model.layers[0].mlp.experts.down_proj_scale_inv.shape == (8, 2, 2)
 
 
 # ------------------------------------------------------------ from_pretrained

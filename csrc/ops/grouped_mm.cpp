@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
+#include "ops/fp8.h"
 #include "ops/naming.h"
 
 namespace mps_ext::ops {
@@ -103,11 +104,10 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   q.b_col = uint32_t(b.stride(-1));
   q.out_group = out.stride.size() == 3 ? uint32_t(out.stride[0]) : 0;
   q.out_row = uint32_t(out.stride[out.stride.size() - 2]);
-  const int64_t es = int64_t(a.element_size());
-  const auto multiple16 = [es](int64_t stride) { return stride * es % 16 == 0; };
-  q.a_vectorized = aligned16(a) && multiple16(q.a_row) && multiple16(q.a_group);
+  const auto multiple16 = [](const at::Tensor& t, int64_t stride) { return stride * t.element_size() % 16 == 0; };
+  q.a_vectorized = aligned16(a) && multiple16(a, q.a_row) && multiple16(a, q.a_group);
   // b's contiguous rows: of W_g (n x k) when b is the transposed weights, of the stored (k x n) matrix otherwise.
-  q.b_vectorized = aligned16(b) && multiple16(q.b_k == 1 ? q.b_col : q.b_k) && multiple16(q.b_group);
+  q.b_vectorized = aligned16(b) && multiple16(b, q.b_k == 1 ? q.b_col : q.b_k) && multiple16(b, q.b_group);
   return pr;
 }
 
@@ -139,8 +139,10 @@ int64_t decode_rows(int64_t m, int64_t g) {
 // Decode: a pipeline for decode_rows (not split: all m rows of each group),
 // one threadgroup per row of a (only those starting a run of routed rows
 // work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
-// groups with work would not fill the GPU (Backend::fill_simdgroups).
-Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
+// groups with work would not fill the GPU (Backend::fill_simdgroups). `op`
+// names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights:
+// a lane's 16 bytes per step are then 16 weights).
+Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t weight_size, int64_t fill) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
@@ -148,14 +150,14 @@ Plan decode_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
   const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
   const int64_t per_simdgroup = rows_per_simdgroup(rows);
   const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
-  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype)));
+  const int64_t per_step = 32 * (16 / weight_size);
   const int64_t steps = (q.k + per_step - 1) / per_step;
   int64_t slices = 1;
   while (slices < kDecodeSimdGroups && runs * blocks * slices < fill &&
          steps / (2 * slices) >= kDecodeMinStepsPerSlice)
     slices *= 2;
   const int64_t columns = per_simdgroup * kDecodeSimdGroups / slices;
-  return {host_name("grouped_mm", ("decode_m" + std::to_string(rows)).c_str(), {dtype}),
+  return {host_name(op, ("decode_m" + std::to_string(rows)).c_str(), {dtype}),
           {uint32_t((n + columns - 1) / columns), uint32_t(by_rows ? m : runs)},
           {kThreads},
           uint32_t(slices)};
@@ -182,18 +184,25 @@ Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
   return p;
 }
 
-// Decode when a's rows are contiguous and the groups have few rows on
-// average (the host cannot see how many each has): along K when the groups'
-// weights are row-major (b the transposed expert weights), along N when b is
-// stored (G, K, N); tiles otherwise, as tall as the average group.
+// Whether a decode kernel serves the problem: a's rows contiguous and few
+// rows per group on average (the host cannot see how many each has).
+bool decodes(const Problem& pr) {
+  const GroupedMmParams& q = pr.params;
+  const int64_t average = q.split == kGroupedSplitRows ? q.m / std::max<int64_t>(pr.groups, 1) : q.m;
+  return (q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && (q.a_k == 1 || q.k == 1) &&
+         average <= kDecodeMaxAverageRows;
+}
+
+// Decode along K when the groups' weights are row-major (b the transposed
+// expert weights), along N when b is stored (G, K, N); tiles otherwise, as
+// tall as the average group.
 Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
-  const bool contiguous_x = q.a_k == 1 || q.k == 1;
-  if ((q.split == kGroupedSplitRows || q.split == kGroupedSplitNone) && contiguous_x &&
-      average <= kDecodeMaxAverageRows) {
-    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, dtype, backend.fill_simdgroups());
+  if (decodes(pr)) {
+    const int64_t size = int64_t(c10::elementSize(dtype));
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend.fill_simdgroups());
     if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
   }
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
@@ -245,8 +254,21 @@ std::optional<std::string> grouped_mm_invalid(const at::Tensor& a, const at::Ten
   return std::nullopt;
 }
 
-std::optional<std::string> grouped_mm_unsupported(const at::Tensor& a, const at::Tensor& b,
-                                                  const std::optional<at::Tensor>& offs) {
+namespace {
+
+// e4m3fn expert weights' scales: (G, ceil(n / block_n), ceil(k / block_k)) floats, contiguous.
+struct Fp8Scales {
+  at::Tensor scales;
+  int64_t block_n, block_k;
+};
+
+// The kernel for a problem: fp8_grouped_mm's decode kernel (its only one), or grouped_mm's choice.
+Plan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
+  return fp8 ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend.fill_simdgroups()) : plan(pr, dtype, backend);
+}
+
+std::optional<std::string> unsupported(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                                       const Fp8Scales* fp8) {
   std::string why;
   Backend* backend = backend_for(a.device(), &why);
   if (!backend) return why;
@@ -262,21 +284,60 @@ std::optional<std::string> grouped_mm_unsupported(const at::Tensor& a, const at:
   if (out.size[0] * out.stride[0] > kMax) return "size >= 2^31";
   const Problem pr = problem_of(a, b, offs, out);
   if (pr.groups == 0) return std::nullopt;  // nothing to run
-  const Plan p = plan(pr, a.scalar_type(), *backend);
-  return backend->unavailable(p.kernel, kThreads);
+  return backend->unavailable(plan_for(pr, a.scalar_type(), *backend, fp8).kernel, kThreads);
 }
 
-at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs) {
+at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
+                       const Fp8Scales* fp8) {
   const Layout layout = output_layout(a, b, offs);
   at::Tensor out = at::empty_strided(layout.size, layout.stride, a.options());
   Problem pr = problem_of(a, b, offs, layout);
   if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
-  const Plan p = plan(pr, a.scalar_type(), *backend_for(a.device()));
+  const Plan p = plan_for(pr, a.scalar_type(), *backend_for(a.device()), fp8);
   pr.params.decode_slices = p.decode_slices;
   pr.params.decode_chunks = p.decode_chunks;
-  dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(a).tensor(b).tensor(offs ? *offs : a).tensor(out).bytes(
-      pr.params));
+  if (fp8) {
+    pr.params.block_n = uint32_t(fp8->block_n);
+    pr.params.block_k = uint32_t(fp8->block_k);
+    pr.params.scale_cols = uint32_t(fp8->scales.size(2));
+    pr.params.scale_group = uint32_t(fp8->scales.stride(0));
+  }
+  dispatch(Launch{p.kernel, {}, p.grid, p.threads}
+               .tensor(a)
+               .tensor(b)
+               .tensor(offs ? *offs : a)
+               .tensor(out)
+               .bytes(pr.params)
+               .tensor(fp8 ? fp8->scales : b));  // read by the FP8 kernel only
   return out;
+}
+
+// An e4m3fn tensor's bytes, as the kernels bind them.
+at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }
+
+// The experts' weights in `dtype`, for the calls the decode kernel does not serve: one dequantize launch
+// when no block straddles two experts, else one per expert.
+at::Tensor dequantized(const at::Tensor& weight, const Fp8Scales& fp8, at::ScalarType dtype) {
+  const int64_t e = weight.size(0), n = weight.size(1), k = weight.size(2);
+  if (n % fp8.block_n == 0)
+    return fp8_dequantize(weight.reshape({e * n, k}), fp8.scales.reshape({-1, fp8.scales.size(2)}), fp8.block_n,
+                          fp8.block_k, dtype)
+        .view({e, n, k});
+  std::vector<at::Tensor> experts;
+  for (int64_t g = 0; g < e; ++g)
+    experts.push_back(fp8_dequantize(weight[g], fp8.scales[g], fp8.block_n, fp8.block_k, dtype));
+  return at::stack(experts);
+}
+
+}  // namespace
+
+std::optional<std::string> grouped_mm_unsupported(const at::Tensor& a, const at::Tensor& b,
+                                                  const std::optional<at::Tensor>& offs) {
+  return unsupported(a, b, offs, nullptr);
+}
+
+at::Tensor grouped_mm_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs) {
+  return run_kernels(a, b, offs, nullptr);
 }
 
 at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
@@ -288,12 +349,85 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
       [&] { return at::_grouped_mm(a, b, offs, std::nullopt, out_dtype); });
 }
 
+// x (m, k) rows sorted by expert, weight (G, n, k) e4m3fn, offs (G,) the experts' row ends.
+at::Tensor fp8_grouped_mm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
+                          const at::Tensor& offs, at::OptionalIntArrayRef block_size,
+                          std::optional<at::ScalarType> out_dtype) {
+  const char* op = "fp8_grouped_mm";
+  TORCH_CHECK_TYPE(float_type(x.scalar_type()), op, ": x must be float32, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK_TYPE(weight.scalar_type() == at::kFloat8_e4m3fn || weight.scalar_type() == at::kByte, op,
+                   ": weight must be float8_e4m3fn (or uint8 holding e4m3fn bits), got ", weight.scalar_type());
+  TORCH_CHECK_TYPE(float_type(weight_scale.scalar_type()), op, ": weight_scale must be a float tensor, got ",
+                   weight_scale.scalar_type());
+  TORCH_CHECK_TYPE(offs.scalar_type() == at::kInt, op, ": offs must be int32, got ", offs.scalar_type());
+  TORCH_CHECK_TYPE(out_dtype.value_or(x.scalar_type()) == x.scalar_type(), op, ": out_dtype must be x's dtype (",
+                   x.scalar_type(), "), got ", *out_dtype);
+  TORCH_CHECK_VALUE(x.dim() == 2, op, ": x must be 2-D (rows, in_features), got ", x.sizes());
+  TORCH_CHECK_VALUE(weight.dim() == 3, op, ": weight must be 3-D (experts, out_features, in_features), got ",
+                    weight.sizes());
+  const int64_t e = weight.size(0), n = weight.size(1), k = weight.size(2);
+  TORCH_CHECK_VALUE(x.size(1) == k, op, ": x's last dimension (", x.size(1), ") must equal weight's in_features (",
+                    k, ")");
+  TORCH_CHECK_VALUE(offs.dim() == 1 && offs.size(0) == e, op, ": offs must have shape (", e,
+                    ",), one row end per expert, got ", offs.sizes());
+  int64_t block_n = 1, block_k = std::max<int64_t>(k, 1);
+  if (block_size) {
+    TORCH_CHECK_VALUE(block_size->size() == 2 && (*block_size)[0] > 0 && (*block_size)[1] > 0, op,
+                      ": block_size must be two positive ints (block_n, block_k), got ", *block_size);
+    block_n = (*block_size)[0];
+    block_k = (*block_size)[1];
+    const int64_t rows = (n + block_n - 1) / block_n, cols = (k + block_k - 1) / block_k;
+    TORCH_CHECK_VALUE(weight_scale.dim() == 3 && weight_scale.size(0) == e && weight_scale.size(1) == rows &&
+                          weight_scale.size(2) == cols,
+                      op, ": weight_scale must have shape (", e, ", ", rows, ", ", cols, ") for block_size ",
+                      *block_size, ", got ", weight_scale.sizes());
+  } else {
+    const bool per_expert = weight_scale.numel() == e && weight_scale.dim() >= 1 && weight_scale.size(0) == e &&
+                            (weight_scale.dim() == 1 || (weight_scale.dim() == 3 && weight_scale.size(1) == 1));
+    const bool per_channel = (weight_scale.dim() == 2 || (weight_scale.dim() == 3 && weight_scale.size(2) == 1)) &&
+                             weight_scale.size(0) == e && weight_scale.size(1) == n;
+    TORCH_CHECK_VALUE(per_expert || per_channel, op, ": weight_scale must have shape (", e, ",), (", e, ", 1, 1), (",
+                      e, ", ", n, ") or (", e, ", ", n, ", 1) without block_size, got ", weight_scale.sizes());
+    if (per_expert && !per_channel) block_n = std::max<int64_t>(n, 1);
+  }
+  for (const at::Tensor* t : {&weight, &weight_scale, &offs})
+    TORCH_CHECK(t->device() == x.device(), op, ": all tensors must be on ", x.device(), ", got one on ",
+                t->device());
+
+  if (x.size(0) == 0 || n == 0 || k == 0) return at::zeros({x.size(0), n}, x.options());
+  // The kernels read rows of x and of each expert's weight contiguously.
+  const at::Tensor a = x.stride(1) == 1 ? x : x.contiguous();
+  const at::Tensor w = bytes_of(weight.stride(2) == 1 && weight.stride(1) >= k ? weight : weight.contiguous());
+  const Fp8Scales fp8{weight_scale.to(at::kFloat).contiguous().view({e, (n + block_n - 1) / block_n, -1}),
+                      std::min(block_n, n), std::min(block_k, k)};
+  const at::Tensor b = w.transpose(1, 2);
+  // The decode kernel scales 16-byte chunks of a row: a block along k must hold whole chunks.
+  const bool chunked = fp8.block_k >= k || fp8.block_k % 16 == 0;
+  // Otherwise the experts are dequantized to x's dtype for the call and grouped_mm runs the products: its tiled
+  // kernel reads b as its own type, not through a weight policy, and with many rows per expert the products
+  // cost more than that extra pass over the weights.
+  if (!chunked || !decodes(problem_of(a, b, offs, output_layout(a, b, offs))))
+    return grouped_mm(a, dequantized(w, fp8, x.scalar_type()).transpose(1, 2), offs, std::nullopt);
+  return overrides::counted(
+      "mps_ext::fp8_grouped_mm", unsupported(a, b, offs, &fp8), [&] { return run_kernels(a, b, offs, &fp8); },
+      [&] { return at::_grouped_mm(a, dequantized(w, fp8, x.scalar_type()).transpose(1, 2), offs, std::nullopt,
+                                   std::nullopt); });
+}
+
 }  // namespace mps_ext::ops
 
 TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("grouped_mm(Tensor a, Tensor b, Tensor? offs=None, ScalarType? out_dtype=None) -> Tensor");
+  m.def("fp8_grouped_mm(Tensor x, Tensor weight, Tensor weight_scale, Tensor offs, int[]? block_size=None, "
+        "ScalarType? out_dtype=None) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(mps_ext, CPU, m) { m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm)); }
+TORCH_LIBRARY_IMPL(mps_ext, CPU, m) {
+  m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm));
+  m.impl("fp8_grouped_mm", TORCH_FN(mps_ext::ops::fp8_grouped_mm));
+}
 
-TORCH_LIBRARY_IMPL(mps_ext, MPS, m) { m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm)); }
+TORCH_LIBRARY_IMPL(mps_ext, MPS, m) {
+  m.impl("grouped_mm", TORCH_FN(mps_ext::ops::grouped_mm));
+  m.impl("fp8_grouped_mm", TORCH_FN(mps_ext::ops::fp8_grouped_mm));
+}

@@ -224,6 +224,7 @@ def fp8_linear(x, weight, weight_scale, block_size=None, bias=None):
 
 K_DECODE_SG, K_DECODE_MIN_STEPS, K_DECODE_MAX_AVG, K_TILE_COLUMNS = 4, 2, 8, 32
 SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_K = 0, 1, 2, 3
+NO_FP8 = (0, 0, 0, 0)  # block_n, block_k, scale_cols, scale_group: read by fp8_grouped_mm only (b bound for its scales)
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
@@ -263,7 +264,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
         y = m if by_rows else groups * ceil_div(m, rows)
         wide = ceil_div(n, 4 * (16 // es)) * y * K_DECODE_SG
         chunks = 2 if 2 * wide < fill_simdgroups(kernel, 32 * K_DECODE_SG) else 4
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, chunks)]
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, chunks, *NO_FP8), b]
         return [Launch(kernel, (ceil_div(n, chunks * (16 // es)), y), (32 * K_DECODE_SG,), bufs)], out
     if decode and rows_of_weights:
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
@@ -275,9 +276,9 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
         while slices < K_DECODE_SG and runs * blocks * slices < fill and steps // (2 * slices) >= K_DECODE_MIN_STEPS:
             slices *= 2
         columns = rows_per_simdgroup(rows) * K_DECODE_SG // slices
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices, 4)]
+        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices, 4, *NO_FP8), b]
         return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,), bufs)], out
-    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, 4)]
+    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, 4, *NO_FP8), b]
     tm = 16 if average <= 16 else 32 if average <= 32 else 64
     x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
     if split == SPLIT_ROWS:

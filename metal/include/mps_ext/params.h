@@ -117,7 +117,10 @@ struct GroupedMmParams {
   mps_ext_u32 b_vectorized;  // decode: b's contiguous rows (b_col or b_k apart) and groups start 16-byte aligned
   mps_ext_u32 decode_slices;  // decode: SIMD groups that split K for the same weight rows (1, 2, 4)
   mps_ext_u32 decode_chunks;  // decode along N: 16-byte column chunks per threadgroup (2, 4)
+  // fp8_grouped_mm (e4m3fn expert weights W_g, n x k): one scale per block_n x block_k block of W_g,
+  // scale_cols per row of blocks, scale_group floats apart from one expert to the next.
+  mps_ext_u32 block_n, block_k, scale_cols, scale_group;
 };
-static_assert(sizeof(GroupedMmParams) == 68, "GroupedMmParams layout");
+static_assert(sizeof(GroupedMmParams) == 84, "GroupedMmParams layout");
 
 }  // namespace mps_ext

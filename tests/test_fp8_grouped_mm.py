@@ -1,0 +1,161 @@
+"""fp8_grouped_mm (Mixture-of-Experts products with e4m3fn expert weights) against torch on the CPU with the
+weights dequantized (each expert's rows times its float weight, as torch._grouped_mm computes): decode
+pipelines and the dequantizing path, per-expert, per-channel and block scales, odd sizes, empty experts,
+errors naming the argument, gradients, checked mode and opcheck."""
+
+import pytest
+import torch
+
+import mps_ext
+import mps_ext.sim
+from mps_ext import fp8
+from tolerances import assert_close_dot
+
+F8 = torch.float8_e4m3fn
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+MT = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def experts(e: int, n: int, k: int, scales: str, seed: int):
+    """Quantized random expert weights (E, N, K): (q, scale, block_size, float32 dequantized reference)."""
+    w = torch.randn(e, n, k, generator=gen(seed)) * 0.05
+    if scales == "channel":
+        q, s = fp8.quantize(w, dim=2)
+        return q, s.squeeze(2), None, q.float() * s
+    if scales == "expert":
+        q, s = zip(*(fp8.quantize(m) for m in w))
+        s = torch.stack(s)
+        return torch.stack(q), s, None, torch.stack(q).float() * s.view(e, 1, 1)
+    block = {"block": (128, 128), "block16x48": (16, 48), "block8x40": (8, 40)}[scales]
+    q, s = zip(*(fp8.quantize(m, block=block) for m in w))
+    full = torch.stack(s).repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)[:, :n, :k]
+    return torch.stack(q), torch.stack(s), block, torch.stack(q).float() * full
+
+
+def reference(x, deq, offs, dtype):
+    """Each expert's rows times its dequantized weight (float32; torch._grouped_mm itself refuses rows that are
+    not a multiple of 16 bytes), with the terms' magnitudes; rows past offs[-1] dropped."""
+    ends = [0, *offs.tolist()]
+    pieces = [(x[lo:hi].float() @ w.t(), x[lo:hi].float().abs() @ w.abs().t()) for lo, hi, w in
+              zip(ends, ends[1:], deq)]
+    return torch.cat([p for p, _ in pieces]).to(dtype), torch.cat([m for _, m in pieces])
+
+
+# (ends per expert, N, K): decode for up to 8 rows per expert on average, else the dequantizing path.
+CASES = {
+    "decode_m2 one row each": ([1, 2, 3, 4], 40, 64),
+    "decode_m2 empty experts": ([0, 2, 2, 2, 3, 3, 3, 3], 24, 72),
+    "decode_m4 odd sizes": ([4, 4, 9, 12], 33, 97),
+    "decode_m8 k=1": ([8, 15, 16], 7, 1),
+    "prefill": ([20, 20, 45], 31, 130),
+}
+
+
+def kernels(case, scales, dtype, e, n, k, m):
+    """What a call of m rows runs: the FP8 decode kernel, or (many rows per expert, or blocks along K that are
+    not a multiple of 16) the experts dequantized, then grouped_mm's kernel for those rows."""
+    rows = max(2, 1 << (-(-m // min(e, m)) - 1).bit_length())
+    if case != "prefill" and not (scales == "block8x40" and k > 40):
+        return [f"fp8_grouped_mm_decode_m{rows}_{MT[dtype]}"]
+    bn = min(n, {"block": 128, "block16x48": 16, "block8x40": 8}.get(scales, 1))
+    product = f"decode_m{rows}" if m // e <= 8 else f"tiled_m{16 if m // e <= 16 else 32}"
+    return ["fp8_dequantize_" + MT[dtype]] * (1 if n % bn == 0 else e) + [f"grouped_mm_{product}_{MT[dtype]}"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scales", ["expert", "channel", "block", "block16x48", "block8x40"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_dequantized_grouped_mm(case, scales, dtype):
+    ends, n, k = CASES[case]
+    e = len(ends)
+    q, s, block, deq = experts(e, n, k, scales, seed=n + k)
+    x = torch.randn(ends[-1] + 2, k, generator=gen(k)).to(dtype)  # two rows past offs[-1], never read
+    offs = torch.tensor(ends, dtype=torch.int32)
+    with mps_ext.trace() as t:
+        got = mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)
+    assert t.names == kernels(case, scales, dtype, e, n, k, len(x))
+    assert got.shape == (ends[-1] + 2, n) and got.dtype == dtype
+    rows = ends[-1]
+    if t.names[-1].startswith("grouped_mm_"):  # the weights were rounded to x's dtype first
+        deq = deq.to(dtype).float()
+    want, mag = reference(x, deq, offs, dtype)
+    assert_close_dot(got[:rows], want, mag, k)
+
+
+def test_uint8_bits_strides_and_empty():
+    q, s, _, deq = experts(3, 48, 96, "channel", seed=1)
+    x = torch.randn(5, 97, generator=gen(2))[:, 1:]  # rows at an odd offset
+    offs = torch.tensor([2, 2, 5], dtype=torch.int32)
+    want, mag = reference(x, deq, offs, torch.float32)
+    assert_close_dot(mps_ext.fp8_grouped_mm(x, q.view(torch.uint8), s.unsqueeze(2), offs), want, mag, 96)
+    wide = torch.zeros(3, 48, 112, dtype=F8)
+    wide[..., :96] = q  # expert rows 112 bytes apart
+    assert_close_dot(mps_ext.fp8_grouped_mm(x, wide[..., :96], s, offs), want, mag, 96)
+    assert mps_ext.fp8_grouped_mm(x[:0], q, s, torch.zeros(3, dtype=torch.int32)).shape == (0, 48)
+    assert torch.equal(mps_ext.fp8_grouped_mm(x[:, :0], q[..., :0], s, offs), torch.zeros(5, 48))
+
+
+def test_argument_errors_name_the_argument():
+    q, s, _, _ = experts(3, 16, 32, "channel", seed=3)
+    x, offs = torch.randn(4, 32), torch.tensor([1, 2, 4], dtype=torch.int32)
+    call = mps_ext.fp8_grouped_mm
+    with pytest.raises(TypeError, match="x must be"):
+        call(x.double(), q, s, offs)
+    with pytest.raises(TypeError, match="weight must be"):
+        call(x, q.float(), s, offs)
+    with pytest.raises(TypeError, match="weight_scale must be"):
+        call(x, q, s.int(), offs)
+    with pytest.raises(TypeError, match="offs must be int32"):
+        call(x, q, s, offs.long())
+    with pytest.raises(TypeError, match="out_dtype must be"):
+        call(x, q, s, offs, out_dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        call(x[None], q, s, offs)
+    with pytest.raises(ValueError, match="weight must be 3-D"):
+        call(x, q[0], s, offs)
+    with pytest.raises(ValueError, match="x's last dimension"):
+        call(x[:, :31], q, s, offs)
+    with pytest.raises(ValueError, match=r"offs must have shape \(3,\)"):
+        call(x, q, s, offs[:2])
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(3,\), \(3, 1, 1\), \(3, 16\)"):
+        call(x, q, s[:, :15], offs)
+    with pytest.raises(ValueError, match=r"weight_scale must have shape \(3, 1, 1\) for block_size"):
+        call(x, q, s, offs, block_size=(128, 128))
+    with pytest.raises(ValueError, match="block_size must be"):
+        call(x, q, s, offs, block_size=(0, 128))
+
+
+def test_gradient_of_x_is_the_dequantized_models():
+    q, s, block, deq = experts(4, 24, 48, "block16x48", seed=4)
+    offs = torch.tensor([3, 3, 5, 7], dtype=torch.int32)
+    x = torch.randn(8, 48, generator=gen(5), requires_grad=True)
+    g = torch.randn(7, 24, generator=gen(6))
+    (mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)[:7] * g).sum().backward()
+    xr = x.detach().clone().requires_grad_()
+    (torch._grouped_mm(xr, deq.transpose(-2, -1), offs=offs)[:7] * g).sum().backward()
+    assert_close_dot(x.grad[:7], xr.grad[:7], torch._grouped_mm(g.abs(), deq.abs(), offs=offs), 24)
+    assert torch.equal(x.grad[7], torch.zeros(48))  # the row past offs[-1]
+
+
+def test_checked_mode_on_edge_shapes():
+    # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, and a long K (split over SIMD
+    # groups) with block scales along it.
+    with mps_ext.sim.checked():
+        for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48")):
+            q, s, block, deq = experts(len(ends), n, k, scales, seed=k)
+            x = torch.randn(ends[-1], k + 1, generator=gen(7))[:, 1:]
+            offs = torch.tensor(ends, dtype=torch.int32)
+            want, mag = reference(x, deq, offs, torch.float32)
+            assert_close_dot(mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block), want, mag, k)
+
+
+def test_opcheck():
+    q, s, block, _ = experts(3, 16, 48, "block16x48", seed=8)
+    x = torch.randn(5, 48, generator=gen(9), requires_grad=True)
+    offs = torch.tensor([1, 1, 5], dtype=torch.int32)
+    torch.library.opcheck(torch.ops.mps_ext.fp8_grouped_mm.default,
+                          (x, q.view(torch.uint8), s, offs, list(block), None))
