@@ -28,6 +28,7 @@
 #include <metal_stdlib>
 
 #include "mps_ext/fp8.h"
+#include "mps_ext/fp8_weights.h"
 #include "mps_ext/gemv.h"
 #include "mps_ext/mma.h"
 #include "mps_ext/params.h"
@@ -91,47 +92,7 @@ kernel void fp8_dequantize(device const fp8* q [[buffer(0)]], device const float
 
 // ------------------------------------------------------------------ matmul
 
-// Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
-// loads when `vectorized` (the row is then 16-byte aligned). e4m3fn bytes
-// come out divided by 256; the result says whether a NaN code was among them.
-// e5m2 bytes (scaled_mm) come out divided by 256 too, their infinities and
-// NaN as they are.
-inline bool load16(device const fp8* row, uint k, uint end, bool vectorized, thread float4* out, bool e5m2 = false) {
-  uint4 u = uint4(0);
-  if (vectorized && k + 16 <= end) {
-    u = *reinterpret_cast<device const uint4*>(row + k);
-  } else {
-    for (uint j = 0; j < 16; ++j)
-      if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
-  }
-  if (e5m2) {
-    for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
-    return false;
-  }
-  // Subnormal codes are rare in real weights (below 2^-6 of the scale): the
-  // lanes holding one take the float decode, the others the half one.
-  if ((mps_ext::fp8x4_subnormals(u.x) | mps_ext::fp8x4_subnormals(u.y) | mps_ext::fp8x4_subnormals(u.z) |
-       mps_ext::fp8x4_subnormals(u.w)) == 0) {
-    for (uint c = 0; c < 4; ++c) out[c] = float4(mps_ext::fp8x4_to_half4_div256(u[c]));
-  } else {
-    for (uint c = 0; c < 4; ++c) out[c] = mps_ext::fp8x4_to_float4_div256(u[c]);
-  }
-  return mps_ext::fp8x4_has_nan(u.x) || mps_ext::fp8x4_has_nan(u.y) || mps_ext::fp8x4_has_nan(u.z) ||
-         mps_ext::fp8x4_has_nan(u.w);
-}
-
-template <typename T>
-inline bool load16(device const T* row, uint k, uint end, bool vectorized, thread float4* out) {
-  if (vectorized && k + 16 <= end) {
-    device const vec<T, 4>* v = reinterpret_cast<device const vec<T, 4>*>(row + k);
-    for (uint c = 0; c < 4; ++c) out[c] = float4(v[c]);
-    return false;
-  }
-  for (uint j = 0; j < 16; ++j) out[j / 4][j % 4] = k + j < end ? float(row[k + j]) : 0.0f;
-  return false;
-}
-
-// What load16 divides an operand of this type by.
+// What the rows of an operand of this type come out divided by (mps_ext::fp8_load16: 256).
 inline float load16_factor(fp8) { return 256.0f; }
 template <typename T>
 inline float load16_factor(T) { return 1.0f; }
@@ -145,31 +106,6 @@ inline float epilogue(constant Fp8MatmulParams& p, float dot, uint m, uint n, de
   return v;
 }
 
-// e4m3fn weights for gemv.h's loop: 16 bytes of a row per lane and step as
-// x / 256 (scale() gives the 256 back, with the row's scale when there is
-// one block along k), NaN codes as NaN; block scales that change along k
-// multiply each chunk (block_k % 16 == 0: a chunk is inside one block).
-struct Fp8Weights {
-  enum : uint { kPerLane = 16 };
-  device const fp8* w;
-  ulong row_stride;
-  bool vectorized;
-  device const float* scales;
-  uint block_n, block_k, scale_cols;
-  bool per_chunk;
-  bool e5m2;
-
-  void load(uint row, uint k, uint end, thread float4* out) const {
-    const bool nan = load16(w + row * row_stride, k, end, vectorized, out, e5m2);
-    if (per_chunk && k < end) {
-      const float s = scales[(row / block_n) * scale_cols + k / block_k];
-      for (uint c = 0; c < 4; ++c) out[c] *= s;
-    }
-    if (nan) out[0].x = NAN;  // poisons the dot product whatever a holds (NaN x 0 is NaN)
-  }
-  float scale(uint row) const { return per_chunk ? 256.0f : 256.0f * scales[(row / block_n) * scale_cols]; }
-};
-
 // e4m3fn rows of a (scaled_mm) for gemv.h's loop: like gemv.h's XRows
 // (rows past m read row m - 1), 16 bytes per step, as x / 256.
 struct Fp8XRows {
@@ -181,7 +117,7 @@ struct Fp8XRows {
 
   template <uint Count>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    if (load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
+    if (mps_ext::fp8_load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
       for (uint c = 0; c < 4; ++c) out[c] = float4(NAN);
   }
 };
@@ -227,7 +163,7 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
   // never do (the grid has one threadgroup per block of rows), so every
   // thread reaches gemv_sum_slices' barrier.
   if (first >= p.n) return;
-  const Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
+  const mps_ext::Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
                            p.block_k, p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
   const typename RowsOf<In>::type rows = RowsOf<In>::make(a, p);
   mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, sg % slices, slices, lane);

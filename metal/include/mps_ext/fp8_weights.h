@@ -1,6 +1,7 @@
-// e4m3fn weights for the decode GEMV loop of mps_ext/gemv.h: the weight
-// policy of kernels that stream FP8 matrices (one scale per block_n x
-// block_k block; per channel is block_n = 1, block_k = k).
+// e4m3fn (and e5m2) weights for the decode GEMV loop of mps_ext/gemv.h: the
+// weight policy of every kernel that streams FP8 matrices (fp8_linear,
+// scaled_mm, fp8_grouped_mm), one scale per block_n x block_k block (per
+// channel is block_n = 1, block_k = k).
 #pragma once
 
 #include <metal_stdlib>
@@ -9,31 +10,55 @@
 
 namespace mps_ext {
 
-// 16 bytes of a row per lane and step, decoded as x / 256 (scale() gives the
-// 256 back, with the row's scale when there is one block along k); NaN codes
-// read as NaN. Block scales that change along k multiply each chunk
-// (block_k % 16 == 0, so a chunk lies inside one block).
+// Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
+// loads when `vectorized` (the row is then 16-byte aligned). e4m3fn bytes
+// come out divided by 256; the result says whether a NaN code was among them.
+// e5m2 bytes (scaled_mm) come out divided by 256 too, their infinities and
+// NaN as they are.
+inline bool fp8_load16(device const uchar* row, uint k, uint end, bool vectorized, thread float4* out,
+                       bool e5m2 = false) {
+  uint4 u = uint4(0);
+  if (vectorized && k + 16 <= end) {
+    u = *reinterpret_cast<device const uint4*>(row + k);
+  } else {
+    for (uint j = 0; j < 16; ++j)
+      if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
+  }
+  if (e5m2) {
+    for (uint c = 0; c < 4; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
+    return false;
+  }
+  // Subnormal codes are rare in real weights (below 2^-6 of the scale): the
+  // lanes holding one take the float decode, the others the half one.
+  if ((fp8x4_subnormals(u.x) | fp8x4_subnormals(u.y) | fp8x4_subnormals(u.z) | fp8x4_subnormals(u.w)) == 0) {
+    for (uint c = 0; c < 4; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
+  } else {
+    for (uint c = 0; c < 4; ++c) out[c] = fp8x4_to_float4_div256(u[c]);
+  }
+  return fp8x4_has_nan(u.x) || fp8x4_has_nan(u.y) || fp8x4_has_nan(u.z) || fp8x4_has_nan(u.w);
+}
+
+// e4m3fn weights for gemv.h's loop: 16 bytes of a row per lane and step as
+// x / 256 (scale() gives the 256 back, with the row's scale when there is
+// one block along k), NaN codes as NaN; block scales that change along k
+// multiply each chunk (block_k % 16 == 0: a chunk is inside one block).
 struct Fp8Weights {
   enum : uint { kPerLane = 16 };
   device const uchar* w;
   ulong row_stride;
-  bool vectorized;  // w and every row start 16-byte aligned
+  bool vectorized;
   device const float* scales;
   uint block_n, block_k, scale_cols;
   bool per_chunk;
+  bool e5m2 = false;  // scaled_mm's e5m2 operands
 
   void load(uint row, uint k, uint end, thread float4* out) const {
-    device const uchar* p = w + row * row_stride;
-    uint4 u = uint4(0);
-    if (vectorized && k + 16 <= end) {
-      u = *reinterpret_cast<device const uint4*>(p + k);
-    } else {
-      for (uint j = 0; j < 16; ++j)
-        if (k + j < end) u[j / 4] |= uint(p[k + j]) << (8 * (j % 4));
+    const bool nan = fp8_load16(w + row * row_stride, k, end, vectorized, out, e5m2);
+    if (per_chunk && k < end) {
+      const float s = scales[(row / block_n) * scale_cols + k / block_k];
+      for (uint c = 0; c < 4; ++c) out[c] *= s;
     }
-    const bool nan = fp8x4_has_nan(u.x) || fp8x4_has_nan(u.y) || fp8x4_has_nan(u.z) || fp8x4_has_nan(u.w);
-    const float s = nan ? NAN : (per_chunk && k < end) ? scales[(row / block_n) * scale_cols + k / block_k] : 1.0f;
-    for (uint c = 0; c < 4; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c])) * s;
+    if (nan) out[0].x = NAN;  // poisons the dot product whatever a holds (NaN x 0 is NaN)
   }
   float scale(uint row) const { return per_chunk ? 256.0f : 256.0f * scales[(row / block_n) * scale_cols]; }
 };
