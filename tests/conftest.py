@@ -6,6 +6,10 @@ import pytest
 import mps_ext.sim
 from mps_ext.testing import mps_usable
 
+# tests/metal_emu runs in a process of its own (tests/test_metal_emu.py); collected here, its conftest
+# would become the `conftest` module that the tests import their helpers from.
+collect_ignore = ["metal_emu"]
+
 KERNELS = Path(__file__).parent / "kernels"
 
 

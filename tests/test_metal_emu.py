@@ -26,7 +26,8 @@ def test_the_metal_layer_on_the_emulated_gpu():
     if absent := build.missing():
         pytest.skip(f"the emulated Metal needs {', '.join(absent)} (./run and .ci/run install them with apt)")
     env = {**os.environ, "MPS_EXT_METAL_EMU": str(build.build())}
+    here = ROOT / "tests" / "metal_emu"  # its own conftest only (--confcutdir), not this suite's
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-                             str(ROOT / "tests" / "metal_emu")], cwd=ROOT, env=env, capture_output=True, text=True,
+                             "--confcutdir", str(here), str(here)], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout[-20000:] + result.stderr[-5000:]
