@@ -1,4 +1,5 @@
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,11 @@ from mps_ext.testing import mps_usable
 # tests/metal_emu runs in a process of its own (tests/test_metal_emu.py); collected here, its conftest
 # would become the `conftest` module that the tests import their helpers from.
 collect_ignore = ["metal_emu"]
+
+# A suite started in the background by a non-interactive shell inherits SIGINT ignored, as would every process
+# it starts: the tests of Ctrl-C need it delivered.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 KERNELS = Path(__file__).parent / "kernels"
 
