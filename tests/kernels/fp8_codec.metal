@@ -3,6 +3,7 @@
 #include <metal_stdlib>
 
 #include "mps_ext/fp8.h"
+#include "mps_ext/fp8_decode.h"
 
 using namespace metal;
 

@@ -6,7 +6,7 @@
 
 #include <metal_stdlib>
 
-#include "mps_ext/fp8.h"
+#include "mps_ext/fp8_decode.h"
 
 namespace mps_ext {
 
