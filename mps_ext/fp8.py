@@ -215,6 +215,10 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
                 scale = _scale_of(name, child)
                 plan.append((module, child_name, lambda c=child, s=scale: FP8Linear.from_fp8(
                     c.weight, s, getattr(c, "bias", None), c.block_size)))
+            elif _fp8_experts(child):
+                _check_experts(name, child)
+                plan.append((module, child_name, lambda c=child: FP8Experts.from_fp8(
+                    c.gate_up_proj, c.gate_up_proj_scale_inv, c.down_proj, c.down_proj_scale_inv, c.block_size, c)))
             elif _holds_fp8(child):
                 raise NotImplementedError(f"convert: {name} ({type(child).__name__}) holds float8 tensors that "
                                           "mps_ext cannot adopt; pass exclude=[...] with its name to keep it as it is")
@@ -270,32 +274,58 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
     block = quant.get("weight_block_size")
     model = (model_class or transformers.AutoModelForCausalLM).from_config(config, dtype=dtype)
     tensors = _read_safetensors(path)
-    converted = []
+    converted = set()  # the state keys filled from FP8 tensors
     for name, module in list(model.named_modules()):
+        if _stacked_experts(module) and f"{name}.0.down_proj.weight_scale_inv" in tensors:
+            model.set_submodule(name, _checkpoint_experts(name, module, tensors, block))
+            converted |= {f"{name}.{p}{s}" for p in ("gate_up_proj", "down_proj") for s in ("", "_scale_inv")}
+            continue
         scale = tensors.pop(f"{name}.weight_scale_inv", None)
         if scale is None:
             continue
         weight = tensors.pop(f"{name}.weight")
         if not isinstance(module, torch.nn.Linear) or weight.dtype != torch.float8_e4m3fn:
             raise NotImplementedError(f"from_pretrained: {name} ({type(module).__name__}) has a {weight.dtype} "
-                                      "weight with scales; only e4m3fn linear layers load in FP8")
+                                      "weight with scales; only e4m3fn linear layers and MoE experts load in FP8")
         model.set_submodule(name, FP8Linear.from_fp8(weight, scale, tensors.pop(f"{name}.bias", None), block))
-        converted.append(f"{name}.")
+        converted |= {f"{name}.weight", f"{name}.weight_scale_inv", f"{name}.bias"}
     for key in [k for k in tensors if k.endswith(".activation_scale")]:
         del tensors[key]
     for key, t in tensors.items():
         if t.dtype.itemsize == 1 and t.is_floating_point():
             raise NotImplementedError(f"from_pretrained: {key} ({t.dtype}) is not the weight of one of the "
-                                      "model's linear layers with its weight_scale_inv; other FP8 tensors (MoE "
-                                      "experts) do not load in FP8")
+                                      "model's linear layers or MoE experts with its weight_scale_inv")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     state = model.state_dict(keep_vars=True)
     loaded = {id(state[k]) for k in tensors if k in state}
-    missing = [k for k in missing if id(state[k]) not in loaded and not k.startswith(tuple(converted))]
+    missing = [k for k in missing if id(state[k]) not in loaded and k not in converted]
     if missing or unexpected:
         raise ValueError(f"from_pretrained: the checkpoint at {path} does not fit {type(model).__name__}: "
                          f"missing {missing}, unexpected {unexpected}")
     return model.eval()
+
+
+def _checkpoint_experts(name: str, experts: torch.nn.Module, tensors: dict[str, torch.Tensor], block):
+    """The FP8 experts ``name`` of a checkpoint, stored as the hub stores them, one expert at a time
+    (``<name>.<e>.{gate,up,down}_proj.weight`` and ``weight_scale_inv``; the tensors are taken out of
+    ``tensors``), stacked as transformers' loader stacks them: gate and up concatenated, their scales too."""
+    from .nn import FP8Experts
+
+    def take(proj: str, what: str) -> list[torch.Tensor]:
+        keys = [f"{name}.{e}.{proj}.{what}" for e in range(experts.gate_up_proj.shape[0])]
+        if any(k not in tensors for k in keys):
+            raise ValueError(f"from_pretrained: the checkpoint holds FP8 experts {name} but not "
+                             f"{next(k for k in keys if k not in tensors)}")
+        return [tensors.pop(k).reshape(-1) if what == "weight_scale_inv" and block is None else tensors.pop(k)
+                for k in keys]
+
+    gate, up, down = (take(p, "weight") for p in ("gate_proj", "up_proj", "down_proj"))
+    gate_scale, up_scale, down_scale = (take(p, "weight_scale_inv") for p in ("gate_proj", "up_proj", "down_proj"))
+    if any(w.dtype != torch.float8_e4m3fn for w in gate + up + down):
+        raise NotImplementedError(f"from_pretrained: {name} has experts whose weights are not float8_e4m3fn")
+    return FP8Experts.from_fp8(torch.stack([torch.cat(p) for p in zip(gate, up)]),
+                               torch.stack([torch.cat(p) for p in zip(gate_scale, up_scale)]), torch.stack(down),
+                               torch.stack(down_scale), block, experts)
 
 
 def _read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -335,16 +365,28 @@ def _stacked_experts(module: torch.nn.Module) -> bool:
 
 
 def _kept_experts(experts: torch.nn.Module) -> str | None:
-    """Why :class:`mps_ext.nn.FP8Experts` cannot stand for ``experts`` (set by transformers'
+    """Why :class:`mps_ext.nn.FP8Experts` cannot stand for ``experts`` (the flags are set by transformers'
     ``use_experts_implementation``), or None."""
-    if getattr(experts, "is_transposed", False) or getattr(experts, "has_bias", False):
-        return "transposed (E, K, N) or biased experts have no FP8 kernel yet"
-    if not getattr(experts, "has_gate", True) or getattr(experts, "has_post_expert_norm", False):
-        return "only gated experts without a post-expert norm convert"
-    gate = getattr(type(experts), "_apply_gate", None)
-    if getattr(gate, "__qualname__", None) != "_default_apply_gate" or not hasattr(experts, "act_fn"):
-        return "its gate is its own (not act_fn(gate) * up)"
+    if not getattr(experts, "has_gate", True) or not hasattr(type(experts), "_apply_gate"):
+        return "only gated experts (gate_up_proj with an _apply_gate) convert"
+    if getattr(experts, "has_post_expert_norm", False):
+        return "experts with a post-expert norm have no FP8 form yet"
     return None
+
+
+def _fp8_experts(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds stacked e4m3fn experts with their scales, as transformers' FP8 ``FP8Experts``."""
+    return (_stacked_experts(module) and module.gate_up_proj.dtype == torch.float8_e4m3fn
+            and module.down_proj.dtype == torch.float8_e4m3fn and hasattr(module, "block_size")
+            and all(isinstance(getattr(module, f"{p}_scale_inv", None), torch.Tensor)
+                    for p in ("gate_up_proj", "down_proj")))
+
+
+def _check_experts(name: str, experts: torch.nn.Module) -> None:
+    why = _kept_experts(experts)
+    if why is not None:
+        raise NotImplementedError(f"convert: {name} ({type(experts).__name__}) holds FP8 experts that mps_ext "
+                                  f"cannot adopt ({why}); pass exclude=[...] with its name to keep it as it is")
 
 
 def _holds_fp8(module: torch.nn.Module) -> bool:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import types
+
 import torch
 
 from . import fp8
@@ -63,8 +66,9 @@ class FP8Linear(torch.nn.Module):
         n, k = weight.shape
         layer = cls(k, n, bias=bias is not None, block_size=block_size, device=weight.device)
         layer.weight = _bits(weight.detach())
-        layer.weight_scale_inv = weight_scale_inv.detach().float().reshape(
-            layer.weight_scale_inv.shape if weight_scale_inv.numel() != 1 else ())
+        per_tensor = block_size is None and weight_scale_inv.numel() == 1
+        layer.weight_scale_inv = weight_scale_inv.detach().float().reshape(() if per_tensor else
+                                                                           layer.weight_scale_inv.shape)
         if bias is not None:
             layer.bias = bias.detach().float()
         return layer
@@ -79,39 +83,49 @@ class FP8Linear(torch.nn.Module):
 
 class FP8Experts(torch.nn.Module):
     """Mixture-of-Experts experts with FP8 (e4m3fn) weights, in place of transformers 5's stacked experts
-    (Qwen3-MoE's ``Qwen3MoeExperts``, Mixtral's ``MixtralExperts``): the same
+    (Qwen3-MoE's ``Qwen3MoeExperts``, Mixtral's, DeepSeek-V3's, gpt-oss's ``GptOssExperts``): the same
     ``forward(hidden_states, top_k_index, top_k_weights)``, each token's top-k rows sorted by expert and run
     through :func:`mps_ext.fp8_grouped_mm` for the gate/up and the down projections, as transformers'
-    ``grouped_mm`` experts run ``torch._grouped_mm``.
+    ``grouped_mm`` experts run ``torch._grouped_mm``, biases added per row and the gate applied between.
 
     Buffers: ``gate_up_proj`` (E, 2 * intermediate, hidden) and ``down_proj`` (E, hidden, intermediate)
-    holding e4m3fn bits as ``uint8``, with float32 ``gate_up_proj_scale_inv`` and ``down_proj_scale_inv``:
-    per output channel (E, N, 1), per expert (E, 1, 1), or (E, ceil(N / bn), ceil(K / bk)) with
-    ``block_size=(bn, bk)``.
-    Build one with :meth:`from_experts`.
+    holding e4m3fn bits as ``uint8``, always (E, out, in), whatever layout the model stored; float32
+    ``gate_up_proj_scale_inv`` and ``down_proj_scale_inv``: per output channel (E, N, 1), per expert
+    (E, 1, 1), or (E, ceil(N / bn), ceil(K / bk)) with ``block_size=(bn, bk)``; ``gate_up_proj_bias``
+    (E, 2 * intermediate) and ``down_proj_bias`` (E, hidden) in the model's dtype, or None.
+    ``apply_gate`` maps the gate/up product (rows, 2 * intermediate) to (rows, intermediate).
+    Build one with :meth:`from_experts` (float experts) or :meth:`from_fp8` (FP8 experts).
     """
 
     def __init__(self, gate_up_proj: torch.Tensor, gate_up_proj_scale_inv: torch.Tensor, down_proj: torch.Tensor,
-                 down_proj_scale_inv: torch.Tensor, act_fn, block_size: tuple[int, int] | None = None):
+                 down_proj_scale_inv: torch.Tensor, apply_gate, block_size: tuple[int, int] | None = None,
+                 gate_up_proj_bias: torch.Tensor | None = None, down_proj_bias: torch.Tensor | None = None):
         super().__init__()
         self.num_experts, _, self.hidden_dim = gate_up_proj.shape
         self.intermediate_dim = down_proj.shape[2]
         self.block_size = tuple(block_size) if block_size is not None else None
-        self.act_fn = act_fn
+        self.apply_gate = apply_gate
         self.register_buffer("gate_up_proj", _bits(gate_up_proj.detach()))
         self.register_buffer("gate_up_proj_scale_inv", gate_up_proj_scale_inv.detach().float())
         self.register_buffer("down_proj", _bits(down_proj.detach()))
         self.register_buffer("down_proj_scale_inv", down_proj_scale_inv.detach().float())
+        self.register_buffer("gate_up_proj_bias", _detached(gate_up_proj_bias))
+        self.register_buffer("down_proj_bias", _detached(down_proj_bias))
 
     @classmethod
     def from_experts(cls, experts: torch.nn.Module, granularity: str = "channel",
                      block_size: tuple[int, int] = (128, 128)) -> FP8Experts:
         """Quantize ``experts``' ``gate_up_proj`` and ``down_proj`` with amax scaling, one scale per output
-        channel of each expert ("channel"), per expert ("tensor") or per ``block_size`` block ("block")."""
+        channel of each expert ("channel"), per expert ("tensor") or per ``block_size`` block ("block").
+
+        Experts stored (E, in, out) (transformers' ``is_transposed``: gpt-oss) are transposed first: every
+        FP8 expert is (E, out, in), so one decode kernel, streaming each output channel's row, serves all
+        models, and per-channel scales are per output channel in both layouts."""
         if granularity not in ("channel", "tensor", "block"):
             raise ValueError(f"granularity must be 'channel', 'tensor' or 'block', got {granularity!r}")
         parts = []
         for w in (experts.gate_up_proj.detach(), experts.down_proj.detach()):
+            w = w.transpose(1, 2).contiguous() if getattr(experts, "is_transposed", False) else w
             w = w if w.dtype in (torch.float32, torch.float16, torch.bfloat16) else w.float()
             if granularity == "channel":
                 parts += fp8.quantize(w, dim=2)
@@ -119,7 +133,44 @@ class FP8Experts(torch.nn.Module):
             block = tuple(w.shape[1:]) if granularity == "tensor" else block_size  # "tensor": (E, 1, 1) scales
             q, s = zip(*(fp8.quantize(m, block=block) for m in w))
             parts += [torch.stack(q), torch.stack(s)]
-        return cls(*parts, experts.act_fn, block_size if granularity == "block" else None)
+        return cls(*parts, _gate_of(experts), block_size if granularity == "block" else None,
+                   *_biases_of(experts))
+
+    @classmethod
+    def from_fp8(cls, gate_up_proj: torch.Tensor, gate_up_proj_scale_inv: torch.Tensor, down_proj: torch.Tensor,
+                 down_proj_scale_inv: torch.Tensor, block_size: tuple[int, int] | None,
+                 experts: torch.nn.Module) -> FP8Experts:
+        """Experts around existing e4m3fn weights (E, out, in) and their scales, as transformers' FP8
+        ``FP8Experts`` holds them and FP8 checkpoints store them; nothing is requantized. ``experts`` gives
+        the gate and the biases (transformers' FP8 experts, or the float experts the weights stand for).
+
+        ``gate_up_proj_scale_inv`` follows transformers' loader, which concatenates the gate's and the up
+        projection's scales: with ``block_size=(bn, bk)``, (E, 2 * ceil(I / bn), ceil(H / bk)), each half
+        its own block grid; without, (E, 2, 1), one scale per half (or per expert, or per channel). Halves
+        whose size I is not a multiple of bn get blocks of gcd(I, bn) rows (the scales repeated, the bytes
+        shared as they are); ``down_proj_scale_inv`` is a regular grid, (E, ceil(H / bn), ceil(I / bk)).
+        """
+        e, n2, k = gate_up_proj.shape
+        half = n2 // 2
+        if block_size is None:
+            per_half = gate_up_proj_scale_inv.reshape(e, -1, 1)
+            if per_half.shape[1] not in (1, 2, n2):
+                raise ValueError(f"FP8Experts.from_fp8: gate_up_proj_scale_inv of shape "
+                                 f"{tuple(gate_up_proj_scale_inv.shape)} has neither one scale per expert, per half "
+                                 f"nor per channel of a gate_up_proj of shape {(e, n2, k)}")
+            return cls(gate_up_proj, per_half.repeat_interleave(n2 // per_half.shape[1], 1), down_proj,
+                       down_proj_scale_inv.reshape(e, -1, 1), _gate_of(experts), None, *_biases_of(experts))
+        bn, bk = block_size
+        rows = -(-half // bn)
+        if gate_up_proj_scale_inv.shape != (e, 2 * rows, -(-k // bk)):
+            raise ValueError(f"FP8Experts.from_fp8: gate_up_proj_scale_inv has shape "
+                             f"{tuple(gate_up_proj_scale_inv.shape)}, expected {(e, 2 * rows, -(-k // bk))}: two "
+                             f"grids of {bn} x {bk} blocks over halves of {half} rows")
+        fine = math.gcd(half, bn)
+        halves = gate_up_proj_scale_inv.unflatten(1, (2, rows)).repeat_interleave(bn // fine, 2)[:, :, :half // fine]
+        down = down_proj_scale_inv.repeat_interleave(bn // fine, 1)[:, :-(-down_proj.shape[1] // fine)]
+        return cls(gate_up_proj, halves.flatten(1, 2), down_proj, down, _gate_of(experts), (fine, bk),
+                   *_biases_of(experts))
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
@@ -127,18 +178,37 @@ class FP8Experts(torch.nn.Module):
         expert_ids, order = torch.sort(top_k_index.reshape(-1))
         tokens = order // top_k
         offs = torch.cumsum(torch.bincount(expert_ids, minlength=self.num_experts), 0, dtype=torch.int32)
-        x = hidden_states[tokens]
-        gate, up = fp8.fp8_grouped_mm(x, self.gate_up_proj, self.gate_up_proj_scale_inv, offs,
-                                      self.block_size).chunk(2, dim=-1)
-        out = fp8.fp8_grouped_mm(self.act_fn(gate) * up, self.down_proj, self.down_proj_scale_inv, offs,
-                                 self.block_size)
+        x = self._project(hidden_states[tokens], self.gate_up_proj, self.gate_up_proj_scale_inv,
+                          self.gate_up_proj_bias, expert_ids, offs)
+        out = self._project(self.apply_gate(x), self.down_proj, self.down_proj_scale_inv, self.down_proj_bias,
+                            expert_ids, offs)
         out = out * top_k_weights.reshape(-1)[order, None]
         return torch.zeros_like(hidden_states).index_add_(0, tokens, out.to(hidden_states.dtype))
+
+    def _project(self, x, weight, scale, bias, expert_ids, offs):
+        out = fp8.fp8_grouped_mm(x, weight, scale, offs, self.block_size)
+        return out if bias is None else out + bias[expert_ids]
 
     def extra_repr(self) -> str:
         scales = f"block_size={self.block_size}" if self.block_size else f"scales={tuple(self.down_proj_scale_inv.shape)}"
         return (f"num_experts={self.num_experts}, hidden_dim={self.hidden_dim}, "
-                f"intermediate_dim={self.intermediate_dim}, {scales}")
+                f"intermediate_dim={self.intermediate_dim}, bias={self.down_proj_bias is not None}, {scales}")
+
+
+def _gate_of(experts: torch.nn.Module):
+    """``experts``' own ``_apply_gate`` (transformers' gated experts define it: ``act_fn(gate) * up``, gpt-oss's
+    clamped interleaved SwiGLU, ...), bound to a copy of the plain attributes and submodules it reads, so that
+    the gate is the model's and the float expert weights are not kept alive by it."""
+    state = {k: v for k, v in vars(experts).items() if not k.startswith("_")} | dict(experts.named_children())
+    return types.MethodType(type(experts)._apply_gate, types.SimpleNamespace(**state))
+
+
+def _biases_of(experts: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return getattr(experts, "gate_up_proj_bias", None), getattr(experts, "down_proj_bias", None)
+
+
+def _detached(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.detach()
 
 
 def _bits(w: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,7 @@
-"""FP8 with transformers' own classes: `fp8.convert` adopts transformers' FP8Linear layers (bytes and scales
-kept), excludes and leaves alone what it must, and turns Qwen3-MoE's and Mixtral's stacked experts into
-FP8Experts running fp8_grouped_mm; `fp8.from_pretrained` loads a checkpoint written in Hugging
+"""FP8 linear layers with transformers' own classes: `fp8.convert` adopts transformers' FP8Linear layers (bytes and
+scales kept), excludes and leaves alone what it must; `fp8.from_pretrained` loads a checkpoint written in Hugging
 Face's fine-grained FP8 format (tiny Llama and Qwen3 built from configs, 128 x 128 blocks, partial ones
 included) with its FP8 bytes, and decodes the tokens its dequantized reference decodes."""
-
-import json
 
 import pytest
 import torch
@@ -13,29 +10,14 @@ import torch.nn.functional as F
 pytest.importorskip("transformers", reason='needs transformers: pip install "mps_ext[demo]"')
 
 import transformers  # noqa: E402
+from hf_fp8 import BLOCK, F8, block_quantize, expand, write_fp8_checkpoint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  # noqa: E402
 
 import mps_ext  # noqa: E402
 from mps_ext import fp8  # noqa: E402
-from mps_ext.nn import FP8Experts, FP8Linear  # noqa: E402
-from tolerances import assert_close_dot, assert_close_normwise  # noqa: E402
-
-F8 = torch.float8_e4m3fn
-BLOCK = (128, 128)
-
-
-def block_quantize(w: torch.Tensor, block=BLOCK):
-    """Hugging Face's FP8 recipe in torch alone: per block, scale = amax / 448, q = e4m3fn(w / scale)."""
-    br, bc = block
-    amax = F.pad(w.float().abs(), (0, -w.shape[1] % bc, 0, -w.shape[0] % br))
-    amax = amax.unflatten(0, (-1, br)).unflatten(2, (-1, bc)).amax((1, 3))
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / 448)
-    return (w.float() / expand(scale, w.shape, block)).to(F8), scale
-
-
-def expand(scale: torch.Tensor, shape, block=BLOCK) -> torch.Tensor:
-    return scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[: shape[0], : shape[1]]
+from mps_ext.nn import FP8Linear  # noqa: E402
+from tolerances import assert_close_dot  # noqa: E402
 
 
 def hf_fp8_linear(n: int, k: int, block, bias: bool, seed: int):
@@ -123,97 +105,7 @@ def test_convert_leaves_multihead_attention_working():
     assert torch.equal(mha(x, x, x)[0], want)
 
 
-# ---------------------------------------------------------------- MoE experts
-
-def tiny_moe(arch: str):
-    torch.manual_seed(7)
-    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2)
-    if arch == "qwen3_moe":
-        config = transformers.Qwen3MoeConfig(**common, num_experts=8, moe_intermediate_size=48)
-    else:
-        config = transformers.MixtralConfig(**common, num_local_experts=8, intermediate_size=48)
-    return transformers.AutoModelForCausalLM.from_config(config).eval()
-
-
-def dequantized_twin(model, converted):
-    """``model`` (as it was before conversion) holding the converted model's FP8 weights as floats."""
-    with torch.no_grad():
-        for name, m in converted.named_modules():
-            mine = model.get_submodule(name)
-            if isinstance(m, FP8Linear):
-                mine.weight.copy_(m.weight.view(F8).float() * m.weight_scale_inv)
-            elif isinstance(m, FP8Experts):
-                mine.gate_up_proj.copy_(m.gate_up_proj.view(F8).float() * m.gate_up_proj_scale_inv)
-                mine.down_proj.copy_(m.down_proj.view(F8).float() * m.down_proj_scale_inv)
-    return model
-
-
-def fp8_share(layers: torch.nn.Module) -> float:
-    """The share of the elements of ``layers``' parameters and buffers held in FP8 (scales count as not)."""
-    tensors = [*layers.parameters(), *layers.buffers()]
-    return sum(t.numel() for t in tensors if t.dtype in (torch.uint8, F8)) / sum(t.numel() for t in tensors)
-
-
-@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
-def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
-    import copy
-
-    model = tiny_moe(arch)
-    converted = fp8.convert(copy.deepcopy(model))
-    experts = [m for m in converted.modules() if isinstance(m, FP8Experts)]
-    assert len(experts) == 2 and fp8_share(converted.model.layers) >= 0.95
-    reference = dequantized_twin(model, converted)
-    prompt, token = torch.tensor([[3, 141, 59, 26, 5]]), torch.tensor([[7]])
-    with torch.no_grad():
-        want = reference(token, cache=reference(prompt, use_cache=True).past_key_values).logits
-        cache = converted(prompt, use_cache=True).past_key_values
-        with mps_ext.trace() as t:
-            got = converted(token, cache=cache).logits
-    assert t.names.count("fp8_grouped_mm_decode_m2_float") == 2 * 2  # gate/up and down of each layer
-    assert_close_normwise(got, want)
-
-
-def test_convert_excludes_experts_and_converts_in_blocks():
-    model = fp8.convert(tiny_moe("qwen3_moe"), granularity="block", block_size=(32, 32),
-                        exclude=["model.layers.1.mlp.experts"])
-    assert isinstance(model.model.layers[0].mlp.experts, FP8Experts)
-    assert type(model.model.layers[1].mlp.experts).__name__ == "Qwen3MoeExperts"
-    assert model.model.layers[0].mlp.experts.gate_up_proj_scale_inv.shape == (8, 3, 2)  # 96 x 64 in 32 x 32
-    assert model.model.layers[0].mlp.experts.down_proj_scale_inv.shape == (8, 2, 2)
-
-
 # ------------------------------------------------------------ from_pretrained
-
-def write_fp8_checkpoint(model, path, not_converted, shards=1):
-    """``model`` saved in Hugging Face's fine-grained FP8 format (in ``shards`` files with an index when more
-    than one); returns the checkpoint's tensors and its dequantized twin's state."""
-    tensors, dequantized = {}, {}
-    for name, t in model.state_dict().items():
-        module = name.rpartition(".")[0]
-        if name.endswith(".weight") and t.dim() == 2 and module not in not_converted and "embed" not in name:
-            q, s = block_quantize(t)
-            tensors[name], tensors[f"{module}.weight_scale_inv"] = q, s
-            dequantized[name] = q.float() * expand(s, t.shape)
-        else:
-            tensors[name] = dequantized[name] = t.contiguous()
-    if model.config.tie_word_embeddings:
-        del tensors["lm_head.weight"]
-    if shards == 1:
-        save_file(tensors, str(path / "model.safetensors"))
-    else:
-        names = sorted(tensors)
-        files = {n: f"model-{i % shards + 1:05d}-of-{shards:05d}.safetensors" for i, n in enumerate(names)}
-        for file in set(files.values()):
-            save_file({n: tensors[n] for n in names if files[n] == file}, str(path / file))
-        (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": files}))
-    model.config.save_pretrained(path)
-    config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
-                                     "weight_block_size": list(BLOCK), "modules_to_not_convert": not_converted}
-    (path / "config.json").write_text(json.dumps(config))
-    return tensors, dequantized
-
 
 @pytest.mark.parametrize("arch, tie, shards", [("llama", False, 1), ("qwen3", True, 2)])
 def test_from_pretrained_keeps_the_checkpoints_bytes_and_decodes_its_tokens(tmp_path, arch, tie, shards):

@@ -1,0 +1,177 @@
+"""FP8 Mixture-of-Experts with transformers' own classes (tiny models built from configs, random weights):
+`fp8.convert` turns the stacked experts of Qwen3-MoE, Mixtral, DeepSeek-V3 and gpt-oss (stored (E, K, N), with
+biases and its own gate) into FP8Experts and adopts transformers' FP8 experts with their bytes;
+`fp8.from_pretrained` loads an FP8 MoE checkpoint written as the hub stores them (experts one by one, 128 x 128
+blocks, partial ones included) with its bytes. Each decodes the tokens of its dequantized twin, run by torch,
+on the FP8 grouped kernels."""
+
+import copy
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason='needs transformers: pip install "mps_ext[demo]"')
+
+import transformers  # noqa: E402
+from hf_fp8 import BLOCK, F8, quantized, quantized_experts, write_fp8_checkpoint  # noqa: E402
+from transformers.integrations.finegrained_fp8 import FP8Experts as HFFP8Experts  # noqa: E402
+from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  # noqa: E402
+from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear  # noqa: E402
+
+import mps_ext  # noqa: E402
+from mps_ext import fp8  # noqa: E402
+from mps_ext.nn import FP8Experts, FP8Linear  # noqa: E402
+from tolerances import assert_close_normwise  # noqa: E402
+
+PROMPT = torch.tensor([[3, 141, 59, 26, 5]])
+
+
+def tiny_moe(arch: str):
+    torch.manual_seed(7)
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2)
+    if arch == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, num_experts=8, moe_intermediate_size=48)
+    elif arch == "mixtral":
+        config = transformers.MixtralConfig(**common, num_local_experts=8, intermediate_size=48)
+    elif arch == "deepseek_v3":  # multi-head latent attention, a shared expert, every layer MoE
+        config = transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4, "head_dim": 8},
+                                               n_routed_experts=8, moe_intermediate_size=48, first_k_dense_replace=0,
+                                               q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+                                               qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1)
+    else:
+        config = transformers.GptOssConfig(**common, num_local_experts=8, intermediate_size=48,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # gpt-oss initializes its expert biases to zero: make them count
+        for name, t in model.named_parameters():
+            if name.endswith("_proj_bias"):
+                t.normal_(0, 0.5)
+    return model
+
+
+def dequantized_twin(model, converted):
+    """``model`` (as it was before conversion) holding the converted model's FP8 weights as floats."""
+    with torch.no_grad():
+        for name, m in converted.named_modules():
+            mine = model.get_submodule(name)
+            if isinstance(m, FP8Linear):
+                mine.weight.copy_(m.weight.view(F8).float() * m.weight_scale_inv)
+            elif isinstance(m, FP8Experts):
+                for p in ("gate_up_proj", "down_proj"):
+                    w = dequantized_experts(getattr(m, p), getattr(m, f"{p}_scale_inv"), m.block_size)
+                    getattr(mine, p).copy_(w.transpose(1, 2) if getattr(mine, "is_transposed", False) else w)
+    return model
+
+
+def dequantized_experts(q, scale, block):
+    if block is None:
+        return q.view(F8).float() * scale
+    full = scale.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+    return q.view(F8).float() * full[:, : q.shape[1], : q.shape[2]]
+
+
+def fp8_share(layers: torch.nn.Module) -> float:
+    """The share of the elements of ``layers``' parameters and buffers held in FP8 (scales count as not)."""
+    tensors = [*layers.parameters(), *layers.buffers()]
+    return sum(t.numel() for t in tensors if t.dtype in (torch.uint8, F8)) / sum(t.numel() for t in tensors)
+
+
+def assert_decodes_like(model, reference, steps=3):
+    """Greedy decoding of ``model`` gives ``reference``'s tokens and logits, its experts on the FP8 decode
+    kernel (the prompt's 10 expert rows over 8 experts are few enough too)."""
+    want = reference.generate(PROMPT, max_new_tokens=steps, do_sample=False, output_logits=True,
+                              return_dict_in_generate=True)
+    with mps_ext.trace() as t:
+        got = model.generate(PROMPT, max_new_tokens=steps, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True)
+    assert torch.equal(got.sequences, want.sequences)
+    for g, w in zip(got.logits, want.logits):
+        assert_close_normwise(g, w)
+    layers = sum(isinstance(m, FP8Experts) for m in model.modules())
+    assert layers and t.names.count("fp8_grouped_mm_decode_m2_float") == steps * layers * 2  # gate/up and down
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
+def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
+    model = tiny_moe(arch)
+    converted = fp8.convert(copy.deepcopy(model))
+    experts = [m for m in converted.modules() if isinstance(m, FP8Experts)]
+    assert len(experts) == 2 and fp8_share(converted.model.layers) >= 0.95
+    assert all(e.gate_up_proj.shape == (8, 96, 64) and e.down_proj.shape == (8, 64, 48) for e in experts)
+    assert all((e.down_proj_bias is not None) == (arch == "gpt_oss") for e in experts)
+    assert_decodes_like(converted, dequantized_twin(model, converted))
+
+
+def test_convert_excludes_experts_and_converts_in_blocks():
+    model = fp8.convert(tiny_moe("qwen3_moe"), granularity="block", block_size=(32, 32),
+                        exclude=["model.layers.1.mlp.experts"])
+    assert isinstance(model.model.layers[0].mlp.experts, FP8Experts)
+    assert type(model.model.layers[1].mlp.experts).__name__ == "Qwen3MoeExperts"
+    assert model.model.layers[0].mlp.experts.gate_up_proj_scale_inv.shape == (8, 3, 2)  # 96 x 64 in 32 x 32
+    assert model.model.layers[0].mlp.experts.down_proj_scale_inv.shape == (8, 2, 2)
+
+
+def hf_fp8_model(model, block):
+    """``model`` with transformers' own FP8 layers (FP8Linear, FP8Experts) put in by its FP8 loader's
+    ``replace_with_fp8_linear``, filled as that loader fills them from a checkpoint quantized per ``block``
+    (None: one scale per tensor, per half of gate/up); returns it and its dequantized twin."""
+    config = transformers.FineGrainedFP8Config(weight_block_size=block, modules_to_not_convert=["lm_head"])
+    hf = replace_with_fp8_linear(copy.deepcopy(model), ["lm_head"], config)
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, m in hf.named_modules():
+            mine = twin.get_submodule(name)
+            if isinstance(m, HFFP8Linear):
+                q, s, mine.weight.data = quantized(mine.weight, block)
+                m.weight, m.weight_scale_inv = fixed(q), fixed(s.reshape(m.weight_scale_inv.shape))
+            elif isinstance(m, HFFP8Experts):
+                parts = quantized_experts(mine.gate_up_proj, mine.down_proj, block)
+                for p, halves in (("gate_up_proj", ("gate_proj", "up_proj")), ("down_proj", ("down_proj",))):
+                    q, s, deq = (torch.stack([torch.cat([parts[h][e][i] for h in halves]) for e in range(8)])
+                                 for i in range(3))
+                    setattr(m, p, fixed(q))
+                    setattr(m, f"{p}_scale_inv", fixed(s.reshape(getattr(m, f"{p}_scale_inv").shape)))
+                    getattr(mine, p).copy_(deq)
+    return hf, twin
+
+
+def fixed(t: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(t, requires_grad=False)
+
+
+@pytest.mark.parametrize("block", [BLOCK, None])
+def test_convert_adopts_transformers_fp8_experts(block):
+    hf, reference = hf_fp8_model(tiny_moe("qwen3_moe"), block)
+    theirs = hf.model.layers[0].mlp.experts
+    weights = theirs.gate_up_proj, theirs.down_proj
+    fp8.convert(hf)
+    mine = hf.model.layers[0].mlp.experts
+    assert isinstance(mine, FP8Experts) and isinstance(hf.model.layers[0].self_attn.q_proj, FP8Linear)
+    # The same bytes, shared; gate and up (48 rows each) keep their own scales in blocks of gcd(48, 128) rows.
+    assert mine.gate_up_proj.data_ptr() == weights[0].data_ptr() and mine.down_proj.data_ptr() == weights[1].data_ptr()
+    assert mine.block_size == (None if block is None else (16, 128))
+    assert_decodes_like(hf, reference)
+
+
+def test_from_pretrained_loads_fp8_experts_with_the_checkpoints_bytes(tmp_path):
+    model = tiny_moe("qwen3_moe")
+    routers = [f"model.layers.{i}.mlp.gate" for i in range(2)]  # as Qwen3-MoE's FP8 checkpoints keep them
+    tensors, dequantized = write_fp8_checkpoint(model, tmp_path, ["lm_head", *routers])
+    loaded = fp8.from_pretrained(tmp_path, dtype=torch.float32)
+    for layer in range(2):
+        name = f"model.layers.{layer}.mlp.experts"
+        experts = loaded.get_submodule(name)
+        assert isinstance(experts, FP8Experts) and experts.block_size == (16, 128)
+        for e in range(8):
+            gate_up = experts.gate_up_proj[e].view(F8)
+            for part, rows in (("gate_proj", gate_up[:48]), ("up_proj", gate_up[48:]),
+                               ("down_proj", experts.down_proj[e].view(F8))):
+                assert torch.equal(rows.view(torch.uint8), tensors[f"{name}.{e}.{part}.weight"].view(torch.uint8))
+            # Scales unchanged: each half's one block row of 128 spread over 3 rows of 16, down's over 4.
+            scale = {p: tensors[f"{name}.{e}.{p}.weight_scale_inv"] for p in ("gate_proj", "up_proj", "down_proj")}
+            assert torch.equal(experts.gate_up_proj_scale_inv[e], torch.cat([scale["gate_proj"]] * 3 +
+                                                                            [scale["up_proj"]] * 3))
+            assert torch.equal(experts.down_proj_scale_inv[e], torch.cat([scale["down_proj"]] * 4))
+    model.load_state_dict(dequantized)
+    assert_decodes_like(loaded, model)
