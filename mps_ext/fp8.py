@@ -174,15 +174,17 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
     - Modules that already hold FP8 weights are adopted as they are, bytes and
       scales shared, never requantized: Hugging Face transformers' ``FP8Linear``
       and any module whose ``weight`` is float8_e4m3fn (or uint8) with a
-      ``weight_scale_inv`` and a ``block_size`` (None: one scale for the tensor).
+      ``weight_scale_inv`` and a ``block_size`` (None: one scale for the tensor);
+      transformers' FP8 ``FP8Experts`` become an :class:`mps_ext.nn.FP8Experts`.
     - Every other ``nn.Linear`` becomes an :class:`mps_ext.nn.FP8Linear` quantized
       with ``granularity`` ("channel", "tensor" or "block" with ``block_size``).
     - Mixture-of-Experts experts stored stacked as transformers 5 stores them
-      (``gate_up_proj`` (E, 2I, H) and ``down_proj`` (E, H, I) parameters, gated,
-      without biases: Qwen3-MoE, Mixtral) become an :class:`mps_ext.nn.FP8Experts`
-      quantized the same way per expert ("tensor": one scale per expert), whose
-      products run :func:`fp8_grouped_mm`. Other stacked experts (transposed or
-      with biases, as gpt-oss's) stay as they are, with a warning.
+      (gated ``gate_up_proj`` and ``down_proj`` parameters, (E, out, in) or
+      transposed (E, in, out), with or without biases: Qwen3-MoE, Mixtral,
+      DeepSeek-V3, gpt-oss) become an :class:`mps_ext.nn.FP8Experts` quantized the
+      same way per expert ("tensor": one scale per expert), whose products run
+      :func:`fp8_grouped_mm`. Experts without a gate or with a post-expert norm
+      stay as they are, with a warning.
     - ``exclude``: module names or ``fnmatch`` patterns, matched against the
       full name (``model.layers.0.mlp``) and the last part (``lm_head``); an
       excluded module and everything inside it stay as they are. By default
@@ -192,8 +194,8 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
       (``nn.MultiheadAttention``'s ``out_proj``) stay as they are, with a warning.
 
     Raises ``NotImplementedError`` naming any other module that holds float8
-    tensors (e5m2 weights, FP8 MoE experts, FP8 embeddings): they would be read
-    as floats. Exclude them to keep them as they are.
+    tensors (e5m2 weights, FP8 embeddings, FP8 experts without a gate): they
+    would be read as floats. Exclude them to keep them as they are.
     """
     from .nn import FP8Experts, FP8Linear
 
@@ -256,10 +258,13 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
     ``<layer>.weight_scale_inv`` scales. The model is built with transformers (``model_class``, default
     ``AutoModelForCausalLM``) in ``dtype``; each linear layer with a ``weight_scale_inv`` becomes an
     :class:`mps_ext.nn.FP8Linear` holding the checkpoint's bytes and scales unchanged (partial blocks
-    included); the rest (``modules_to_not_convert``, norms, embeddings) loads in ``dtype``. Static
-    activation scales are not used: activations stay in ``dtype``. A float8 tensor that is not such a
-    linear layer's weight raises ``NotImplementedError`` naming it. Nothing is downloaded: fetch a hub
-    checkpoint first (``huggingface-cli download <id> --local-dir <path>``).
+    included); so do stacked MoE experts whose experts the checkpoint stores one by one
+    (``<experts>.<e>.{gate,up,down}_proj.weight`` with their ``weight_scale_inv``, as Qwen3-MoE's
+    FP8 checkpoints do), as an :class:`mps_ext.nn.FP8Experts`; the rest (``modules_to_not_convert``,
+    norms, embeddings) loads in ``dtype``. Static activation scales are not used: activations stay in
+    ``dtype``. A float8 tensor that is neither such a linear layer's weight nor such experts' raises
+    ``NotImplementedError`` naming it. Nothing is downloaded: fetch a hub checkpoint first
+    (``huggingface-cli download <id> --local-dir <path>``).
     """
     import transformers
     from .nn import FP8Linear

@@ -175,3 +175,14 @@ def test_from_pretrained_loads_fp8_experts_with_the_checkpoints_bytes(tmp_path):
             assert torch.equal(experts.down_proj_scale_inv[e], torch.cat([scale["down_proj"]] * 4))
     model.load_state_dict(dequantized)
     assert_decodes_like(loaded, model)
+
+
+def test_fp8_experts_refuse_scales_that_do_not_fit():
+    hf, _ = hf_fp8_model(tiny_moe("qwen3_moe"), BLOCK)
+    theirs = hf.model.layers[0].mlp.experts
+    with pytest.raises(ValueError, match=r"gate_up_proj_scale_inv has shape \(8, 1, 1\), expected \(8, 2, 1\)"):
+        FP8Experts.from_fp8(theirs.gate_up_proj, theirs.gate_up_proj_scale_inv[:, :1], theirs.down_proj,
+                            theirs.down_proj_scale_inv, BLOCK, theirs)
+    with pytest.raises(ValueError, match="gate_up_proj_scale_inv of shape \\(8, 3, 1\\) has neither"):
+        FP8Experts.from_fp8(theirs.gate_up_proj, torch.ones(8, 3, 1), theirs.down_proj, torch.ones(8, 1, 1), None,
+                            theirs)
