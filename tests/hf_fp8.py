@@ -1,14 +1,19 @@
-"""Hugging Face's fine-grained FP8 format written with torch alone, for the tests of transformers' models in FP8:
-block quantization as its recipes do it, and checkpoints as the hub stores them (MoE experts one by one)."""
+"""transformers' models in FP8 for the tests: tiny MoE models built from configs, their dequantized twins, and
+Hugging Face's fine-grained FP8 format written with torch alone (block quantization as its recipes do it,
+checkpoints as the hub stores them, MoE experts one by one)."""
 
 import json
 
 import torch
 import torch.nn.functional as F
+import transformers
 from safetensors.torch import save_file
+
+from mps_ext.nn import FP8Experts, FP8Linear
 
 F8 = torch.float8_e4m3fn
 BLOCK = (128, 128)
+PROMPT = torch.tensor([[3, 141, 59, 26, 5]])
 
 
 def block_quantize(w: torch.Tensor, block=BLOCK):
@@ -78,3 +83,48 @@ def write_fp8_checkpoint(model, path, not_converted, shards=1):
                                      "weight_block_size": list(BLOCK), "modules_to_not_convert": not_converted}
     (path / "config.json").write_text(json.dumps(config))
     return tensors, dequantized
+
+
+def tiny_moe(arch: str):
+    torch.manual_seed(7)
+    common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  head_dim=16, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2)
+    if arch == "qwen3_moe":
+        config = transformers.Qwen3MoeConfig(**common, num_experts=8, moe_intermediate_size=48)
+    elif arch == "mixtral":
+        config = transformers.MixtralConfig(**common, num_local_experts=8, intermediate_size=48)
+    elif arch == "deepseek_v3":  # multi-head latent attention, a shared expert, every layer MoE
+        config = transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4, "head_dim": 8},
+                                               n_routed_experts=8, moe_intermediate_size=48, first_k_dense_replace=0,
+                                               q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+                                               qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1)
+    else:
+        config = transformers.GptOssConfig(**common, num_local_experts=8, intermediate_size=48,
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # gpt-oss initializes its expert biases to zero: make them count
+        for name, t in model.named_parameters():
+            if name.endswith("_proj_bias"):
+                t.normal_(0, 0.5)
+    return model
+
+
+def dequantized_twin(model, converted):
+    """``model`` (as it was before conversion) holding the converted model's FP8 weights as floats."""
+    with torch.no_grad():
+        for name, m in converted.named_modules():
+            mine = model.get_submodule(name)
+            if isinstance(m, FP8Linear):
+                mine.weight.copy_(m.weight.view(F8).float() * m.weight_scale_inv)
+            elif isinstance(m, FP8Experts):
+                for p in ("gate_up_proj", "down_proj"):
+                    w = dequantized_experts(getattr(m, p), getattr(m, f"{p}_scale_inv"), m.block_size)
+                    getattr(mine, p).copy_(w.transpose(1, 2) if getattr(mine, "is_transposed", False) else w)
+    return model
+
+
+def dequantized_experts(q, scale, block):
+    if block is None:
+        return q.view(F8).float() * scale
+    full = scale.repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)
+    return q.view(F8).float() * full[:, : q.shape[1], : q.shape[2]]

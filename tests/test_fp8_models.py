@@ -10,7 +10,7 @@ import torch.nn.functional as F
 pytest.importorskip("transformers", reason='needs transformers: pip install "mps_ext[demo]"')
 
 import transformers  # noqa: E402
-from hf_fp8 import BLOCK, F8, block_quantize, expand, write_fp8_checkpoint  # noqa: E402
+from hf_fp8 import BLOCK, block_quantize, expand, write_fp8_checkpoint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  # noqa: E402
 
