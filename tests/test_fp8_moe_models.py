@@ -140,3 +140,30 @@ def test_fp8_experts_refuse_scales_that_do_not_fit():
     with pytest.raises(ValueError, match="gate_up_proj_scale_inv of shape \\(8, 3, 1\\) has neither"):
         FP8Experts.from_fp8(theirs.gate_up_proj, torch.ones(8, 3, 1), theirs.down_proj, torch.ones(8, 1, 1), None,
                             theirs)
+
+
+def test_bytes_per_parameter_of_qwen3_30b_a3b_from_its_config():
+    """README's numbers: Qwen3-30B-A3B's shapes (its config.json) built on the meta device, where ``convert``
+    runs on shapes alone (the FP8 ops' fake kernels): nothing allocated, nothing downloaded."""
+    config = transformers.Qwen3MoeConfig(vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                                         moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                                         num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                                         max_position_embeddings=40960, tie_word_embeddings=False)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    decoder = sum(p.numel() for p in model.model.layers.parameters())
+
+    def per_param(m):
+        return (round(nbytes(m) / params, 3), round(nbytes(m.model.layers) / decoder, 4), round(nbytes(m) / 2**30, 2))
+
+    assert params == 30_532_122_624 and per_param(model) == (2.0, 2.0, 56.87)
+    channel = fp8.convert(copy.deepcopy(model))
+    experts = channel.model.layers[47].mlp.experts
+    assert isinstance(experts, FP8Experts) and experts.down_proj.shape == (128, 2048, 768)
+    assert per_param(channel) == (1.024, 1.0034, 29.11)
+    assert per_param(fp8.convert(copy.deepcopy(model), granularity="block")) == (1.021, 1.0007, 29.03)
+
+
+def nbytes(module: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
