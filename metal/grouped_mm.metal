@@ -29,6 +29,8 @@
 //   grid's y runs over ceil(m / TM) + G tiles (the most the groups can need)
 //   and each threadgroup finds its group and first row by walking offs;
 //   split by columns likewise along x; split by K or not split, z is the group.
+//   b's tiles load as b's type, or (fp8_grouped_mm, split by rows) as
+//   e4m3fn bytes decoded exactly and times their scales (Fp8ExpertTile).
 #include <metal_stdlib>
 
 #include "mps_ext/fp8_weights.h"
@@ -246,11 +248,58 @@ struct StridedTile {
   }
 };
 
-template <typename T, uint TM>
-kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b [[buffer(1)]],
+// The 32 x 32 tile of group g's e4m3fn weights W_g (n x k row-major, rows
+// b_col apart) at rows [col, col + 32), columns [k0, k0 + 32), as b's tile
+// ([k][n]): each of the 128 threads decodes 8 consecutive bytes of one row
+// exactly to float (fp8x4_to_float4_div256, the 256 given back with the
+// scale), times their block's scale, NaN codes as NaN, zeros outside W_g.
+struct Fp8ExpertTile {
+  device const uchar* w;       // W_g's row `col`
+  device const float* scales;  // W_g's scales
+  uint k, n, col;              // n: rows of W_g from `col` on
+  ulong row_stride;
+  uint block_n, block_k, scale_cols;
+
+  void load(threadgroup float* tile, uint k0, uint tid) const {
+    const uint r = tid / 4, c = (tid % 4) * 8;
+    uint2 u = uint2(0);
+    if (r < n)
+      for (uint j = 0; j < 8; ++j)
+        if (k0 + c + j < k) u[j / 4] |= uint(w[ulong(r) * row_stride + k0 + c + j]) << (8 * (j % 4));
+    const float4 lo = mps_ext::fp8x4_to_float4_div256(u.x), hi = mps_ext::fp8x4_to_float4_div256(u.y);
+    for (uint j = 0; j < 8; ++j) {
+      const uint kk = k0 + c + j, byte = (u[j / 4] >> (8 * (j % 4))) & 0xFFu;
+      float v = 0.0f;
+      if (r < n && kk < k)
+        v = (byte & 0x7Fu) == 0x7Fu ? NAN
+                                    : (j < 4 ? lo[j] : hi[j - 4]) *
+                                          (256.0f * scales[((col + r) / block_n) * scale_cols + kk / block_k]);
+      tile[(c + j) * kTileN + r] = v;
+    }
+  }
+};
+
+// b's tile loader for group g, columns [col, col + 32): b's own type through
+// StridedTile, or e4m3fn bytes with their scales (fp8_grouped_mm; split by
+// rows: every group contracts over all of k).
+template <typename T>
+inline StridedTile<T, kTileK, kTileN> b_tiles_of(device const T* b, device const float*, constant GroupedMmParams& p,
+                                                 uint g, Extent ks, ulong col, uint cols) {
+  return {b + ulong(g) * p.b_group + ulong(ks.start) * p.b_k + col * p.b_col, p.b_k, p.b_col, ks.size, cols, false};
+}
+
+inline Fp8ExpertTile b_tiles_of(device const fp8* b, device const float* scales, constant GroupedMmParams& p, uint g,
+                                Extent ks, ulong col, uint cols) {
+  return {b + ulong(g) * p.b_group + col * p.b_col, scales + ulong(g) * p.scale_group, ks.size, cols, uint(col),
+          p.b_col, p.block_n, p.block_k, p.scale_cols};
+}
+
+template <typename T, typename W, uint TM>
+kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const W* b [[buffer(1)]],
                              device const int* offs [[buffer(2)]], device T* out [[buffer(3)]],
-                             constant GroupedMmParams& p [[buffer(4)]], uint3 group [[threadgroup_position_in_grid]],
-                             uint tid [[thread_index_in_threadgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
+                             constant GroupedMmParams& p [[buffer(4)]], device const float* scales [[buffer(5)]],
+                             uint3 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                             uint sg [[simdgroup_index_in_threadgroup]]) {
   threadgroup float a_tile[TM * kTileK];
   threadgroup float b_tile[kTileK * kTileN];
   threadgroup float c_tile[TM * kTileN];
@@ -268,8 +317,7 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   const ulong row = rows.start + m0, col = cols.start + n0;
   const StridedTile<T, TM, kTileK> la{a + ulong(g) * p.a_group + row * p.a_row + ulong(ks.start) * p.a_k,
                                       p.a_row, p.a_k, rows.size - m0, ks.size, true};
-  const StridedTile<T, kTileK, kTileN> lb{b + ulong(g) * p.b_group + ulong(ks.start) * p.b_k + col * p.b_col,
-                                          p.b_k, p.b_col, ks.size, cols.size - n0, false};
+  const auto lb = b_tiles_of(b, scales, p, g, ks, col, cols.size - n0);
   mps_ext::mma_store(mps_ext::mma_tiles<TM>(la, lb, ks.size, a_tile, b_tile, tid, sg), c_tile, sg);
   threadgroup_barrier(mem_flags::mem_threadgroup);
   device T* y = out + ulong(g) * p.out_group + row * p.out_row + col;
@@ -280,11 +328,16 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
 }
 
 // Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_decode_kn_m<M>_<type>,
-// grouped_mm_tiled_m<TM>_<type>, fp8_grouped_mm_decode_m<M>_<type> (e4m3fn
-// weights), built by the host from the same parts (csrc/ops/grouped_mm.cpp).
+// grouped_mm_tiled_m<TM>_<type>, fp8_grouped_mm_decode_m<M>_<type> and
+// fp8_grouped_mm_tiled_m<TM>_<type> (e4m3fn weights), built by the host from
+// the same parts (csrc/ops/grouped_mm.cpp).
 #define MPS_EXT_GROUPED_MM_TILED(T, TM)                                                                        \
-  template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, TM>)         \
-      grouped_mm_tiled<T, TM>;
+  template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, T, TM>)      \
+      grouped_mm_tiled<T, T, TM>;
+
+#define MPS_EXT_FP8_GROUPED_MM_TILED(T, TM)                                                                    \
+  template [[host_name("fp8_grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]]                                       \
+      decltype(grouped_mm_tiled<T, fp8, TM>) grouped_mm_tiled<T, fp8, TM>;
 
 #define MPS_EXT_GROUPED_MM_DECODE(T, M)                                                                        \
   template [[host_name("grouped_mm_decode_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode<T, T, M>)     \
@@ -305,7 +358,8 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const T* b 
   MPS_EXT_GROUPED_MM_DECODE_KN(T, 1) MPS_EXT_GROUPED_MM_DECODE_KN(T, 2) MPS_EXT_GROUPED_MM_DECODE_KN(T, 4)     \
   MPS_EXT_GROUPED_MM_DECODE_KN(T, 8)                                                                           \
   MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)            \
-  MPS_EXT_FP8_GROUPED_MM_DECODE(T, 2) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 4) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 8)
+  MPS_EXT_FP8_GROUPED_MM_DECODE(T, 2) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 4) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 8)    \
+  MPS_EXT_FP8_GROUPED_MM_TILED(T, 16) MPS_EXT_FP8_GROUPED_MM_TILED(T, 32) MPS_EXT_FP8_GROUPED_MM_TILED(T, 64)
 
 MPS_EXT_GROUPED_MM(float)
 MPS_EXT_GROUPED_MM(half)

@@ -204,6 +204,10 @@ def fp8_cases() -> Iterator[Case]:
             yield Case(f"fp8_grouped_mm decode_m{rows} {t} {ends[-1]}x72x24x3",
                        lambda d, f=grouped, ends=ends: f(d, ends=ends))
         yield Case(f"fp8_grouped_mm decode_m2 {t} blocks 16x32", lambda d, f=grouped: f(d, block=(16, 32)))
+        # Prefill: tiles as tall as the rows an expert has on average.
+        for ends, rows in (((10, 20, 30), 16), ((20, 40, 60), 32), ((40, 80, 120), 64)):
+            yield Case(f"fp8_grouped_mm tiled_m{rows} {t} blocks 16x32 {ends[-1]}x72x24x3",
+                       lambda d, f=grouped, ends=ends: f(d, ends=ends, block=(16, 32)))
         yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
         for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
             kind = "tiled" if m > 8 else "gemv"

@@ -1,6 +1,6 @@
 """fp8_grouped_mm (Mixture-of-Experts products with e4m3fn expert weights) against torch on the CPU with the
 weights dequantized (each expert's rows times its float weight, as torch._grouped_mm computes): decode
-pipelines and the dequantizing path, per-expert, per-channel and block scales, odd sizes, empty experts,
+pipelines and the tiled kernel, per-expert, per-channel and block scales, odd sizes, empty experts,
 errors naming the argument, gradients, checked mode and opcheck."""
 
 import pytest
@@ -45,7 +45,7 @@ def reference(x, deq, offs, dtype):
     return torch.cat([p for p, _ in pieces]).to(dtype), torch.cat([m for _, m in pieces])
 
 
-# (ends per expert, N, K): decode for up to 8 rows per expert on average, else the dequantizing path.
+# (ends per expert, N, K): decode for up to 8 rows per expert on average, else the tiled kernel.
 CASES = {
     "decode_m2 one row each": ([1, 2, 3, 4], 40, 64),
     "decode_m2 empty experts": ([0, 2, 2, 2, 3, 3, 3, 3], 24, 72),
@@ -57,13 +57,11 @@ CASES = {
 
 def kernels(case, scales, dtype, e, n, k, m):
     """What a call of m rows runs: the FP8 decode kernel, or (many rows per expert, or blocks along K that are
-    not a multiple of 16) the experts dequantized, then grouped_mm's kernel for those rows."""
+    not a multiple of 16) the FP8 tiled kernel, its tiles as tall as the average expert's rows."""
     rows = max(2, 1 << (-(-m // min(e, m)) - 1).bit_length())
     if case != "prefill" and not (scales == "block8x40" and k > 40):
         return [f"fp8_grouped_mm_decode_m{rows}_{MT[dtype]}"]
-    bn = min(n, {"block": 128, "block16x48": 16, "block8x40": 8}.get(scales, 1))
-    product = f"decode_m{rows}" if m // e <= 8 else f"tiled_m{16 if m // e <= 16 else 32}"
-    return ["fp8_dequantize_" + MT[dtype]] * (1 if n % bn == 0 else e) + [f"grouped_mm_{product}_{MT[dtype]}"]
+    return [f"fp8_grouped_mm_tiled_m{16 if m // e <= 16 else 32}_{MT[dtype]}"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -80,10 +78,18 @@ def test_matches_dequantized_grouped_mm(case, scales, dtype):
     assert t.names == kernels(case, scales, dtype, e, n, k, len(x))
     assert got.shape == (ends[-1] + 2, n) and got.dtype == dtype
     rows = ends[-1]
-    if t.names[-1].startswith("grouped_mm_"):  # the weights were rounded to x's dtype first
-        deq = deq.to(dtype).float()
     want, mag = reference(x, deq, offs, dtype)
     assert_close_dot(got[:rows], want, mag, k)
+
+
+@pytest.mark.parametrize("ends", [[1, 3, 4], [20, 40, 45]], ids=["decode", "tiled"])
+def test_nan_codes_poison_their_output_column_as_in_torch(ends):
+    q, s, _, deq = experts(3, 24, 40, "channel", seed=11)
+    q[1, 5, 7] = torch.tensor(float("nan")).to(F8)
+    x, offs = torch.randn(ends[-1], 40, generator=gen(12)), torch.tensor(ends, dtype=torch.int32)
+    got = mps_ext.fp8_grouped_mm(x, q, s, offs)
+    want, _ = reference(x, q.float() * s[..., None], offs, torch.float32)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == ends[1] - ends[0]
 
 
 def test_uint8_bits_strides_and_empty():
@@ -142,10 +148,11 @@ def test_gradient_of_x_is_the_dequantized_models():
 
 
 def test_checked_mode_on_edge_shapes():
-    # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, and a long K (split over SIMD
-    # groups) with block scales along it.
+    # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, a long K (split over SIMD
+    # groups) with block scales along it, and the tiled kernel over partial tiles and blocks.
     with mps_ext.sim.checked():
-        for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48")):
+        for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48"),
+                                   ([17, 17, 40], 33, 45, "block8x40")):
             q, s, block, deq = experts(len(ends), n, k, scales, seed=k)
             x = torch.randn(ends[-1], k + 1, generator=gen(7))[:, 1:]
             offs = torch.tensor(ends, dtype=torch.int32)

@@ -193,26 +193,32 @@ bool decodes(const Problem& pr) {
          average <= kDecodeMaxAverageRows;
 }
 
-// Decode along K when the groups' weights are row-major (b the transposed
-// expert weights), along N when b is stored (G, K, N); tiles otherwise, as
-// tall as the average group.
-Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
+// Tiles as tall as the average group (`op`: grouped_mm, or fp8_grouped_mm
+// for e4m3fn weights).
+Plan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
-  if (decodes(pr)) {
-    const int64_t size = int64_t(c10::elementSize(dtype));
-    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend.fill_simdgroups());
-    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
-  }
   const int64_t tm = average <= 16 ? 16 : average <= 32 ? 32 : 64;
   int64_t x = (n + kTileColumns - 1) / kTileColumns, y = (m + tm - 1) / tm, z = 1;
   if (q.split == kGroupedSplitRows) y += g;       // worst case: every group ends in a partial tile
   else if (q.split == kGroupedSplitCols) x += g;
   else z = g;
-  return {host_name("grouped_mm", ("tiled_m" + std::to_string(tm)).c_str(), {dtype}),
+  return {host_name(op, ("tiled_m" + std::to_string(tm)).c_str(), {dtype}),
           {uint32_t(x), uint32_t(y), uint32_t(z)},
           {kThreads}};
+}
+
+// Decode along K when the groups' weights are row-major (b the transposed
+// expert weights), along N when b is stored (G, K, N); tiles otherwise.
+Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
+  const GroupedMmParams& q = pr.params;
+  if (decodes(pr)) {
+    const int64_t size = int64_t(c10::elementSize(dtype));
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend.fill_simdgroups());
+    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
+  }
+  return tiled_plan(pr, "grouped_mm", dtype);
 }
 
 }  // namespace
@@ -262,9 +268,13 @@ struct Fp8Scales {
   int64_t block_n, block_k;
 };
 
-// The kernel for a problem: fp8_grouped_mm's decode kernel (its only one), or grouped_mm's choice.
+// The kernel for a problem: grouped_mm's choice, or for e4m3fn weights the decode kernel where it serves
+// (it scales 16-byte chunks of a row: a block along k must hold whole chunks), else the tiled one.
 Plan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
-  return fp8 ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend.fill_simdgroups()) : plan(pr, dtype, backend);
+  if (!fp8) return plan(pr, dtype, backend);
+  const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % 16 == 0;
+  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend.fill_simdgroups())
+                                : tiled_plan(pr, "fp8_grouped_mm", dtype);
 }
 
 std::optional<std::string> unsupported(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
@@ -315,8 +325,8 @@ at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::opti
 // An e4m3fn tensor's bytes, as the kernels bind them.
 at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }
 
-// The experts' weights in `dtype`, for the calls the decode kernel does not serve: one dequantize launch
-// when no block straddles two experts, else one per expert.
+// The experts' weights in `dtype`, for the calls the kernels do not take (torch's grouped_mm runs them):
+// one dequantize launch when no block straddles two experts, else one per expert.
 at::Tensor dequantized(const at::Tensor& weight, const Fp8Scales& fp8, at::ScalarType dtype) {
   const int64_t e = weight.size(0), n = weight.size(1), k = weight.size(2);
   if (n % fp8.block_n == 0)
@@ -401,13 +411,6 @@ at::Tensor fp8_grouped_mm(const at::Tensor& x, const at::Tensor& weight, const a
   const Fp8Scales fp8{weight_scale.to(at::kFloat).contiguous().view({e, (n + block_n - 1) / block_n, -1}),
                       std::min(block_n, n), std::min(block_k, k)};
   const at::Tensor b = w.transpose(1, 2);
-  // The decode kernel scales 16-byte chunks of a row: a block along k must hold whole chunks.
-  const bool chunked = fp8.block_k >= k || fp8.block_k % 16 == 0;
-  // Otherwise the experts are dequantized to x's dtype for the call and grouped_mm runs the products: its tiled
-  // kernel reads b as its own type, not through a weight policy, and with many rows per expert the products
-  // cost more than that extra pass over the weights.
-  if (!chunked || !decodes(problem_of(a, b, offs, output_layout(a, b, offs))))
-    return grouped_mm(a, dequantized(w, fp8, x.scalar_type()).transpose(1, 2), offs, std::nullopt);
   return overrides::counted(
       "mps_ext::fp8_grouped_mm", unsupported(a, b, offs, &fp8), [&] { return run_kernels(a, b, offs, &fp8); },
       [&] { return at::_grouped_mm(a, dequantized(w, fp8, x.scalar_type()).transpose(1, 2), offs, std::nullopt,

@@ -34,7 +34,7 @@ at::Tensor grouped_mm(const at::Tensor& a, const at::Tensor& b, const std::optio
 
 // mps_ext::fp8_grouped_mm: grouped_mm(x, (weight * weight_scale).transpose(1, 2), offs) for e4m3fn expert
 // weights (G, n, k) with per-channel or block scales per expert, the weights kept in FP8. Few rows per
-// expert run the decode kernel on the FP8 bytes; more go to grouped_mm on weights dequantized for the call.
+// expert run the decode kernel on the FP8 bytes, more the tiled kernel, which decodes them into its tiles.
 at::Tensor fp8_grouped_mm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& weight_scale,
                           const at::Tensor& offs, at::OptionalIntArrayRef block_size,
                           std::optional<at::ScalarType> out_dtype);
