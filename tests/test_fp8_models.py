@@ -19,6 +19,7 @@ from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  
 import mps_ext  # noqa: E402
 from mps_ext import fp8  # noqa: E402
 from mps_ext.nn import FP8Experts, FP8Linear  # noqa: E402
+from conftest import backend  # noqa: E402
 from tolerances import assert_close_dot, assert_close_normwise  # noqa: E402
 
 F8 = torch.float8_e4m3fn
@@ -156,7 +157,7 @@ def fp8_share(layers: torch.nn.Module) -> float:
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
-def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
+def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch, device):
     import copy
 
     model = tiny_moe(arch)
@@ -164,13 +165,15 @@ def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
     experts = [m for m in converted.modules() if isinstance(m, FP8Experts)]
     assert len(experts) == 2 and fp8_share(converted.model.layers) >= 0.95
     reference = dequantized_twin(model, converted)
+    converted.to(device)
     prompt, token = torch.tensor([[3, 141, 59, 26, 5]]), torch.tensor([[7]])
     with torch.no_grad():
         want = reference(token, cache=reference(prompt, use_cache=True).past_key_values).logits
-        cache = converted(prompt, use_cache=True).past_key_values
+        cache = converted(prompt.to(device), use_cache=True).past_key_values
         with mps_ext.trace() as t:
-            got = converted(token, cache=cache).logits
+            got = converted(token.to(device), cache=cache).logits.cpu()
     assert t.names.count("fp8_grouped_mm_decode_m2_float") == 2 * 2  # gate/up and down of each layer
+    assert all(k.backend == backend(device) for k in t.kernels), t.kernels
     assert_close_normwise(got, want)
 
 
