@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from . import _C, grouped_mm, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, streams, trace
-from .testing import TOLERANCES, linalg_scale, max_error, mps_usable, reduction_scale
+from .testing import TOLERANCES, conditioned_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
@@ -76,24 +76,24 @@ def linalg_cases() -> Iterator[Case]:
             def factor(device, n=n, rand=rand):
                 A = rand(16, n, n)
                 LU, pivots, info = lu_factor_ex(A.to(device))
-                return _flat(LU, pivots, info), _flat(*torch.linalg.lu_factor_ex(A)), linalg_scale(n)
+                return _flat(LU, pivots, info), _flat(*torch.linalg.lu_factor_ex(A)), conditioned_scale(A)
 
             def solve(device, n=n, rand=rand):
                 A, B = rand(16, n, n), rand(16, n, 2, seed=1)
                 got = solve_ex(A.to(device), B.to(device))
-                return _flat(*got), _flat(*torch.linalg.solve_ex(A, B)), linalg_scale(n)
+                return _flat(*got), _flat(*torch.linalg.solve_ex(A, B)), conditioned_scale(A)
 
             def lu_solve_adjoint(device, n=n, rand=rand):
                 A, B = rand(16, n, n), rand(16, n, 2, seed=1)
                 LU, pivots = torch.linalg.lu_factor(A)
                 got = lu_solve(LU.to(device), pivots.to(device), B.to(device), adjoint=True)
-                return _flat(got), _flat(torch.linalg.lu_solve(LU, pivots, B, adjoint=True)), linalg_scale(n)
+                return _flat(got), _flat(torch.linalg.lu_solve(LU, pivots, B, adjoint=True)), conditioned_scale(A)
 
             def triangular(device, n=n, rand=rand):
                 A = torch.tril(rand(4, n, n) * 0.1) + 2 * torch.eye(n)
                 B = rand(4, n, 3, seed=1)
                 got = solve_triangular(A.to(device), B.to(device), upper=False)
-                return _flat(got), _flat(torch.linalg.solve_triangular(A, B, upper=False)), linalg_scale(n)
+                return _flat(got), _flat(torch.linalg.solve_triangular(A, B, upper=False)), conditioned_scale(A)
 
             for label, run in (("lu_factor", factor), ("solve", solve), ("lu_solve adjoint", lu_solve_adjoint)):
                 yield Case(f"{label} {kind} {short} {n}x{n}", run)
@@ -102,7 +102,7 @@ def linalg_cases() -> Iterator[Case]:
                 def shared(device, n=n, rand=rand):
                     A, B = rand(n, n), rand(5, n, 2, seed=1)
                     got, info = solve_ex(A.to(device), B.to(device))
-                    return _flat(got, info), _flat(*torch.linalg.solve_ex(A, B)), linalg_scale(n)
+                    return _flat(got, info), _flat(*torch.linalg.solve_ex(A, B)), conditioned_scale(A)
 
                 yield Case(f"solve shared A {kind} {short} {n}x{n}", shared)
 
@@ -111,7 +111,7 @@ def linalg_cases() -> Iterator[Case]:
         A += torch.eye(64)
         B = torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(1))
         got = solve_triangular(A.to(device), B.to(device), upper=False, unitriangular=True)
-        return got, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), linalg_scale(64)
+        return got, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), conditioned_scale(A)
 
     yield Case("solve_triangular inverse f32 64x64 unit", gated_deltanet)
 

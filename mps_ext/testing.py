@@ -32,15 +32,6 @@ def reduction_scale(dtype: torch.dtype, n: int, signed_terms: bool = True) -> fl
     return max(1.0, n / 32 if signed_terms else n ** 0.5 / 64)
 
 
-def linalg_scale(n: int) -> float:
-    """How much to widen the float32/complex64 tolerance for LU factors and
-    solutions of well-conditioned order-``n`` systems compared with torch's
-    CPU (LAPACK) results: each entry accumulates up to n rounding errors, in
-    another order than LAPACK's blocked algorithm, and the solutions amplify
-    them by the condition number (about n for Gaussian random matrices)."""
-    return max(1.0, n * n / 8)
-
-
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype | None = None, scale: float = 1.0,
                  atol: float = 0.0):
     """``torch.testing.assert_close`` with the tolerance of ``dtype`` (default:
@@ -163,6 +154,80 @@ def assert_solve_backward_stable(A: torch.Tensor, X: torch.Tensor, B: torch.Tens
         A, factors = A.mH, factors.mT
     residual, magnitude = (A @ X - B, factors @ X.abs()) if left else (X @ A - B, X.abs() @ factors)
     _assert_residual_within(residual, magnitude, _gamma(3 * A.shape[-1], LU.dtype), "the solution's residual")
+
+
+# How far past gamma_n a backward error, and past cond * gamma_n a forward error, may go. LAPACK's own tests
+# call a solver wrong past 30 n eps (xGET02, xGET04). Over every linear-algebra case of the suite the largest
+# is 2.0 (order 1: the two divisions compared are rounded once each), 1.3 from order 2 on, backward errors
+# 0.81. At condition <= 10 every right-hand side and matrix of a result 1.01x off is past the bound at every
+# order up to 64 (measured, tests/test_tolerances.py; the closest: complex order-64 forward errors, at 4.4).
+LINALG_HEADROOM = 4.0
+
+
+def condition(A: torch.Tensor) -> torch.Tensor:
+    """The 1-norm condition number of each matrix of ``A`` (float64; inf where it is singular), which bounds
+    how far rounding errors in a solution or a factorization can move it."""
+    wide = torch.complex128 if A.dtype.is_complex else torch.float64
+    return torch.linalg.cond(A.detach().cpu().to(wide), p=1).real
+
+
+def _check_ratio(ratio: torch.Tensor, what: str):
+    bad = ratio > LINALG_HEADROOM  # NaN ratios (NaN or inf inputs) are not judged
+    assert not bad.any(), (f"{what}: {int(bad.sum())} of {bad.numel()} exceed the bound; the worst is "
+                           f"{float(ratio[bad].max()):.3g}x gamma_n (times cond for forward errors)")
+
+
+def assert_solves(A: torch.Tensor, X: torch.Tensor, B: torch.Tensor, left: bool = True, adjoint: bool = False):
+    """``X`` solves ``op(A) X = B`` (``X op(A) = B`` when not ``left``; ``op`` the conjugate transpose when
+    ``adjoint``) as well as float arithmetic can: the normwise backward error of every right-hand side x,
+    ``|op(A) x - b| / (|op(A)| |x| + |b|)`` in the 1-norm, is within ``LINALG_HEADROOM * gamma_n``.
+
+    Whatever algorithm ran (an LU solve, a triangular solve, a product with an inverse), a stable one stays
+    there; the bound does not depend on A's condition, so it judges solutions of any system."""
+    if X.numel() == 0:
+        return
+    gamma = _gamma(A.shape[-1], X.dtype)
+    wide = torch.complex128 if A.dtype.is_complex else torch.float64
+    A, X, B = (t.detach().cpu().to(wide) for t in (A, X, B))
+    vector = B.dim() == 1 or (B.dim() == A.dim() - 1 and B.shape == A.shape[:-1])  # torch.linalg.solve's rule
+    if vector:
+        X, B = X.unsqueeze(-1), B.unsqueeze(-1)
+    if adjoint:
+        A = A.mH
+    if not left:  # X A = B is A^T X^T = B^T: right-hand sides as columns
+        A, X, B = A.mT, X.mT, B.mT
+    residual = (A @ X - B).abs().sum(-2)
+    scale = A.abs().sum(-2).amax(-1, keepdim=True) * X.abs().sum(-2) + B.abs().sum(-2)
+    _check_ratio(residual / scale / gamma, "backward errors of the solution")
+
+
+def assert_close_conditioned(actual: torch.Tensor, expected: torch.Tensor, A: torch.Tensor):
+    """``actual`` and ``expected``, two computations of a result of the order-n matrices ``A`` (solutions,
+    LU factors, gradients), agree as far as A's condition lets rounding errors move them: per matrix,
+    ``max |actual - expected| <= LINALG_HEADROOM * cond(A) * gamma_n * max |expected|``. NaNs must sit at the
+    same places."""
+    wide = torch.complex128 if actual.dtype.is_complex else torch.float64
+    got, want = actual.detach().cpu().to(wide), expected.detach().cpu().to(wide)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    assert torch.equal(got.isnan(), want.isnan()), "NaNs at other places"
+    if got.numel() == 0:
+        return
+    if got.dim() < 2:
+        got, want = got.unsqueeze(-1), want.unsqueeze(-1)
+    same = (got == want) | got.isnan()
+    error = (got - want).abs().masked_fill(same, 0).flatten(-2).amax(-1)
+    size = want.abs().nan_to_num(0, 0, 0).flatten(-2).amax(-1)
+    bound = condition(A) * _gamma(A.shape[-1], actual.dtype) * size
+    assert bound.shape == error.shape, f"results of {tuple(error.shape)} matrices for {tuple(bound.shape)} matrices A"
+    _check_ratio(error / bound.clamp_min(torch.finfo(torch.float64).tiny), "forward errors")
+
+
+def conditioned_scale(A: torch.Tensor) -> float:
+    """How much to widen the float32/complex64 tolerance to compare, entry by entry, two computations of a
+    result of the matrices ``A`` (the self-test's comparison): :func:`assert_close_conditioned`'s bound,
+    ``LINALG_HEADROOM * cond(A) * gamma_n``, in units of float32's relative tolerance (at least one)."""
+    gamma = _gamma(A.shape[-1], A.dtype)
+    return max(1.0, LINALG_HEADROOM * float(condition(A).max()) * gamma / TOLERANCES[torch.float32][0])
 
 
 def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

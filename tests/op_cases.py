@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 import mps_ext
 from mps_ext import fp8
-from tolerances import assert_close, linalg_scale
+from tolerances import assert_close
 
 
 def randn(*shape, dtype=torch.float32, seed=0):
@@ -136,16 +136,19 @@ CASES = [
     Case("fp8_grouped_mm", _fp8_grouped_mm_inputs, mps_ext.fp8_grouped_mm, _fp8_grouped_mm_reference, (0,), scale=4,
          overridden=False),
 ]
+# Order 6 at condition <= 10 (both makers above): every output, gradient and tangent of these cases is within
+# float32's own tolerance of torch's (measured); twice that leaves headroom and still rejects a result 1.01x off.
+LINALG_SCALE = 2.0
 for _dtype, _suffix in ((torch.float32, ""), (torch.complex64, "_complex")):
     CASES += [
         Case("lu_factor_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s),), mps_ext.lu_factor_ex,
-             torch.linalg.lu_factor_ex, (0,), scale=linalg_scale(6)),
+             torch.linalg.lu_factor_ex, (0,), scale=LINALG_SCALE),
         Case("lu_solve" + _suffix, _lu_solve_inputs(_dtype), mps_ext.lu_solve, torch.linalg.lu_solve, (0, 2),
-             scale=linalg_scale(6)),
+             scale=LINALG_SCALE),
         Case("solve_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s)),
-             mps_ext.solve_ex, torch.linalg.solve_ex, (0, 1), scale=linalg_scale(6)),
+             mps_ext.solve_ex, torch.linalg.solve_ex, (0, 1), scale=LINALG_SCALE),
         Case("solve_triangular" + _suffix,
              lambda s, d=_dtype: (triangular(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s + 3)),
              lambda A, B: mps_ext.solve_triangular(A, B, upper=True),
-             lambda A, B: torch.linalg.solve_triangular(A, B, upper=True), (0, 1), scale=linalg_scale(6)),
+             lambda A, B: torch.linalg.solve_triangular(A, B, upper=True), (0, 1), scale=LINALG_SCALE),
     ]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 import mps_ext
 import mps_ext.sim
 from mps_ext import fp8
+from conftest import on, ran
 from tolerances import assert_close_dot
 
 F8 = torch.float8_e4m3fn
@@ -31,32 +32,6 @@ def gen(seed: int) -> torch.Generator:
 def gemv(m: int) -> str:
     """The gemv kernel variant serving m rows (built for 1, 2, 4, 8)."""
     return f"gemv_m{1 << (m - 1).bit_length()}"
-
-
-def ran(t, *names, device="cpu"):
-    """The trace holds exactly these kernels, run on ``device``'s backend."""
-    backend = "simulator" if device == "cpu" else "metal"
-    assert t.names == list(names) and all(k.backend == backend for k in t.kernels), t.names
-
-
-def on(device, fn, *args, **kwargs):
-    """``fn`` with its tensor arguments on ``device`` (float8 as the bytes torch keeps there: uint8 where it holds
-    no float8) and its results back on the CPU as float8 again, for comparing with torch's CPU results."""
-    storage = fp8.storage_dtype(device)
-
-    def there(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        return (x.view(storage) if x.dtype == F8 else x).to(device)
-
-    def back(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        x = x.cpu()
-        return x.view(F8) if x.dtype == torch.uint8 and storage == torch.uint8 else x
-
-    out = fn(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
-    return tuple(map(back, out)) if isinstance(out, tuple) else back(out)
 
 
 # ----------------------------------------------------------- quantize/dequantize
@@ -96,33 +71,35 @@ def test_quantize_and_dequantize_match_torch(mode, dtype, device):
             br, bc = (128, 128) if mode == "block128" else (16, 48)
             q, s = on(device, fp8.quantize, x, block=(br, bc))
             want_q, want_s = ref_quantize(x, block_amax(x, br, bc), lambda s: expand_blocks(s, shape, br, bc))
-    ran(t, f"fp8_amax_{MT[dtype]}", f"fp8_quantize_{MT[dtype]}", device=device)
+    ran(t, device, f"fp8_amax_{MT[dtype]}", f"fp8_quantize_{MT[dtype]}")
     assert q.dtype == F8 and q.shape == x.shape and s.dtype == torch.float32
     assert torch.equal(s, want_s) and torch.equal(bits(q), bits(want_q))
     block = {"block128": (128, 128), "block16x48": (16, 48)}.get(mode)
     for out_dtype in DTYPES:
         with mps_ext.trace() as t:
             d = on(device, fp8.dequantize, q, s, dtype=out_dtype, block=block)
-        ran(t, f"fp8_dequantize_{MT[out_dtype]}", device=device)
+        ran(t, device, f"fp8_dequantize_{MT[out_dtype]}")
         full = expand_blocks(s, shape, *block) if block else s
         assert torch.equal(d, (q.float() * full).to(out_dtype))
     # uint8 bits work the same, against torch's own conversion of the same bytes
     full = expand_blocks(s, shape, *block) if block else s
     with mps_ext.trace() as t:
         d = on(device, fp8.dequantize, bits(q), s, block=block)
-    ran(t, "fp8_dequantize_float", device=device)
+    ran(t, device, "fp8_dequantize_float")
     assert torch.equal(d, bits(q).view(F8).float() * full)
 
 
-def test_quantize_nan_inf_and_empty():
+def test_quantize_nan_inf_and_empty(device):
     x = torch.randn(4, 40, generator=gen(5))
     x[1, 3] = math.nan
     x[2, 5] = math.inf
-    q, s = fp8.quantize(x, dim=1)
+    with mps_ext.trace() as t:
+        q, s = on(device, fp8.quantize, x, dim=1)
+    ran(t, device, "fp8_amax_float", "fp8_quantize_float")
     assert s[1].isnan().all() and s[2].isinf().all() and not s[[0, 3]].isnan().any()
     want, _ = ref_quantize(x, x.abs().amax(1, keepdim=True), lambda s: s)
     assert torch.equal(bits(q), bits(want))
-    q, s = fp8.quantize(torch.empty(0, 5))
+    q, s = on(device, fp8.quantize, torch.empty(0, 5))
     assert q.shape == (0, 5) and s.shape == ()
     with pytest.raises(ValueError, match="block"):
         fp8.quantize(torch.randn(2, 3, 4), block=(2, 2))
@@ -132,14 +109,14 @@ def test_quantize_nan_inf_and_empty():
         fp8.dequantize(q.new_zeros(4, 4), torch.ones(3), block=(2, 2))
 
 
-def test_quantize_dims_of_size_one_and_argument_checks():
+def test_quantize_dims_of_size_one_and_argument_checks(device):
     x = torch.randn(5, 1, 7, generator=gen(24))
     for dim in (1, -2):  # one element per slice: the scale has x's shape, and dequantize still inverts
-        q, s = fp8.quantize(x, dim=dim)
+        q, s = on(device, fp8.quantize, x, dim=dim)
         assert s.shape == x.shape
         with mps_ext.trace() as t:
-            d = fp8.dequantize(q, s)
-        ran(t, "fp8_dequantize_float")
+            d = on(device, fp8.dequantize, q, s)
+        ran(t, device, "fp8_dequantize_float")
         assert torch.equal(d, q.float() * s)
     for dim in (3, -4):
         with pytest.raises(IndexError, match=rf"fp8.quantize: dim out of range .*\[-3, 2\], but got {dim}\)"):
@@ -164,6 +141,13 @@ def fp8_operands(m: int, k: int, n: int, rowwise: bool, seed: int):
     return a, b, sa, sb
 
 
+def needs_float8(device):
+    """Skips where torch keeps no float8 tensors on ``device`` (mps before torch 2.15): no e5m2 operand gets
+    there, and mps_ext does not override torch._scaled_mm there."""
+    if fp8.storage_dtype(device) != F8:
+        pytest.skip("torch keeps no float8 tensors on mps before torch 2.15")
+
+
 def magnitude(a, b, sa, sb):
     return (a.float().abs() * sa.abs()) @ (b.float().abs() * sb.abs())
 
@@ -180,7 +164,7 @@ def test_scaled_mm_matches_torch(m, recipe, out_dtype, device):
     bias = torch.randn(n, generator=gen(m)).to(out_dtype) if (m + k) % 2 else None
     with mps_ext.trace() as t:
         got = on(device, mps_ext.scaled_mm, a, b, sa, sb, bias=bias, out_dtype=out_dtype)
-    ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}", device=device)
+    ran(t, device, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_{MT[out_dtype]}")
     want = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
     assert got.dtype == want.dtype == out_dtype
     assert_close_dot(got, want, magnitude(a, b, sa, sb), k)
@@ -202,19 +186,21 @@ def test_scaled_mm_layouts_bits_and_defaults(device):
                      magnitude(a9[:, :95], b9[:95], sa9, sb9), 95)
 
 
-def test_scaled_mm_nan_and_empty():
+def test_scaled_mm_nan_and_empty(device):
     a, b, sa, sb = fp8_operands(3, 64, 20, False, seed=5)
     a, b = a.clone(), b.clone()
     bits(a)[1, 7] = 0x7F
     bits(b)[9, 4] = 0xFF
     for m in (3, 40):  # gemv and tiled
         aa = a.repeat(m // 3 + 1, 1)[:m]
-        got = mps_ext.scaled_mm(aa, b, sa, sb, out_dtype=torch.float32)
+        with mps_ext.trace() as t:
+            got = on(device, mps_ext.scaled_mm, aa, b, sa, sb, out_dtype=torch.float32)
+        ran(t, device, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_float")
         want = torch._scaled_mm(aa, b, sa, sb, out_dtype=torch.float32)
         assert torch.equal(got.isnan(), want.isnan()) and got.isnan().any()
-    assert mps_ext.scaled_mm(a[:0], b, sa, sb).shape == (0, 20)
+    assert on(device, mps_ext.scaled_mm, a[:0], b, sa, sb).shape == (0, 20)
     bias = torch.randn(20)
-    out = mps_ext.scaled_mm(a[:, :0], b[:0], sa, sb, bias=bias, out_dtype=torch.float32)
+    out = on(device, mps_ext.scaled_mm, a[:, :0], b[:0], sa, sb, bias=bias, out_dtype=torch.float32)
     assert torch.equal(out, bias.expand(3, 20))
 
 
@@ -253,7 +239,8 @@ def torch_scaled_mm(*args, **kwargs):
 @pytest.mark.parametrize("out_dtype", [torch.float32, F8, torch.float8_e5m2])
 @pytest.mark.parametrize("formats", ["e4m3fn x e4m3fn", "e5m2 x e5m2", "e4m3fn x e5m2", "e5m2 x e4m3fn"])
 @pytest.mark.parametrize("m, recipe", [(3, "tensor"), (40, "row")])
-def test_scaled_mm_e5m2_and_float8_outputs_are_torchs_bit_for_bit(m, recipe, formats, out_dtype):
+def test_scaled_mm_e5m2_and_float8_outputs_are_torchs_bit_for_bit(m, recipe, formats, out_dtype, device):
+    needs_float8(device)
     # Small integers and power-of-two scales: every product and sum is exact in float32, in any order, so the
     # float8 outputs (saturation, infinities and roundings after scale_result included) must be torch's exactly.
     k, n = 48, 24
@@ -270,10 +257,10 @@ def test_scaled_mm_e5m2_and_float8_outputs_are_torchs_bit_for_bit(m, recipe, for
     bias[:2] = torch.tensor([3000.0, -1e6])  # past e4m3fn's range (saturates), past e5m2's (infinity)
     result = torch.tensor(3.0) if out_dtype != torch.float32 else None
     with mps_ext.trace() as t:
-        got = mps_ext.scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype, scale_result=result)
+        got = on(device, mps_ext.scaled_mm, a, b, sa, sb, bias=bias, out_dtype=out_dtype, scale_result=result)
     variant = gemv(m) if m <= 8 else "tiled"
     encode = [f"scaled_mm_encode_{ENCODE[out_dtype]}"] if out_dtype != torch.float32 else []
-    ran(t, f"scaled_mm_{variant}_fp8_float", *encode)
+    ran(t, device, f"scaled_mm_{variant}_fp8_float", *encode)
     want = torch_scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype, scale_result=result)
     assert got.dtype == want.dtype == out_dtype
     if out_dtype == torch.float32:
@@ -286,7 +273,8 @@ def test_scaled_mm_e5m2_and_float8_outputs_are_torchs_bit_for_bit(m, recipe, for
             assert got[:, 1].float().isneginf().all()
 
 
-def test_torchs_opinfo_samples_for_scaled_mm_run_the_kernels():
+def test_torchs_opinfo_samples_for_scaled_mm_run_the_kernels(device):
+    needs_float8(device)
     from torch.testing._internal.common_methods_invocations import op_db
 
     info = next(op for op in op_db if op.name == "torch._scaled_mm")
@@ -295,9 +283,9 @@ def test_torchs_opinfo_samples_for_scaled_mm_run_the_kernels():
                                                                    (torch.float8_e5m2, F8)}
     for s in samples:
         want = torch_scaled_mm(s.input, *s.args, **s.kwargs)
-        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-            got = torch._scaled_mm(s.input, *s.args, **s.kwargs)
-        ran(t, "scaled_mm_tiled_fp8_float", f"scaled_mm_encode_{ENCODE[s.input.dtype]}")
+        with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+            got = on(device, torch._scaled_mm, s.input, *s.args, **s.kwargs)
+        ran(t, device, "scaled_mm_tiled_fp8_float", f"scaled_mm_encode_{ENCODE[s.input.dtype]}")
         assert got.dtype == want.dtype == s.input.dtype  # torch's default: the output in a's format
         # One unit in the last place: the float results differ in summation order before rounding to float8.
         ulp, tiny = (2.0**-3, 2.0**-9) if got.dtype == F8 else (2.0**-2, 2.0**-16)
@@ -305,36 +293,46 @@ def test_torchs_opinfo_samples_for_scaled_mm_run_the_kernels():
 
 
 class TestScaledMmOverride:
-    @pytest.mark.fallback("fnuz|scaling recipe")
-    def test_torch_scaled_mm_runs_the_kernels(self):
+    @pytest.mark.fallback("scaling recipe")
+    def test_torch_scaled_mm_runs_the_kernels(self, device):
+        needs_float8(device)
         a, b, sa, sb = fp8_operands(8, 128, 64, True, seed=7)
         want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
         mps_ext.overrides.reset_stats()
-        fnuz = a.float().to(torch.float8_e5m2fnuz)
-        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-            got = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float16)
-            with_fnuz = torch._scaled_mm(fnuz, b, sa, sb, out_dtype=torch.float32)
+        with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+            got = on(device, torch._scaled_mm, a, b, sa, sb, out_dtype=torch.float16)
             with pytest.raises(ValueError, match="Invalid scaling configuration"):
-                torch._scaled_mm(a, b, sa, torch.tensor(1.0), out_dtype=torch.float32)
-        ran(t, "scaled_mm_gemv_m8_fp8_half")
+                on(device, torch._scaled_mm, a, b, sa, torch.tensor(1.0), out_dtype=torch.float32)
+        ran(t, device, "scaled_mm_gemv_m8_fp8_half")
         assert_close_dot(got, want, magnitude(a, b, sa, sb), 128)
+        s = mps_ext.overrides.stats()["aten::_scaled_mm"]
+        assert s["hits"] == 1 and s["fallbacks"] == 1
+
+    @pytest.mark.fallback("fnuz")
+    def test_fnuz_formats_go_to_torch(self):  # only torch's CPU kernel has them
+        a, b, sa, sb = fp8_operands(8, 128, 64, True, seed=7)
+        fnuz = a.float().to(torch.float8_e5m2fnuz)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            with_fnuz = torch._scaled_mm(fnuz, b, sa, sb, out_dtype=torch.float32)
+        assert t.kernels == []
         assert torch.equal(with_fnuz, torch._scaled_mm(fnuz, b, sa, sb, out_dtype=torch.float32))
         s = mps_ext.overrides.stats()["aten::_scaled_mm"]
-        assert s["hits"] == 1 and s["fallbacks"] == 2
-        assert s["reasons"]["dtypes Float8_e5m2fnuz x Float8_e4m3fn (the fnuz formats are not implemented)"] == 1
+        assert s["reasons"] == {"dtypes Float8_e5m2fnuz x Float8_e4m3fn (the fnuz formats are not implemented)": 1}
 
     @pytest.mark.fallback("bias dtype differs")
-    def test_f_scaled_mm_runs_the_kernels(self):
+    def test_f_scaled_mm_runs_the_kernels(self, device):
+        needs_float8(device)
         st = F.ScalingType
         mps_ext.overrides.reset_stats()
         for recipe, m in ((st.TensorWise, 3), (st.RowWise, 40)):
             a, b, sa, sb = fp8_operands(m, 96, 48, recipe == st.RowWise, seed=m)
             bias = torch.randn(48).bfloat16()
             want = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias)
-            with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-                got = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias)
-                f32_bias = F.scaled_mm(a, b, sa, recipe, sb, recipe, bias=bias.float())  # torch decides
-            ran(t, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_bfloat")
+            with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+                got = on(device, F.scaled_mm, a, b, sa, recipe, sb, recipe, bias=bias)
+                f32_bias = on(device, F.scaled_mm, a, b, sa, recipe, sb, recipe, bias=bias.float())  # torch decides
+            ran(t, device, f"scaled_mm_{gemv(m) if m <= 8 else 'tiled'}_fp8_bfloat")
             assert_close_dot(got, want, magnitude(a, b, sa, sb), 96)
             assert f32_bias.dtype == torch.bfloat16
         s = mps_ext.overrides.stats()["aten::_scaled_mm_v2"]
@@ -374,7 +372,7 @@ def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype, 
         got = on(device, mps_ext.fp8_linear, x, q, s, bias, block_size=block)
     rows = math.prod(lead)
     few = rows <= 8 and granularity != "block8x40"  # block_k % 16 != 0: tiled, which scales per element
-    ran(t, f"fp8_linear_{gemv(rows) if few else 'tiled'}_{MT[dtype]}", device=device)
+    ran(t, device, f"fp8_linear_{gemv(rows) if few else 'tiled'}_{MT[dtype]}")
     want = F.linear(x.float(), deq, bias.float() if bias is not None else None).to(dtype)
     assert got.shape == (*lead, n) and got.dtype == dtype
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
@@ -392,7 +390,7 @@ def test_fp8_linear_decodes_every_code_exactly(rows, device):
     x[torch.arange(rows), picks] = 1
     with mps_ext.trace() as t:
         got = on(device, mps_ext.fp8_linear, x, w.view(F8), torch.ones(()))
-    ran(t, f"fp8_linear_{gemv(rows)}_float", device=device)
+    ran(t, device, f"fp8_linear_{gemv(rows)}_float")
     assert torch.equal(got, w.view(F8).float()[:, picks].t())
 
 
@@ -406,7 +404,7 @@ def test_fp8_linear_splits_a_long_k(rows, granularity, device):
     x = torch.randn(rows, k, generator=gen(11)).to(torch.bfloat16)
     with mps_ext.trace() as t:
         got = on(device, mps_ext.fp8_linear, x, q, s, block_size=block)
-    ran(t, f"fp8_linear_{gemv(rows)}_bfloat", device=device)
+    ran(t, device, f"fp8_linear_{gemv(rows)}_bfloat")
     if device == "cpu":
         per_simdgroup = 1 if rows == 1 else 4
         assert t.kernels[0].grid[0] == n // per_simdgroup and t.kernels[0].threadgroup[0] > 32
@@ -414,16 +412,18 @@ def test_fp8_linear_splits_a_long_k(rows, granularity, device):
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
 
 
-def test_fp8_linear_bits_strides_and_errors():
+def test_fp8_linear_bits_strides_and_errors(device):
     q, s, _, deq = weight_and_scale(48, 96, "channel", seed=11)
     x = torch.randn(3, 97, generator=gen(12))[:, 1:]  # rows at an odd offset
     want = F.linear(x, deq)
     mag = x.abs() @ deq.abs().t()
-    assert_close_dot(mps_ext.fp8_linear(x, bits(q), s.view(48, 1)), want, mag, 96)
-    assert_close_dot(mps_ext.fp8_linear(x, q, s), want, mag, 96)
-    assert mps_ext.fp8_linear(torch.randn(0, 96), q, s).shape == (0, 48)
+    with mps_ext.trace() as t:
+        assert_close_dot(on(device, mps_ext.fp8_linear, x, bits(q), s.view(48, 1)), want, mag, 96)
+        assert_close_dot(on(device, mps_ext.fp8_linear, x, q, s), want, mag, 96)
+    ran(t, device, "fp8_linear_gemv_m4_float", "fp8_linear_gemv_m4_float")
+    assert on(device, mps_ext.fp8_linear, torch.randn(0, 96), q, s).shape == (0, 48)
     bias = torch.randn(5)
-    assert torch.equal(mps_ext.fp8_linear(torch.randn(2, 0), q.new_zeros(5, 0), torch.tensor(1.0), bias),
+    assert torch.equal(on(device, mps_ext.fp8_linear, torch.randn(2, 0), q.new_zeros(5, 0), torch.tensor(1.0), bias),
                        bias.expand(2, 5))
     with pytest.raises(TypeError, match="input must be"):
         mps_ext.fp8_linear(x.double(), q, s)
@@ -439,12 +439,18 @@ def test_fp8_linear_bits_strides_and_errors():
         mps_ext.fp8_linear(x, q, s, torch.ones(3))
 
 
-def test_fp8_linear_gradients():
+def test_fp8_linear_gradients(device):
     q, s, block, deq = weight_and_scale(40, 64, "block16x48", seed=21)
     x = torch.randn(2, 5, 64, generator=gen(22), requires_grad=True)
     bias = torch.randn(40, requires_grad=True)
     w = torch.randn(2, 5, 40, generator=gen(23))
-    (mps_ext.fp8_linear(x, q, s, bias, block_size=block) * w).sum().backward()
+
+    def loss(x, bias, q, s, w):
+        return (mps_ext.fp8_linear(x, q, s, bias, block_size=block) * w).sum()
+
+    with mps_ext.trace() as t:
+        on(device, loss, x, bias, q, s, w).backward()  # x and bias moved by a differentiable copy
+    ran(t, device, "fp8_linear_tiled_float", "fp8_dequantize_float")  # the input's gradient: dequantized weight
     xr, br = x.detach().clone().requires_grad_(), bias.detach().clone().requires_grad_()
     (F.linear(xr, deq, br) * w).sum().backward()
     assert_close_dot(x.grad, xr.grad, w.abs() @ deq.abs(), 40)
@@ -453,16 +459,18 @@ def test_fp8_linear_gradients():
 
 # ---------------------------------------------------------- modules, convert
 
-def test_fp8_linear_module_granularities():
+def test_fp8_linear_module_granularities(device):
     lin = torch.nn.Linear(200, 72)
     x = torch.randn(5, 200, generator=gen(13))
     for granularity in ("channel", "tensor", "block"):
         layer = mps_ext.nn.FP8Linear.from_linear(lin, granularity=granularity, block_size=(32, 64))
         assert layer.weight.dtype == torch.uint8 and layer.weight_scale_inv.dtype == torch.float32
-        got = layer(x)
         block = layer.block_size
         s = layer.weight_scale_inv
         deq = layer.weight.view(F8).float() * (expand_blocks(s, (72, 200), *block) if block else s)
+        with mps_ext.trace() as t:
+            got = on(device, layer.to(device), x)
+        ran(t, device, "fp8_linear_gemv_m8_float")
         assert_close_dot(got, F.linear(x, deq, lin.bias), x.abs() @ deq.abs().t(), 200)
         # FP8 error against the float layer: e4m3 keeps 3 mantissa bits.
         want = lin(x)
@@ -471,25 +479,27 @@ def test_fp8_linear_module_granularities():
         mps_ext.nn.FP8Linear.from_linear(lin, granularity="row")
 
 
-def test_convert_a_small_mlp():
+def test_convert_a_small_mlp(device):
     torch.manual_seed(14)
     mlp = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.GELU(), torch.nn.Linear(160, 40))
     x = torch.randn(4, 96)
     want = mlp(x)
     with torch.no_grad():
-        mps_ext.fp8.convert(mlp)
+        mps_ext.fp8.convert(mlp).to(device)
         with mps_ext.trace() as t:
-            got = mlp(x)
+            got = on(device, mlp, x)
     assert isinstance(mlp[0], mps_ext.nn.FP8Linear) and isinstance(mlp[2], mps_ext.nn.FP8Linear)
-    ran(t, "fp8_linear_gemv_m4_float", "fp8_linear_gemv_m4_float")
+    ran(t, device, "fp8_linear_gemv_m4_float", "fp8_linear_gemv_m4_float")
     # The kernels against torch on the dequantized weights, layer by layer...
     h = x
     for layer in mlp:
         if isinstance(layer, mps_ext.nn.FP8Linear):
-            deq = layer.weight.view(F8).float() * layer.weight_scale_inv.float().reshape(-1, 1)
+            deq = layer.weight.cpu().view(F8).float() * layer.weight_scale_inv.cpu().reshape(-1, 1)
             with mps_ext.trace() as t:
-                got_layer = layer(h)
-            assert_close_dot(got_layer, F.linear(h, deq, layer.bias), h.abs() @ deq.abs().t(), layer.in_features)
+                got_layer = on(device, layer, h)
+            ran(t, device, "fp8_linear_gemv_m4_float")
+            bias = layer.bias.cpu()
+            assert_close_dot(got_layer, F.linear(h, deq, bias), h.abs() @ deq.abs().t(), layer.in_features)
             h = got_layer
         else:
             h = layer(h)
@@ -504,31 +514,33 @@ def test_convert_a_small_mlp():
 
 # ------------------------------------------------------- checked mode, opcheck
 
-def test_checked_mode_on_edge_shapes():
+def test_checked_mode_on_edge_shapes(device):
     # Every kernel runs checked in tests/test_checked_kernels.py; here block tails, both scaling recipes,
-    # float8 outputs and rows that start unaligned.
+    # float8 outputs and rows that start unaligned (on mps: the same shapes on the GPU).
     with mps_ext.sim.checked():
         x = torch.randn(40, 72, generator=gen(17)).to(torch.bfloat16)
-        q, s = fp8.quantize(x, block=(16, 32))
-        deq = fp8.dequantize(q, s, dtype=torch.half, block=(16, 32))
+        q, s = on(device, fp8.quantize, x, block=(16, 32))
+        deq = on(device, fp8.dequantize, q, s, dtype=torch.half, block=(16, 32))
         want_deq = (q.view(F8).float() * expand_blocks(s, (40, 72), 16, 32)).half()
         assert torch.equal(deq, want_deq)
         for m, recipe in ((3, False), (33, True)):
             a, b, sa, sb = fp8_operands(m, 72, 40, recipe, seed=m)
-            assert_close_dot(mps_ext.scaled_mm(a, b, sa, sb, out_dtype=torch.float32),
+            assert_close_dot(on(device, mps_ext.scaled_mm, a, b, sa, sb, out_dtype=torch.float32),
                              torch._scaled_mm(a, b, sa, sb, out_dtype=torch.float32), magnitude(a, b, sa, sb), 72)
-            e5m2 = a.float().to(torch.float8_e5m2)
-            torch.testing.assert_close(mps_ext.scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
-                                       torch_scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
-                                       rtol=2.0**-2, atol=0)  # one e5m2 unit: the sums' order differs
+            if fp8.storage_dtype(device) == F8:  # e5m2 reaches mps from torch 2.15 on
+                e5m2 = a.float().to(torch.float8_e5m2)
+                torch.testing.assert_close(
+                    on(device, mps_ext.scaled_mm, e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
+                    torch_scaled_mm(e5m2, b, sa, sb, out_dtype=torch.float8_e5m2).float(),
+                    rtol=2.0**-2, atol=0)  # one e5m2 unit: the sums' order differs
         w = q.view(F8).float() * expand_blocks(s, (40, 72), 16, 32)
         bias = torch.randn(40, generator=gen(19))
         for rows in (2, 35):
             xs = torch.randn(rows, 72, generator=gen(18))
-            assert_close_dot(mps_ext.fp8_linear(xs, q, s, bias, block_size=(16, 32)), F.linear(xs, w, bias),
-                             xs.abs() @ w.abs().t() + bias.abs(), 72)
+            assert_close_dot(on(device, mps_ext.fp8_linear, xs, q, s, bias, block_size=(16, 32)),
+                             F.linear(xs, w, bias), xs.abs() @ w.abs().t() + bias.abs(), 72)
             w_half = q[:, 1:71].view(F8).float() * 0.5
-            assert_close_dot(mps_ext.fp8_linear(xs[:, 1:71], q[:, 1:71], torch.tensor(0.5)),  # unaligned rows
+            assert_close_dot(on(device, mps_ext.fp8_linear, xs[:, 1:71], q[:, 1:71], torch.tensor(0.5)),  # unaligned
                              F.linear(xs[:, 1:71], w_half), xs[:, 1:71].abs() @ w_half.abs().t(), 70)
 
 

@@ -9,6 +9,7 @@ import torch
 import mps_ext
 import mps_ext.sim
 from mps_ext import fp8
+from conftest import on, ran
 from tolerances import assert_close_dot
 
 F8 = torch.float8_e4m3fn
@@ -67,15 +68,15 @@ def kernels(case, scales, dtype, e, n, k, m):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scales", ["expert", "channel", "block", "block16x48", "block8x40"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_matches_dequantized_grouped_mm(case, scales, dtype):
+def test_matches_dequantized_grouped_mm(case, scales, dtype, device):
     ends, n, k = CASES[case]
     e = len(ends)
     q, s, block, deq = experts(e, n, k, scales, seed=n + k)
     x = torch.randn(ends[-1] + 2, k, generator=gen(k)).to(dtype)  # two rows past offs[-1], never read
     offs = torch.tensor(ends, dtype=torch.int32)
     with mps_ext.trace() as t:
-        got = mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)
-    assert t.names == kernels(case, scales, dtype, e, n, k, len(x))
+        got = on(device, mps_ext.fp8_grouped_mm, x, q, s, offs, block_size=block)
+    ran(t, device, *kernels(case, scales, dtype, e, n, k, len(x)))
     assert got.shape == (ends[-1] + 2, n) and got.dtype == dtype
     rows = ends[-1]
     want, mag = reference(x, deq, offs, dtype)
@@ -92,17 +93,20 @@ def test_nan_codes_poison_their_output_column_as_in_torch(ends):
     assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == ends[1] - ends[0]
 
 
-def test_uint8_bits_strides_and_empty():
+def test_uint8_bits_strides_and_empty(device):
     q, s, _, deq = experts(3, 48, 96, "channel", seed=1)
     x = torch.randn(5, 97, generator=gen(2))[:, 1:]  # rows at an odd offset
     offs = torch.tensor([2, 2, 5], dtype=torch.int32)
     want, mag = reference(x, deq, offs, torch.float32)
-    assert_close_dot(mps_ext.fp8_grouped_mm(x, q.view(torch.uint8), s.unsqueeze(2), offs), want, mag, 96)
     wide = torch.zeros(3, 48, 112, dtype=F8)
     wide[..., :96] = q  # expert rows 112 bytes apart
-    assert_close_dot(mps_ext.fp8_grouped_mm(x, wide[..., :96], s, offs), want, mag, 96)
-    assert mps_ext.fp8_grouped_mm(x[:0], q, s, torch.zeros(3, dtype=torch.int32)).shape == (0, 48)
-    assert torch.equal(mps_ext.fp8_grouped_mm(x[:, :0], q[..., :0], s, offs), torch.zeros(5, 48))
+    with mps_ext.trace() as t:
+        assert_close_dot(on(device, mps_ext.fp8_grouped_mm, x, q.view(torch.uint8), s.unsqueeze(2), offs), want,
+                         mag, 96)
+        assert_close_dot(on(device, mps_ext.fp8_grouped_mm, x, wide[..., :96], s, offs), want, mag, 96)
+    ran(t, device, "fp8_grouped_mm_decode_m2_float", "fp8_grouped_mm_decode_m2_float")
+    assert on(device, mps_ext.fp8_grouped_mm, x[:0], q, s, torch.zeros(3, dtype=torch.int32)).shape == (0, 48)
+    assert torch.equal(on(device, mps_ext.fp8_grouped_mm, x[:, :0], q[..., :0], s, offs), torch.zeros(5, 48))
 
 
 def test_argument_errors_name_the_argument():
@@ -135,21 +139,25 @@ def test_argument_errors_name_the_argument():
         call(x, q, s, offs, block_size=(0, 128))
 
 
-def test_gradient_of_x_is_the_dequantized_models():
+def test_gradient_of_x_is_the_dequantized_models(device):
     q, s, block, deq = experts(4, 24, 48, "block16x48", seed=4)
     offs = torch.tensor([3, 3, 5, 7], dtype=torch.int32)
     x = torch.randn(8, 48, generator=gen(5), requires_grad=True)
     g = torch.randn(7, 24, generator=gen(6))
-    (mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)[:7] * g).sum().backward()
+    with mps_ext.trace() as t:
+        (on(device, mps_ext.fp8_grouped_mm, x, q, s, offs, block_size=block)[:7] * g).sum().backward()
+    # The gradient: each expert's weight dequantized, then grouped_mm's kernel on the output's gradient.
+    ran(t, device, "fp8_grouped_mm_decode_m2_float", *["fp8_dequantize_float"] * 4, "grouped_mm_decode_kn_m2_float")
     xr = x.detach().clone().requires_grad_()
     (torch._grouped_mm(xr, deq.transpose(-2, -1), offs=offs)[:7] * g).sum().backward()
     assert_close_dot(x.grad[:7], xr.grad[:7], torch._grouped_mm(g.abs(), deq.abs(), offs=offs), 24)
     assert torch.equal(x.grad[7], torch.zeros(48))  # the row past offs[-1]
 
 
-def test_checked_mode_on_edge_shapes():
+def test_checked_mode_on_edge_shapes(device):
     # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, a long K (split over SIMD
-    # groups) with block scales along it, and the tiled kernel over partial tiles and blocks.
+    # groups) with block scales along it, and the tiled kernel over partial tiles and blocks (on mps: the
+    # same shapes on the GPU).
     with mps_ext.sim.checked():
         for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48"),
                                    ([17, 17, 40], 33, 45, "block8x40")):
@@ -157,7 +165,10 @@ def test_checked_mode_on_edge_shapes():
             x = torch.randn(ends[-1], k + 1, generator=gen(7))[:, 1:]
             offs = torch.tensor(ends, dtype=torch.int32)
             want, mag = reference(x, deq, offs, torch.float32)
-            assert_close_dot(mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block), want, mag, k)
+            with mps_ext.trace() as t:
+                got = on(device, mps_ext.fp8_grouped_mm, x, q, s, offs, block_size=block)
+            ran(t, device, *kernels("edge", scales, torch.float32, len(ends), n, k, ends[-1]))
+            assert_close_dot(got, want, mag, k)
 
 
 def test_opcheck():

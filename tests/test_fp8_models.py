@@ -17,6 +17,7 @@ from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  
 import mps_ext  # noqa: E402
 from mps_ext import fp8  # noqa: E402
 from mps_ext.nn import FP8Linear  # noqa: E402
+from conftest import on, ran  # noqa: E402
 from tolerances import assert_close_dot  # noqa: E402
 
 
@@ -36,7 +37,7 @@ def hf_fp8_linear(n: int, k: int, block, bias: bool, seed: int):
 # ------------------------------------------------------------------- convert
 
 @pytest.mark.parametrize("block", [BLOCK, None])
-def test_convert_adopts_transformers_fp8_linear(block):
+def test_convert_adopts_transformers_fp8_linear(block, device):
     layer, deq = hf_fp8_linear(300, 260, block, bias=block is not None, seed=1)
     weight, scale, bias = layer.weight, layer.weight_scale_inv, layer.bias
     model = torch.nn.Sequential(layer, torch.nn.GELU())
@@ -49,8 +50,8 @@ def test_convert_adopts_transformers_fp8_linear(block):
                                                                              scale.view(-1))
     x = torch.randn(2, 260, generator=torch.Generator().manual_seed(2)).bfloat16()
     with mps_ext.trace() as t:
-        y = got(x)
-    assert t.names == ["fp8_linear_gemv_m2_bfloat"]
+        y = on(device, got.to(device), x)
+    ran(t, device, "fp8_linear_gemv_m2_bfloat")
     want = F.linear(x.float(), deq, None if bias is None else bias.float()).bfloat16()
     assert_close_dot(y, want, x.float().abs() @ deq.abs().t(), 260)
 

@@ -22,6 +22,7 @@ from transformers.integrations.finegrained_fp8 import replace_with_fp8_linear  #
 import mps_ext  # noqa: E402
 from mps_ext import fp8  # noqa: E402
 from mps_ext.nn import FP8Experts, FP8Linear  # noqa: E402
+from conftest import backend  # noqa: E402
 from tolerances import assert_close_normwise  # noqa: E402
 
 
@@ -31,30 +32,32 @@ def fp8_share(layers: torch.nn.Module) -> float:
     return sum(t.numel() for t in tensors if t.dtype in (torch.uint8, F8)) / sum(t.numel() for t in tensors)
 
 
-def assert_decodes_like(model, reference, steps=3):
-    """Greedy decoding of ``model`` gives ``reference``'s tokens and logits, its experts on the FP8 decode
-    kernel (the prompt's 10 expert rows over 8 experts are few enough too)."""
+def assert_decodes_like(model, reference, steps=3, device="cpu"):
+    """Greedy decoding of ``model`` on ``device`` gives ``reference``'s tokens and logits (on the CPU), its
+    experts on the FP8 decode kernel (the prompt's 10 expert rows over 8 experts are few enough too)."""
     want = reference.generate(PROMPT, max_new_tokens=steps, do_sample=False, output_logits=True,
                               return_dict_in_generate=True)
+    model.to(device)
     with mps_ext.trace() as t:
-        got = model.generate(PROMPT, max_new_tokens=steps, do_sample=False, output_logits=True,
+        got = model.generate(PROMPT.to(device), max_new_tokens=steps, do_sample=False, output_logits=True,
                              return_dict_in_generate=True)
-    assert torch.equal(got.sequences, want.sequences)
+    assert torch.equal(got.sequences.cpu(), want.sequences)
     for g, w in zip(got.logits, want.logits):
-        assert_close_normwise(g, w)
+        assert_close_normwise(g.cpu(), w)
     layers = sum(isinstance(m, FP8Experts) for m in model.modules())
     assert layers and t.names.count("fp8_grouped_mm_decode_m2_float") == steps * layers * 2  # gate/up and down
+    assert all(k.backend == backend(device) for k in t.kernels), t.kernels
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "deepseek_v3", "gpt_oss"])
-def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch):
+def test_converted_moe_model_decodes_on_fp8_grouped_kernels(arch, device):
     model = tiny_moe(arch)
     converted = fp8.convert(copy.deepcopy(model))
     experts = [m for m in converted.modules() if isinstance(m, FP8Experts)]
     assert len(experts) == 2 and fp8_share(converted.model.layers) >= 0.95
     assert all(e.gate_up_proj.shape == (8, 96, 64) and e.down_proj.shape == (8, 64, 48) for e in experts)
     assert all((e.down_proj_bias is not None) == (arch == "gpt_oss") for e in experts)
-    assert_decodes_like(converted, dequantized_twin(model, converted))
+    assert_decodes_like(converted, dequantized_twin(model, converted), device=device)
 
 
 def test_convert_excludes_experts_and_converts_in_blocks():

@@ -9,6 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mps_ext
+from conftest import backend, on, ran
 from tolerances import assert_close_dot, assert_close_normwise
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -65,9 +66,8 @@ def check(a, b, offs=None, device="cpu", kernel=None, torch_too=False):
         theirs = torch._grouped_mm(a, b, offs=offs)
         assert got.stride() == theirs.stride()
         assert_close_dot(got[mask], theirs[mask].double(), magnitude[mask], k)
-    backend = "simulator" if device == "cpu" else "metal"
     if got.numel():
-        assert len(t.kernels) == 1 and t.kernels[0].backend == backend, t.kernels
+        assert len(t.kernels) == 1 and t.kernels[0].backend == backend(device), t.kernels
         m = KERNEL.fullmatch(t.names[0])
         assert m and m.group("type") == TYPE[a.dtype], t.names
         if kernel is not None:
@@ -162,7 +162,7 @@ def test_moe_decode_shapes(device, model, proj, k, n, e, top_k, tokens):
 
 @pytest.mark.parametrize("tokens,kernel", [(1, "grouped_mm_decode_m2_bfloat"), (4, "grouped_mm_decode_m2_bfloat"),
                                            (16, "grouped_mm_decode_m2_bfloat"), (64, "grouped_mm_decode_m4_bfloat")])
-def test_decode_grid_covers_routed_rows_only(tokens, kernel):
+def test_decode_grid_covers_routed_rows_only(tokens, kernel, device):
     # 128 experts, top-8: one threadgroup row per routed row of a (not per expert), the pipeline for the
     # rows an active expert has on average but at least two, the same grid whatever the routing: runs of
     # one or two rows, an expert routed twice reading its weights once for both.
@@ -171,7 +171,7 @@ def test_decode_grid_covers_routed_rows_only(tokens, kernel):
         counts = torch.diff(offs, prepend=offs.new_zeros(1))
         assert (counts == 1).any() and (counts == 2).any(), counts
     a = data(tokens * 8, 256, dtype=torch.bfloat16)
-    _, t = check(a, experts(128, 256, 24, torch.bfloat16), offs, kernel="decode", torch_too=True)
+    _, t = check(a, experts(128, 256, 24, torch.bfloat16), offs, device, kernel="decode", torch_too=True)
     assert t.names == [kernel] and t.kernels[0].grid[1] == tokens * 8, t.kernels
 
 
@@ -213,14 +213,14 @@ def test_odd_layouts(device):
     check(data(16, 7).t(), experts(3, 16, 8, torch.float32), offs, device, kernel="tiled_m16")
 
 
-def test_offsets_stay_on_device():
+def test_offsets_stay_on_device(device):
     # One dispatch of the same kernel and grid whatever offs holds: its values never reach the host
     # (no .item()/.cpu() of offs; the grid is the worst case).
-    a, b = data(16, 32), experts(8, 32, 24, torch.float32)
+    a, b = data(16, 32).to(device), experts(8, 32, 24, torch.float32).to(device)
     records = []
     for sizes in ([16, 0, 0, 0, 0, 0, 0, 0], [0] * 8, [2] * 8, [1, 0, 3, 0, 5, 0, 7, 0]):
         with mps_ext.trace() as t:
-            mps_ext.grouped_mm(a, b, offsets(sizes))
+            mps_ext.grouped_mm(a, b, offsets(sizes).to(device))
         records.append(t.kernels)
     assert all(r == records[0] for r in records) and len(records[0]) == 1, records
 
@@ -257,18 +257,20 @@ def test_out_dtype():
 
 
 @pytest.mark.fallback("invalid arguments")
-def test_override_cpu():
+def test_override(device):
     a, b, offs = data(10, 16, dtype=torch.bfloat16), experts(3, 16, 8, torch.bfloat16), offsets([3, 0, 4])
     want = torch._grouped_mm(a, b, offs=offs)
     mps_ext.overrides.reset_stats()
-    with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-        got = torch._grouped_mm(a, b, offs=offs)
+    with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+        got = on(device, torch._grouped_mm, a, b, offs=offs)
         with pytest.raises(RuntimeError, match="Offsets have to be int32"):  # torch's own error
-            torch._grouped_mm(a, b, offs=offs.long())
+            on(device, torch._grouped_mm, a, b, offs=offs.long())
         with pytest.raises(RuntimeError, match="strides should be multiple of 16 bytes"):  # torch's rule stays
-            torch._grouped_mm(data(10, 7, dtype=torch.bfloat16), experts(3, 7, 8, torch.bfloat16), offs=offs)
-    assert t.names == ["grouped_mm_decode_m4_bfloat"]
-    torch.testing.assert_close(got[:7], want[:7], rtol=7.9e-3, atol=1e-2)
+            on(device, torch._grouped_mm, data(10, 7, dtype=torch.bfloat16), experts(3, 7, 8, torch.bfloat16),
+               offs=offs)
+    ran(t, device, "grouped_mm_decode_m4_bfloat")
+    magnitude, mask = reference(a.abs(), b.abs(), offs)  # torch leaves the rows past offs[-1] unwritten
+    assert_close_dot(got[mask], want[mask], magnitude[mask], 16)
     stats = mps_ext.overrides.stats()["aten::_grouped_mm"]
     assert stats["hits"] == 1 and stats["fallbacks"] == 2 and stats["reasons"] == {"invalid arguments": 2}
 
@@ -291,7 +293,7 @@ def moe_block(dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [2, 24])
-def test_moe_block(dtype, tokens, request):
+def test_moe_block(dtype, tokens, device, request):
     if tokens > 8:  # the router's F.linear, past the GEMV's rows
         request.applymarker(pytest.mark.fallback("rows > 8"))
     block = moe_block(dtype)
@@ -301,15 +303,17 @@ def test_moe_block(dtype, tokens, request):
     want_grads = [x.grad.clone()] + [p.grad.clone() for p in block.parameters()]
     x.grad = None
     block.zero_grad(set_to_none=True)
+    block.to(device)
     mps_ext.overrides.reset_stats()
-    with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-        got = block(x)
+    with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+        got = on(device, block, x)
         got.sum().backward()
-    got_grads = [x.grad] + [p.grad for p in block.parameters()]
+    got_grads = [x.grad] + [p.grad.cpu() for p in block.parameters()]
     # Forward: 2 grouped products; backward: the input and weight gradients of each (2D x 2D for weights).
     stats = mps_ext.overrides.stats()
     assert stats["aten::_grouped_mm"]["hits"] == 2 and stats["aten::_grouped_mm (backward)"]["hits"] == 4
     assert sum(n.startswith("grouped_mm_") for n in t.names) == 6, t.names
+    assert all(k.backend == backend(device) for k in t.kernels), t.kernels
     assert any(n.startswith("softmax_") for n in t.names), t.names  # the router's
     for g, w in zip([got] + got_grads, [want] + want_grads):
         assert_close_normwise(g, w)
@@ -330,7 +334,7 @@ class GroupedMmOperands(TorchDispatchMode):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tokens", [1, 4])
-def test_gpt_oss_experts(dtype, tokens):
+def test_gpt_oss_experts(dtype, tokens, device):
     # transformers' own gpt-oss experts (tiny config, random weights, biases): their weights stay stored
     # (E, K, N), contiguous, so both products decode along N; hidden size 72 leaves a partial block of columns.
     transformers = pytest.importorskip("transformers")
@@ -351,14 +355,14 @@ def test_gpt_oss_experts(dtype, tokens):
     with torch.no_grad():
         with GroupedMmOperands() as sent:
             want = module(x, chosen, weights)
-        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-            got = module(x, chosen, weights)
+        with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+            got = on(device, module.to(device), x, chosen, weights)
     assert [(tuple(b.shape), b.is_contiguous()) for b in sent.b] == [((16, 72, 80), True), ((16, 40, 72), True)]
-    assert t.names == [f"grouped_mm_decode_kn_m2_{TYPE[dtype]}"] * 2, t.names
+    ran(t, device, *[f"grouped_mm_decode_kn_m2_{TYPE[dtype]}"] * 2)
     assert_close_normwise(got, want)
 
 
-def test_autograd():
+def test_autograd(device):
     # mps_ext.grouped_mm's own derivative in every mode, against torch's on the CPU; offs covers every
     # position (torch leaves gradient rows past offs[-1] unwritten, ours are 0).
     cases = [(data(9, 16), experts(3, 16, 8, torch.float32), offsets([3, 0, 6])),
@@ -366,13 +370,17 @@ def test_autograd():
              (data(4, 12), data(12, 8, seed=1), offsets([4, 0, 8])),
              (data(3, 4, 16), experts(3, 16, 8, torch.float32), None)]
     for a, b, o in cases:
-        grads = []
-        for fn in (mps_ext.grouped_mm, lambda a, b, o: torch._grouped_mm(a, b, offs=o)):
+        def grads(fn):
             x, y = a.clone().requires_grad_(), b.detach().clone().requires_grad_()
             out = fn(x, y, o)
             out.backward(data(*out.shape, seed=7))  # a real gradient: torch's formulas reject expanded ones
-            grads.append((x.grad, y.grad))
-        for g, w in zip(grads[0], grads[1]):
+            return x.grad, y.grad
+
+        with mps_ext.trace() as t:
+            got = grads(lambda x, y, o: on(device, mps_ext.grouped_mm, x, y, o))
+        # The product and both gradients are grouped products, each on a kernel.
+        assert len(t.kernels) == 3 and all(k.backend == backend(device) for k in t.kernels), t.kernels
+        for g, w in zip(got, grads(lambda x, y, o: torch._grouped_mm(x, y, offs=o))):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
 
 
@@ -386,7 +394,7 @@ def test_opcheck():
 
 @pytest.mark.parametrize("case", ["decode", "decode split K", "decode_kn", "decode_kn 4 chunks", "tiled_m16",
                                   "tiled_m64", "cols", "k"])
-def test_checked(case):
+def test_checked(case, device):
     offs = offsets([2, 0, 3])
     args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
             "decode split K": (data(6, 1030), experts(3, 1030, 9, torch.float32), offsets([1, 0, 4])),
@@ -398,8 +406,9 @@ def test_checked(case):
             "k": (data(5, 6), data(6, 9, seed=1), offs)}[case]
     # One core's fill keeps decode_kn's 4 chunks of 16 bytes (16 float columns per threadgroup); 32 cores' takes 2.
     with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(1 if case.endswith("4 chunks") else 32), mps_ext.trace() as t:
-        got = mps_ext.grouped_mm(*args)
+        got = on(device, mps_ext.grouped_mm, *args)
+    assert len(t.kernels) == 1 and t.kernels[0].backend == backend(device), t.kernels
     want, mask = reference(*args)
     torch.testing.assert_close(got[mask].double(), want[mask], rtol=1e-5, atol=1e-5)
-    if case.startswith("decode_kn"):
+    if case.startswith("decode_kn") and device == "cpu":  # the simulator's core count; a Mac has its own
         assert t.kernels[0].grid[0] == (3 if case.endswith("4 chunks") else 5), t.kernels

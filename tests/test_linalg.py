@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import mps_ext
-from tolerances import assert_close, assert_lu_backward_stable, assert_solve_backward_stable, linalg_scale
+from conftest import on, ran
+from tolerances import (assert_close, assert_close_conditioned, assert_lu_backward_stable, assert_solve_backward_stable,
+                        assert_solves)
 
 DTYPES = [torch.float32, torch.complex64]
 ORDERS = [1, 2, 3, 4, 5, 8, 16, 17, 32, 64]
@@ -46,20 +48,12 @@ def triangle(batch, n, dtype, upper, unit, seed=0):
     return A
 
 
-def ran(t, device, *names):
-    """The kernels ran on ``device``'s backend (no fallback to torch), these ones in this order."""
-    assert t.names == list(names), t.names
-    assert all(k.backend == ("simulator" if device == "cpu" else "metal") for k in t.kernels)
-
-
-def on(device, fn, *args, **kwargs):
-    """``fn`` with its tensor arguments moved to ``device`` and its results back on the CPU, for comparing
-    with torch's CPU results."""
-    def move(x, to):
-        return x.to(to) if isinstance(x, torch.Tensor) else x
-
-    out = fn(*(move(a, device) for a in args), **{k: move(v, device) for k, v in kwargs.items()})
-    return tuple(move(o, "cpu") for o in out) if isinstance(out, tuple) else move(out, "cpu")
+def triangle_read(A, upper, unit):
+    """The matrix solve_triangular solves with: ``A``'s triangle, ones on the diagonal when ``unit``."""
+    T = A.triu() if upper else A.tril()
+    if unit:
+        T.diagonal(dim1=-2, dim2=-1).fill_(1)
+    return T
 
 
 def tiny(n):
@@ -81,7 +75,7 @@ def test_lu_factor_matches_torch(n, dtype, device):
     assert torch.equal(pivots, want_pivots)
     assert torch.equal(info, want_info) and not info.any()
     assert LU.shape == want_LU.shape and LU.stride() == want_LU.stride()
-    assert_close(LU, want_LU, scale=linalg_scale(n))
+    assert_close_conditioned(LU, want_LU, A)
     assert_lu_backward_stable(LU, pivots, A)
 
 
@@ -99,7 +93,7 @@ def test_lu_factor_singular(n, dtype, device):
     want_LU, want_pivots, want_info = torch.linalg.lu_factor_ex(A)
     assert info[0] == 1 and info[1] == 2 and info[4] == 0
     assert torch.equal(info[:2], want_info[:2]) and torch.equal(pivots[:2], want_pivots[:2])
-    assert_close(LU[:2], want_LU[:2], scale=linalg_scale(n))
+    assert_close(LU[:2], want_LU[:2], scale=n)  # singular, no condition number: each entry sums n roundings
     # The factorization goes on past a zero pivot: P L U is still A.
     assert_lu_backward_stable(LU, pivots, A)
     # lu_factor raises like torch.
@@ -136,7 +130,7 @@ def test_complex_pivots_compare_abs_re_plus_abs_im(n, device):
     want_LU, want_pivots, _ = torch.linalg.lu_factor_ex(A)
     assert torch.equal(pivots, want_pivots)
     assert pivots[0, 0] == 1 and pivots[1, 0] == 3
-    assert_close(LU, want_LU, scale=linalg_scale(n))
+    assert_close_conditioned(LU, want_LU, A)
 
 
 @pytest.mark.parametrize("n", [3, 9])
@@ -153,7 +147,8 @@ def test_nan_and_inf(n, device):
     X, info = on(device, mps_ext.solve_ex, A, B)
     want_X, _ = torch.linalg.solve_ex(A, B)
     assert torch.equal(X.isnan(), want_X.isnan()) and X[[0, 2]].isnan().all()
-    assert_close(X[3], want_X[3], scale=linalg_scale(n) * 100)  # a Gaussian matrix: no condition bound
+    assert_close_conditioned(X[3], want_X[3], A[3])
+    assert_solves(A[3], X[3], B[3])
 
 
 # --- solve ----------------------------------------------------------------------
@@ -175,11 +170,12 @@ def test_solve_matches_torch(n, dtype, left, device):
         ran(t, device, f"lu_factor_simd_{kind}", f"lu_solve_simd_{kind}")
     want_X, want_LU, want_pivots, want_info = torch.ops.aten._linalg_solve_ex(A, B, left=left)
     assert torch.equal(pivots, want_pivots) and torch.equal(info, want_info)
-    assert_close(LU, want_LU, scale=linalg_scale(n))
+    assert_close_conditioned(LU, want_LU, A)
     assert X.shape == want_X.shape and X.stride() == want_X.stride()
-    assert_close(X, want_X, scale=linalg_scale(n))
+    assert_close_conditioned(X, want_X, A)
+    assert_solves(A, X, B, left)
     assert_solve_backward_stable(A, X, B, LU, pivots, left)
-    assert_close(on(device, mps_ext.solve, A, B, left=left), want_X, scale=linalg_scale(n))
+    assert_close_conditioned(on(device, mps_ext.solve, A, B, left=left), want_X, A)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -190,15 +186,19 @@ def test_solve_vectors_and_broadcasting(dtype, device):
         with mps_ext.trace() as t:
             got = on(device, mps_ext.solve, A, B)
         assert t.names[-1] == f"lu_solve_simd_{MTYPE[dtype]}"
-        assert_close(got, torch.linalg.solve(A, B), scale=linalg_scale(5))
+        assert_solves(A, got, B)
+        want = torch.linalg.solve(A, B)
+        vector = B.dim() == 1 or B.shape == A.shape[:-1]  # vectors, by torch.linalg.solve's rule
+        assert_close_conditioned(got.unsqueeze(-1) if vector else got, want.unsqueeze(-1) if vector else want, A)
     A = well_conditioned(2, 3, dtype)
     got = on(device, mps_ext.solve, A, randn(2, 3, dtype=dtype))  # a batch of vectors
-    assert_close(got, torch.linalg.solve(A, randn(2, 3, dtype=dtype)))
+    assert_solves(A, got, randn(2, 3, dtype=dtype))
+    assert_close_conditioned(got.unsqueeze(-1), torch.linalg.solve(A, randn(2, 3, dtype=dtype)).unsqueeze(-1), A)
     # A's batch broadcast over B's: the tiny factor and solve kernels run apart.
     with mps_ext.trace() as t:
         got = on(device, mps_ext.solve, A[0], randn(6, 3, 2, dtype=dtype))
     ran(t, device, f"lu_factor_thread_{MTYPE[dtype]}", f"lu_solve_thread_{MTYPE[dtype]}")
-    assert_close(got, torch.linalg.solve(A[0], randn(6, 3, 2, dtype=dtype)))
+    assert_close_conditioned(got, torch.linalg.solve(A[0], randn(6, 3, 2, dtype=dtype)), A[0])
 
 
 @pytest.mark.parametrize("n", [3, 17])
@@ -209,7 +209,8 @@ def test_solve_singular_and_near_singular(n, device):
     X, info = on(device, mps_ext.solve_ex, A, B)
     want_X, want_info = torch.linalg.solve_ex(A, B)
     assert torch.equal(info, want_info) and info[1] == 3
-    assert_close(X[[0, 2, 3]], want_X[[0, 2, 3]], scale=linalg_scale(n))
+    assert_close_conditioned(X[[0, 2, 3]], want_X[[0, 2, 3]], A[[0, 2, 3]])
+    assert_solves(A[[0, 2, 3]], X[[0, 2, 3]], B[[0, 2, 3]])
     with pytest.raises(torch.linalg.LinAlgError) as ours:
         on(device, mps_ext.solve, A, B)
     with pytest.raises(torch.linalg.LinAlgError) as theirs:
@@ -221,7 +222,7 @@ def test_solve_singular_and_near_singular(n, device):
     B = randn(n, 1, seed=9)
     X, info = on(device, mps_ext.solve_ex, A, B)
     assert info == 0
-    assert ((A.double() @ X.double() - B).abs().max() / X.abs().max()) < 1e-4
+    assert_solves(A, X, B)
     # Subnormal pivots are divided by, not multiplied with their (infinite) reciprocal.
     A = torch.eye(n) * 1e-39
     X, info = on(device, mps_ext.solve_ex, A, torch.full((n, 1), 1e-39))
@@ -244,7 +245,8 @@ def test_lu_solve_variants(n, dtype, left, adjoint, device):
     ran(t, device, f"lu_solve_{'thread' if tiny(n) else 'simd'}_{MTYPE[dtype]}")
     want = torch.linalg.lu_solve(LU, pivots, B, left=left, adjoint=adjoint)
     assert X.shape == want.shape and X.stride() == want.stride()
-    assert_close(X, want, scale=linalg_scale(n))
+    assert_close_conditioned(X, want, A)
+    assert_solves(A, X, B, left, adjoint)
     assert_solve_backward_stable(A, X, B, LU, pivots, left, adjoint)
 
 
@@ -255,7 +257,7 @@ def test_lu_solve_complex_residual_and_broadcasting(device):
     X = on(device, mps_ext.lu_solve, LU, pivots, B)
     assert X.shape == (2, 3, 12, 5)
     assert_solve_backward_stable(A, X, B, LU, pivots)
-    assert_close(X, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B), scale=linalg_scale(12))
+    assert_close_conditioned(X, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B), A)
 
 
 # --- solve_triangular -------------------------------------------------------------
@@ -275,7 +277,9 @@ def test_solve_triangular_matches_torch(n, k, dtype, upper, left, unit, device):
     ran(t, device, "trsm_inverse_float" if inverse else f"trsm_simd_{MTYPE[dtype]}")
     want = torch.linalg.solve_triangular(A, B, upper=upper, left=left, unitriangular=unit)
     assert X.shape == want.shape and not X.isnan().any()
-    assert_close(X, want, scale=linalg_scale(n))
+    T = triangle_read(A, upper, unit)
+    assert_close_conditioned(X, want, T)
+    assert_solves(T, X, B, left)
 
 
 def test_gated_deltanet_shape(device):
@@ -286,7 +290,8 @@ def test_gated_deltanet_shape(device):
         X = on(device, mps_ext.solve_triangular, A, B, upper=False, unitriangular=True)
     ran(t, device, "trsm_inverse_float")
     assert t.kernels[0].grid == (8, 1, 1) and t.kernels[0].threadgroup == (64, 1, 1)
-    assert_close(X, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), scale=linalg_scale(64))
+    assert_close_conditioned(X, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), A)
+    assert_solves(A, X, B)
 
 
 def test_solve_triangular_broadcasting_and_strides(device):
@@ -295,7 +300,8 @@ def test_solve_triangular_broadcasting_and_strides(device):
     with mps_ext.trace() as t:
         X = on(device, mps_ext.solve_triangular, A, B, upper=True)
     ran(t, device, "trsm_simd_float")
-    assert_close(X, torch.linalg.solve_triangular(A, B, upper=True), scale=linalg_scale(20))
+    assert_close_conditioned(X, torch.linalg.solve_triangular(A, B, upper=True), A.triu())
+    assert_solves(A.triu(), X, B)
 
 
 # --- shared semantics -------------------------------------------------------------
@@ -305,10 +311,12 @@ def test_non_contiguous_and_conjugated_inputs(device):
     A = well_conditioned(4, 9, torch.complex64, seed=2)
     B = randn(4, 9, 3, dtype=torch.complex64, seed=3)
     for a in (A.mT, A.conj(), A[:, ::1, :].transpose(1, 2).conj()):
-        assert_close(on(device, mps_ext.solve, a, B), torch.linalg.solve(a.resolve_conj(), B), scale=linalg_scale(9))
+        X = on(device, mps_ext.solve, a, B)
+        assert_solves(a.resolve_conj(), X, B)
+        assert_close_conditioned(X, torch.linalg.solve(a.resolve_conj(), B), a.resolve_conj())
         assert torch.equal(on(device, mps_ext.lu_factor, a)[1], torch.linalg.lu_factor(a.resolve_conj())[1])
     x = randn(3, 10, 20)[:, :, ::2]
-    assert_close(on(device, mps_ext.lu_factor, x)[0], torch.linalg.lu_factor(x)[0], scale=linalg_scale(10))
+    assert_close_conditioned(on(device, mps_ext.lu_factor, x)[0], torch.linalg.lu_factor(x)[0], x)
 
 
 def test_empty_inputs(device):
@@ -328,7 +336,7 @@ def test_empty_inputs(device):
     ran(t, device, "lu_factor_thread_float")
     want = torch.ops.aten._linalg_solve_ex(A, torch.zeros(2, 3, 0))
     assert X.shape == want[0].shape and torch.equal(pivots, want[2])
-    assert_close(LU, want[1])
+    assert_close_conditioned(LU, want[1], A)
 
 
 BAD_CALLS = [
@@ -387,9 +395,9 @@ class TestOverrides:
             Y = torch.linalg.lu_solve(LU, pivots, B, adjoint=True)
             Z = torch.linalg.solve_triangular(T, randn(8, 16, 8), upper=False)
         ran(t, "cpu", "lu_solve_fused_thread_float", "lu_factor_thread_float", "lu_solve_thread_float", "trsm_inverse_float")
-        assert_close(X, torch.linalg.solve(A, B))
-        assert_close(Y, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B, adjoint=True))
-        assert_close(Z, torch.linalg.solve_triangular(T, randn(8, 16, 8), upper=False), scale=linalg_scale(16))
+        assert_close_conditioned(X, torch.linalg.solve(A, B), A)
+        assert_close_conditioned(Y, torch.linalg.lu_solve(*torch.linalg.lu_factor(A), B, adjoint=True), A)
+        assert_close_conditioned(Z, torch.linalg.solve_triangular(T, randn(8, 16, 8), upper=False), T.tril())
         stats = mps_ext.overrides.stats()
         for op in ("aten::_linalg_solve_ex", "aten::linalg_lu_factor_ex", "aten::linalg_lu_solve",
                    "aten::linalg_solve_triangular"):
@@ -437,7 +445,7 @@ class TestOverrides:
             got = grads()
         assert f"lu_solve_{'thread' if n <= 4 else 'simd'}_{MTYPE[dtype]}" in t.names  # backward ran kernels
         for g, w in zip(got, want):
-            assert_close(g, w, scale=linalg_scale(n))
+            assert_close_conditioned(g, w, A0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -462,7 +470,7 @@ def test_gradients_of_the_mps_ext_functions(dtype):
             if w is None:
                 assert g is None or not g.any(), name
             else:
-                assert_close(g, w, scale=linalg_scale(6))
+                assert_close_conditioned(g, w, A0)
 
 
 OPCHECK_CASES = {
@@ -500,9 +508,12 @@ def test_checked_mode_on_every_kernel():
                     Z = mps_ext.solve_triangular(A, B, upper=True)
                     mps_ext.solve(A[0], B)  # broadcast A: factor and solve apart
                 ran_kernels.update(t.names)
-                assert_close(X, torch.linalg.solve(A, B), scale=linalg_scale(n))
-                assert_close(Y, torch.linalg.lu_solve(LU, pivots, B, adjoint=True), scale=linalg_scale(n))
-                assert_close(Z, torch.linalg.solve_triangular(A, B, upper=True), scale=linalg_scale(n) * 10)
+                assert_close_conditioned(X, torch.linalg.solve(A, B), A)
+                assert_close_conditioned(Y, torch.linalg.lu_solve(LU, pivots, B, adjoint=True), A)
+                assert_close_conditioned(Z, torch.linalg.solve_triangular(A, B, upper=True), A.triu())
+                assert_solves(A, X, B)
+                assert_solves(A, Y, B, adjoint=True)
+                assert_solves(A.triu(), Z, B)
         # A complex 64 x 64 matrix fills the 32 KiB of threadgroup memory exactly.
         A = randn(1, 64, 64, dtype=torch.complex64)
         with mps_ext.trace() as t:

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tolerances import (TOLERANCES, assert_close, assert_close_dot, assert_close_normwise, assert_lu_backward_stable,
-                        assert_solve_backward_stable)
+from op_cases import well_conditioned
+from tolerances import (TOLERANCES, assert_close, assert_close_conditioned, assert_close_dot, assert_close_normwise,
+                        assert_lu_backward_stable, assert_solve_backward_stable, assert_solves)
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -96,3 +97,29 @@ def test_backward_error_bounds(dtype, n):
         with pytest.raises(AssertionError, match="residual"):
             assert_solve_backward_stable(A, solution, B, LU, pivots)
             pytest.fail(f"{what} passed")
+
+
+# Every order a linear-algebra test of the suite solves or factors at.
+LINALG_ORDERS = [1, 2, 3, 4, 5, 6, 8, 9, 12, 16, 17, 20, 32, 33, 37, 40, 64]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.complex64])
+def test_linalg_bounds_reject_a_one_percent_scale_at_every_order(dtype):
+    wide = torch.complex128 if dtype.is_complex else torch.float64
+    for n in LINALG_ORDERS:
+        A = well_conditioned(2, n, dtype, seed=n)
+        B = torch.randn(2, n, 3, dtype=dtype, generator=torch.Generator().manual_seed(n))
+        X, LU = torch.linalg.solve(A, B), torch.linalg.lu_factor(A)[0]  # LAPACK in float32: honest results
+        exact_X, exact_LU = torch.linalg.solve(A.to(wide), B.to(wide)), torch.linalg.lu_factor(A.to(wide))[0]
+        assert_solves(A, X, B)
+        assert_solves(A, torch.linalg.solve(A, B.mT, left=False), B.mT, left=False)
+        assert_solves(A, torch.linalg.solve(A.mH, B), B, adjoint=True)
+        assert_close_conditioned(X, exact_X, A)
+        assert_close_conditioned(LU, exact_LU, A)
+        with pytest.raises(AssertionError, match="backward errors"):
+            assert_solves(A, X * 1.01, B)
+            pytest.fail(f"a solution 1.01x off passed the backward-error bound at order {n}")
+        for got, exact in ((X, exact_X), (LU, exact_LU)):
+            with pytest.raises(AssertionError, match="forward errors"):
+                assert_close_conditioned(got * 1.01, exact, A)
+                pytest.fail(f"a result 1.01x off passed the forward-error bound at order {n}")
