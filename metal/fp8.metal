@@ -115,9 +115,9 @@ struct Fp8XRows {
   bool vectorized;
   bool e5m2;
 
-  template <uint Count>
+  template <uint Count, bool Checked = true>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    if (mps_ext::fp8_load16(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
+    if (mps_ext::fp8_load16<Checked>(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
       for (uint c = 0; c < 4; ++c) out[c] = float4(NAN);
   }
 };
@@ -170,7 +170,9 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
   const float unfold = load16_factor(In());
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i) {
       const uint n = first + r;
       if (lane == r * M + i && n < p.n && i < p.m)

@@ -146,7 +146,9 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   if (M > 1 && rows.size == 1) {
     // A run of one row (most runs where experts get one or two rows): no x loads or sums for absent rows.
     const mps_ext::Tile<1, R> one = mps_ext::gemv_simdgroup<1, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    MPS_EXT_UNROLL
     for (uint r = 0; r < R; ++r)
+      MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i) t.v[r][i] = i == 0 ? one.v[r][0] : 0.0f;
   } else {
     t = mps_ext::gemv_simdgroup<M, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
@@ -154,7 +156,9 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
   device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row;
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i)
       if (lane == r * M + i && first + r < p.n && i < rows.size)
         y[ulong(i) * p.out_row + first + r] = T(t.v[r][i] * w.scale(first + r));
@@ -191,28 +195,38 @@ kernel void grouped_mm_decode_kn(device const T* a [[buffer(0)]], device const T
   device const T* w = b + ulong(g) * p.b_group;
   device const T* x = a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row;
   float4 acc[M][P / 4];
+  MPS_EXT_UNROLL
   for (uint i = 0; i < M; ++i)
+    MPS_EXT_UNROLL
     for (uint c = 0; c < P / 4; ++c) acc[i][c] = 0.0f;
   for (uint k0 = k_lane; k0 < p.k; k0 += lanes * kKnInFlight) {
     float4 wv[kKnInFlight][P / 4];
+    MPS_EXT_UNROLL
     for (uint u = 0; u < kKnInFlight; ++u) {
       const uint k = min(k0 + u * lanes, p.k - 1);  // a row past K is read, then weighted by 0
       mps_ext::load_floats<P>(w + ulong(k) * p.b_k, first + chunk * P, p.n, p.b_vectorized != 0, wv[u]);
     }
+    MPS_EXT_UNROLL
     for (uint u = 0; u < kKnInFlight; ++u) {
       const uint k = k0 + u * lanes;
+      MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i) {
         const float xi = i < rows.size && k < p.k ? float(x[ulong(i) * p.a_row + k]) : 0.0f;
+        MPS_EXT_UNROLL
         for (uint c = 0; c < P / 4; ++c) acc[i][c] += wv[u][c] * xi;
       }
     }
   }
   // The SIMD group's K-lanes of a chunk are lanes `chunks` apart.
   for (uint d = chunks; d < 32; d *= 2)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i)
+      MPS_EXT_UNROLL
       for (uint c = 0; c < P / 4; ++c) acc[i][c] += simd_shuffle(acc[i][c], ushort(lane ^ d));
   if (lane < chunks)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i)
+      MPS_EXT_UNROLL
       for (uint j = 0; j < P; ++j) partial[(sg * M + i) * columns + chunk * P + j] = acc[i][j / 4][j % 4];
   threadgroup_barrier(mem_flags::mem_threadgroup);
   device T* y = out + ulong(g) * p.out_group + ulong(rows.start) * p.out_row + first;

@@ -83,3 +83,30 @@ def test_launcher_passes_metal_buffer_table():
 def test_nvcc_compiles_translation(source, tmp_path):
     cubins = _tool("cuda").build([source], tmp_path, log=lambda *_: None)
     assert cubins[source.stem].stat().st_size > 0
+
+
+UNROLL_SOURCE = """
+#include <metal_stdlib>
+#include "mps_ext/unroll.h"
+using namespace metal;
+kernel void sums(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  float acc[4];
+  MPS_EXT_UNROLL
+  for (uint j = 0; j < 4; ++j) acc[j] = float(i + j);
+  #pragma unroll 2
+  for (uint j = 0; j < 4; ++j) acc[j] *= 2.0f;
+  #pragma clang loop unroll(disable)
+  for (uint j = 1; j < 4; ++j) acc[0] += acc[j];
+  out[i] = acc[0];
+}
+"""
+
+
+def test_loop_unroll_hints_reach_nvcc(tmp_path):
+    # A rolled loop over a tile puts the tile on the stack; Apple's compiler unrolls where the source says so,
+    # and so must the CUDA translation.
+    src = tmp_path / "unroll.metal"
+    src.write_text(UNROLL_SOURCE)
+    text = _translate(src)
+    hints = re.findall(r"^(#pragma [^\n]*)\n#line \d+ [^\n]*\n\s*for\b", text, re.M)
+    assert hints == ["#pragma unroll", "#pragma unroll (2)", "#pragma unroll 1"], text

@@ -92,6 +92,9 @@ class _Tok:
     kind: str  # id, num, str, chr, punct
     file: str
     line: int
+    # A loop hint (`#pragma clang loop ...`, `#pragma unroll`) written before this token: the simulator's
+    # C++ has no use for it; a GPU back end keeps it on the loop it precedes.
+    loop_hint: str = ""
 
 
 _TOKEN = re.compile(
@@ -105,6 +108,7 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+_LOOP_HINT = re.compile(r"#pragma\s+(?:clang\s+loop\b|unroll\b|nounroll\b)")
 _LINEMARKER = re.compile(r'#(?:line)?\s+(\d+)\s+"((?:[^"\\]|\\.)*)"')
 _DECIMAL_FLOAT = re.compile(r"(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?|\d[\d']*[eE][+-]?\d+")
 _HEX_FLOAT = re.compile(r"0[xX][\da-fA-F.']*[pP][+-]?\d+")
@@ -280,7 +284,7 @@ def _cast_conditional_arms(toks: list[_Tok]) -> list[_Tok]:
 
 def _tokenize(text: str) -> list[_Tok]:
     tokens: list[_Tok] = []
-    file, line = "<unknown>", 1
+    file, line, hint = "<unknown>", 1, ""
     for raw in text.split("\n"):
         stripped = raw.lstrip()
         if stripped.startswith("#"):
@@ -289,6 +293,8 @@ def _tokenize(text: str) -> list[_Tok]:
                 line, file = int(m.group(1)), m.group(2).encode().decode("unicode_escape")
                 continue
             if stripped.startswith("#pragma"):
+                if _LOOP_HINT.match(stripped):
+                    hint = stripped
                 line += 1
                 continue
         pos = 0
@@ -299,7 +305,8 @@ def _tokenize(text: str) -> list[_Tok]:
             pos = m.end()
             kind = m.lastgroup
             if kind != "ws":
-                tokens.append(_Tok(m.group(kind), kind, file, line))
+                tokens.append(_Tok(m.group(kind), kind, file, line, hint))
+                hint = ""
         line += 1
     return tokens
 

@@ -7,32 +7,39 @@
 #include <metal_stdlib>
 
 #include "mps_ext/fp8_decode.h"
+#include "mps_ext/unroll.h"
 
 namespace mps_ext {
 
 // Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
-// loads when `vectorized` (the row is then 16-byte aligned). e4m3fn bytes
+// loads when `vectorized` (the row is then 16-byte aligned); unchecked, the
+// caller guarantees both. e4m3fn bytes
 // come out divided by 256; the result says whether a NaN code was among them.
 // e5m2 bytes (scaled_mm) come out divided by 256 too, their infinities and
 // NaN as they are.
+template <bool Checked = true>
 inline bool fp8_load16(device const uchar* row, uint k, uint end, bool vectorized, thread float4* out,
                        bool e5m2 = false) {
   uint4 u = uint4(0);
-  if (vectorized && k + 16 <= end) {
+  if (!Checked || (vectorized && k + 16 <= end)) {
     u = *reinterpret_cast<device const uint4*>(row + k);
   } else {
+    MPS_EXT_UNROLL
     for (uint j = 0; j < 16; ++j)
       if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
   }
   if (e5m2) {
+    MPS_EXT_UNROLL
     for (uint c = 0; c < 4; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
     return false;
   }
   // Subnormal codes are rare in real weights (below 2^-6 of the scale): the
   // lanes holding one take the float decode, the others the half one.
   if ((fp8x4_subnormals(u.x) | fp8x4_subnormals(u.y) | fp8x4_subnormals(u.z) | fp8x4_subnormals(u.w)) == 0) {
+    MPS_EXT_UNROLL
     for (uint c = 0; c < 4; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
   } else {
+    MPS_EXT_UNROLL
     for (uint c = 0; c < 4; ++c) out[c] = fp8x4_to_float4_div256(u[c]);
   }
   return fp8x4_has_nan(u.x) || fp8x4_has_nan(u.y) || fp8x4_has_nan(u.z) || fp8x4_has_nan(u.w);
@@ -52,10 +59,12 @@ struct Fp8Weights {
   bool per_chunk;
   bool e5m2 = false;  // scaled_mm's e5m2 operands
 
+  template <bool Checked = true>
   void load(uint row, uint k, uint end, thread float4* out) const {
-    const bool nan = fp8_load16(w + row * row_stride, k, end, vectorized, out, e5m2);
-    if (per_chunk && k < end) {
+    const bool nan = fp8_load16<Checked>(w + row * row_stride, k, end, vectorized, out, e5m2);
+    if (per_chunk && (!Checked || k < end)) {
       const float s = scales[(row / block_n) * scale_cols + k / block_k];
+      MPS_EXT_UNROLL
       for (uint c = 0; c < 4; ++c) out[c] *= s;
     }
     if (nan) out[0].x = NAN;  // poisons the dot product whatever a holds (NaN x 0 is NaN)

@@ -21,6 +21,7 @@
 #include <metal_stdlib>
 
 #include "mps_ext/params.h"
+#include "mps_ext/unroll.h"
 
 namespace mps_ext {
 
@@ -49,15 +50,18 @@ inline void unpack16(uint4 u, thread float4* out, T) {
 // Elements [k, k + Count) of `p` as floats (Count a multiple of 16 bytes'
 // worth): 16-byte loads when `vectorized` (p + k is then 16-byte aligned,
 // the caller guarantees it), one load per element otherwise and for a chunk
-// that reaches past `end`, whose missing elements read as 0.
-template <uint Count, typename T>
+// that reaches past `end`, whose missing elements read as 0. Unchecked, the
+// caller guarantees both (gemv_simdgroup's full steps): no test in the loop.
+template <uint Count, bool Checked = true, typename T>
 inline void load_floats(device const T* p, uint k, uint end, bool vectorized, thread float4* out) {
   constexpr uint kPer16 = 16 / sizeof(T);
-  if (vectorized && k + Count <= end) {
+  if (!Checked || (vectorized && k + Count <= end)) {
     device const uint4* chunks = reinterpret_cast<device const uint4*>(p + k);
+    MPS_EXT_UNROLL
     for (uint c = 0; c < Count / kPer16; ++c) unpack16(chunks[c], out + c * (kPer16 / 4), T());
     return;
   }
+  MPS_EXT_UNROLL
   for (uint j = 0; j < Count; ++j) out[j / 4][j % 4] = k + j < end ? float(p[k + j]) : 0.0f;
 }
 
@@ -69,8 +73,9 @@ struct DenseWeights {
   ulong row_stride;
   bool vectorized;  // w and every row start 16-byte aligned
 
+  template <bool Checked = true>
   void load(uint row, uint k, uint end, thread float4* out) const {
-    load_floats<kPerLane>(w + row * row_stride, k, end, vectorized, out);
+    load_floats<kPerLane, Checked>(w + row * row_stride, k, end, vectorized, out);
   }
   float scale(uint) const { return 1.0f; }
 };
@@ -84,9 +89,9 @@ struct XRows {
   uint m;
   bool vectorized;
 
-  template <uint Count>
+  template <uint Count, bool Checked = true>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    load_floats<Count>(x + metal::min(i, m - 1) * row_stride, k, end, vectorized, out);
+    load_floats<Count, Checked>(x + metal::min(i, m - 1) * row_stride, k, end, vectorized, out);
   }
 };
 
@@ -96,33 +101,53 @@ struct Tile {
   float v[R][M];
 };
 
+// One K-step of gemv_simdgroup at k0: all weight loads of the step first (R x
+// U 16-byte loads in flight per lane; chunks past k read as zeros when
+// Checked), then the M rows of x against them.
+template <uint M, uint R, uint U, bool Checked, typename Weights, typename X>
+inline void gemv_step(Weights w, X x, thread const uint* rows, uint k0, uint k, thread Tile<M, R>& t) {
+  constexpr uint P = Weights::kPerLane, kChunk = 32 * P;
+  float4 wv[R][U][P / 4];
+  MPS_EXT_UNROLL
+  for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
+    for (uint u = 0; u < U; ++u) w.template load<Checked>(rows[r], k0 + u * kChunk, k, wv[r][u]);
+  MPS_EXT_UNROLL
+  for (uint i = 0; i < M; ++i)
+    MPS_EXT_UNROLL
+    for (uint u = 0; u < U; ++u) {
+      float4 xv[P / 4];
+      x.template load<P, Checked>(i, k0 + u * kChunk, k, xv);
+      MPS_EXT_UNROLL
+      for (uint r = 0; r < R; ++r)
+        MPS_EXT_UNROLL
+        for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][u][c], xv[c]);
+    }
+}
+
 // The dot products of rows [first, first + R) of `w` (rows past n - 1 read
 // row n - 1) with the M rows of x, over the K-steps of slice `slice` of
 // `slices` (a step is U chunks of 32 lanes), summed over the SIMD group:
-// every lane gets the totals.
+// every lane gets the totals. Steps that lie wholly inside K, with 16-byte
+// aligned rows, run without a bounds test per load.
 template <uint M, uint R, uint U = 1, typename Weights, typename X>
 inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
-  constexpr uint P = Weights::kPerLane, kChunk = 32 * P;
+  constexpr uint P = Weights::kPerLane, kStep = U * 32 * P;
   Tile<M, R> t;
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i) t.v[r][i] = 0.0f;
   uint rows[R];
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r) rows[r] = metal::min(first + r, n - 1);
-  for (uint k0 = slice * U * kChunk + lane * P; k0 < k; k0 += slices * U * kChunk) {
-    // All weight loads of the step first: R x U 16-byte loads in flight per
-    // lane (chunks past k read as zeros).
-    float4 wv[R][U][P / 4];
-    for (uint r = 0; r < R; ++r)
-      for (uint u = 0; u < U; ++u) w.load(rows[r], k0 + u * kChunk, k, wv[r][u]);
-    for (uint i = 0; i < M; ++i)
-      for (uint u = 0; u < U; ++u) {
-        float4 xv[P / 4];
-        x.template load<P>(i, k0 + u * kChunk, k, xv);
-        for (uint r = 0; r < R; ++r)
-          for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][u][c], xv[c]);
-      }
-  }
+  uint s0 = slice * kStep;  // the step's first element (lane 0's)
+  if (w.vectorized && x.vectorized)
+    for (; s0 + kStep <= k; s0 += slices * kStep) gemv_step<M, R, U, false>(w, x, rows, s0 + lane * P, k, t);
+  for (; s0 < k; s0 += slices * kStep) gemv_step<M, R, U, true>(w, x, rows, s0 + lane * P, k, t);
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i) t.v[r][i] = metal::simd_sum(t.v[r][i]);
   return t;
 }
@@ -143,7 +168,9 @@ inline void gemv_store(device T* y, device const T* bias, constant Params& p, We
 template <uint M, uint R, typename T, typename Weights, typename Params>
 inline void gemv_store_tile(device T* y, device const T* bias, constant Params& p, Weights w, uint first,
                             Tile<M, R> t, uint lane) {
+  MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
+    MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i)
       if (lane == r * M + i) gemv_store(y, bias, p, w, first + r, i, t.v[r][i]);
 }
@@ -157,13 +184,17 @@ template <uint M, uint R>
 inline Tile<M, R> gemv_sum_slices(Tile<M, R> t, threadgroup float* partial, uint sg, uint slices, uint lane) {
   static_assert(M * R <= 32, "one lane per total");
   if (lane == 0)
+    MPS_EXT_UNROLL
     for (uint r = 0; r < R; ++r)
+      MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i) partial[sg * (R * M) + r * M + i] = t.v[r][i];
   threadgroup_barrier(metal::mem_flags::mem_threadgroup);
   if (sg % slices == 0 && lane < R * M) {
     float sum = 0.0f;
     for (uint s = 0; s < slices; ++s) sum += partial[(sg + s) * (R * M) + lane];
+    MPS_EXT_UNROLL
     for (uint r = 0; r < R; ++r)
+      MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i)
         if (lane == r * M + i) t.v[r][i] = sum;
   }
