@@ -3,7 +3,8 @@ models converted to them and Hugging Face FP8 checkpoints loaded into them.
 
 e4m3fn tensors are ``torch.float8_e4m3fn`` where the device holds that dtype,
 and ``uint8`` tensors holding the same bits elsewhere (``mps`` before torch
-2.15, which cannot hold float8 tensors); every function takes either.
+2.15, where no torch kernel takes a float8 tensor, while uint8 ones are
+copied, sliced and stacked like any other); every function takes either.
 Kernels run on ``mps`` tensors on the GPU and on CPU tensors in the
 simulator.
 """

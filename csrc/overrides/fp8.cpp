@@ -1,7 +1,7 @@
 // aten::_scaled_mm and aten::_scaled_mm_v2 (F.scaled_mm). torch has CPU
-// kernels for both (overridden only to test the routing); on mps, float8
-// tensors exist from torch 2.15 on, which has a native _scaled_mm_v2 and no
-// _scaled_mm, so the mps overrides are registered there only. What the
+// kernels for both (overridden only to test the routing); on mps, torch runs
+// kernels on float8 tensors from 2.15 on, which has a native _scaled_mm_v2
+// and no _scaled_mm, so the mps overrides are registered there only. What the
 // kernels do not cover (the fnuz formats, block-wise recipes, invalid calls)
 // goes to torch: its kernel for the device, or for _scaled_mm on mps
 // (torch has none) its CPU kernel on copies.
@@ -107,7 +107,7 @@ at::Tensor scaled_mm_v2(const at::Tensor& self, const at::Tensor& mat2, ScaleLis
 
 void register_fp8(OverrideLibrary& lib, c10::DeviceType device) {
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 15
-  if (device == c10::DeviceType::MPS) return;  // no float8 tensors on mps
+  if (device == c10::DeviceType::MPS) return;  // mps_ext keeps e4m3fn there as uint8 bits
 #endif
   (void)device;
   lib.impl("_scaled_mm", TORCH_FN(scaled_mm));

@@ -386,6 +386,32 @@ def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
                 flops, tfn if large else None, "torch._grouped_mm")
 
 
+def fp8_grouped_case(dt, groups, m, n, k, block=None, large=False, empty_every=0):
+    """x (m, k) rows sorted by expert times e4m3fn experts (G, n, k), per-channel scales or per block."""
+    x = randn(m, k, dtype=dt)
+    w = e4m3(randn(groups, n, k, scale=2.0))
+    if block is None:
+        ws = torch.rand(groups, n, device=DEV) + 0.5
+        full = ws.view(groups, n, 1).expand(groups, n, k)
+    else:
+        bn, bk = block
+        ws = (torch.rand(groups, -(-n // bn), -(-k // bk), device=DEV) + 0.5) * k ** -0.5
+        full = ws.repeat_interleave(bn, 1)[:, :n].repeat_interleave(bk, 2)[:, :, :k]
+    offs = partition(m, groups, empty_every)
+    launches, out = ops.fp8_grouped_mm(x, w, ws, offs, block)
+    poison(out)
+    deq = w.double() * full.double()
+    ref, covered = grouped_ref(x, deq.transpose(-2, -1), offs)
+    w_dense = (w.float() * full).to(dt).transpose(-2, -1)
+    tfn = lambda: torch._grouped_mm(x, w_dense, offs)
+    used = torch.unique(torch.bucketize(torch.arange(m, device=DEV), offs.long(), right=True)).numel()
+    moved = used * n * k + nbytes(x, ws) + m * n * x.element_size()
+    return Case("grouped_mm", f"fp8_grouped_mm G={groups} m={m} n={n} k={k} {DT[dt]} blocks {block or 'per-row'}",
+                launches, compare(covered(out), covered(ref), dt, torch_out=(lambda: covered(tfn())) if large else None),
+                moved, 2 * m * n * k, tfn if large else None,
+                f"torch: _grouped_mm with the experts dequantized to {DT[dt]} (reads 2x the weight bytes)")
+
+
 def grouped_small():
     cases = []
     for dt in (F32, F16, BF16):
@@ -401,7 +427,16 @@ def grouped_small():
                   grouped_case("rows", dt, 2, 150, 40, 36, empty_every=2),  # TM 64
                   grouped_case("none", dt, 3, 20, 40, 24),
                   grouped_case("cols", dt, 3, 20, 70, 24),
-                  grouped_case("k", dt, 3, 20, 40, 70)]
+                  grouped_case("k", dt, 3, 20, 40, 70),
+                  # FP8 experts: decode with 2, 4 and 8 rows per run, K split; tiles of 16, 32 and 64 rows,
+                  # and a block along K the decode cannot scale by 16-byte chunks (tiled at 2 rows per expert)
+                  fp8_grouped_case(dt, 6, 20, 40, 2100, empty_every=2),
+                  fp8_grouped_case(dt, 5, 21, 40, 300, (16, 128), empty_every=3),
+                  fp8_grouped_case(dt, 8, 13, 24, 520, (16, 32)),
+                  fp8_grouped_case(dt, 4, 50, 40, 40, (16, 24)),
+                  fp8_grouped_case(dt, 3, 80, 33, 72),
+                  fp8_grouped_case(dt, 2, 150, 40, 36, (32, 16), empty_every=2),
+                  fp8_grouped_case(dt, 5, 11, 40, 48, (16, 24))]
     return cases
 
 
@@ -413,7 +448,11 @@ def grouped_large():
             grouped_case("decode_kn", BF16, 32, 4, 5760, 2880, large=True),
             grouped_case("decode_kn", BF16, 32, 16, 2880, 2880, large=True),
             grouped_case("rows", BF16, 128, 32768, 1536, 2048, large=True),
-            grouped_case("rows", F32, 128, 8192, 768, 2048, large=True)]
+            grouped_case("rows", F32, 128, 8192, 768, 2048, large=True),
+            # Qwen3-30B-A3B's gate/up experts in FP8 with 128 x 128 blocks: one token (8 routed), 32, a prompt
+            fp8_grouped_case(BF16, 128, 8, 1536, 2048, (128, 128), large=True),
+            fp8_grouped_case(BF16, 128, 32, 1536, 2048, (128, 128), large=True),
+            fp8_grouped_case(BF16, 128, 4096, 1536, 2048, (128, 128), large=True)]
 
 
 # ---------------------------------------------------------------- linalg

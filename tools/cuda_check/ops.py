@@ -224,10 +224,31 @@ def fp8_linear(x, weight, weight_scale, block_size=None, bias=None):
 
 K_DECODE_SG, K_DECODE_MIN_STEPS, K_DECODE_MAX_AVG, K_TILE_COLUMNS = 4, 2, 8, 32
 SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS, SPLIT_K = 0, 1, 2, 3
-NO_FP8 = (0, 0, 0, 0)  # block_n, block_k, scale_cols, scale_group: read by fp8_grouped_mm only (b bound for its scales)
 
 
 def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
+    return _grouped(a, b, offs, "grouped_mm", None)
+
+
+def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, offs: torch.Tensor,
+                   block_size=None):
+    """x (m, k) contiguous rows sorted by expert, weight (E, n, k) e4m3fn with unit column stride; weight_scale
+    per expert (E,), per channel (E, n) or per block (E, ceil(n / bn), ceil(k / bk)) with block_size."""
+    e, n, k = weight.shape
+    if block_size:
+        block_n, block_k = block_size
+    elif weight_scale.numel() == e:
+        block_n, block_k = n, k
+    else:
+        block_n, block_k = 1, k
+    scales = weight_scale.float().contiguous().view(e, ceil_div(n, block_n), -1)
+    fp8 = (scales, min(block_n, n), min(block_k, k))
+    return _grouped(x, byte_view(weight).transpose(1, 2), offs, "fp8_grouped_mm", fp8)
+
+
+def _grouped(a, b, offs, op, fp8):
+    """grouped_mm.cpp run_kernels; fp8 (scales, block_n, block_k) for e4m3fn weights, whose kernels read
+    the scales at buffer 5 (else b is bound there)."""
     a2, b2 = a.dim() == 2, b.dim() == 2
     if a2 and b2:
         size = [offs.shape[0], a.shape[0], b.shape[1]]
@@ -249,36 +270,39 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
     a_row, a_k, b_k, b_col = a.stride(-2), a.stride(-1), b.stride(-2), b.stride(-1)
     out_group = stride[0] if len(stride) == 3 else 0
     out_row = stride[-2]
-    es = a.element_size()
+    es, ws = a.element_size(), b.element_size()
     a_vec = aligned16(a) and a_row * es % 16 == 0 and a_group * es % 16 == 0
-    b_vec = aligned16(b) and (b_col if b_k == 1 else b_k) * es % 16 == 0 and b_group * es % 16 == 0
+    b_vec = aligned16(b) and (b_col if b_k == 1 else b_k) * ws % 16 == 0 and b_group * ws % 16 == 0
     fields = [split, groups, m, n, k, a_group, a_row, a_k, b_group, b_k, b_col, out_group, out_row, a_vec, b_vec]
+    scales, block_n, block_k = fp8 or (b, 0, 0)
+    fp8_fields = [block_n, block_k, scales.shape[2], scales.stride(0)] if fp8 else [0, 0, 0, 0]
+    bufs = lambda slices, chunks: [a, b, offs if offs is not None else a, out,
+                                   u32s(*fields, slices, chunks, *fp8_fields), scales]
     average = m // max(groups, 1) if split == SPLIT_ROWS else m
     rows_of_weights = b_k == 1 or k == 1
-    contiguous_x = a_k == 1 or k == 1
-    decode = split in (SPLIT_ROWS, SPLIT_NONE) and contiguous_x and average <= K_DECODE_MAX_AVG
+    # plan_for: the FP8 decode scales 16-byte chunks of a row, so a block along k holds whole chunks.
+    decode = (split in (SPLIT_ROWS, SPLIT_NONE) and (a_k == 1 or k == 1) and average <= K_DECODE_MAX_AVG
+              and (not fp8 or block_k >= k or block_k % 16 == 0))
     by_rows = split == SPLIT_ROWS
     rows = decode_rows(m, groups) if by_rows else rows_bucket(m)
-    if decode and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 or 2 chunks of 16 bytes of columns
-        kernel = host_name("grouped_mm", f"decode_kn_m{rows}", a.dtype)
+    if decode and not fp8 and not rows_of_weights and b_col == 1:  # decode_kn_plan: 4 or 2 chunks of 16 bytes
+        kernel = host_name(op, f"decode_kn_m{rows}", a.dtype)
         y = m if by_rows else groups * ceil_div(m, rows)
         wide = ceil_div(n, 4 * (16 // es)) * y * K_DECODE_SG
         chunks = 2 if 2 * wide < fill_simdgroups(kernel, 32 * K_DECODE_SG) else 4
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, chunks, *NO_FP8), b]
-        return [Launch(kernel, (ceil_div(n, chunks * (16 // es)), y), (32 * K_DECODE_SG,), bufs)], out
-    if decode and rows_of_weights:
+        return [Launch(kernel, (ceil_div(n, chunks * (16 // es)), y), (32 * K_DECODE_SG,), bufs(1, chunks))], out
+    if decode and (fp8 or rows_of_weights):  # decode_plan: a lane's 16 bytes per step are 16 // ws weights
         runs = ceil_div(m, rows) if by_rows else groups * ceil_div(m, rows)
         blocks = ceil_div(n, rows_per_simdgroup(rows))
-        steps = ceil_div(k, 32 * (16 // es))
-        kernel = host_name("grouped_mm", f"decode_m{rows}", a.dtype)
+        steps = ceil_div(k, 32 * (16 // ws))
+        kernel = host_name(op, f"decode_m{rows}", a.dtype)
         fill = fill_simdgroups(kernel, 32 * K_DECODE_SG)
         slices = 1
         while slices < K_DECODE_SG and runs * blocks * slices < fill and steps // (2 * slices) >= K_DECODE_MIN_STEPS:
             slices *= 2
         columns = rows_per_simdgroup(rows) * K_DECODE_SG // slices
-        bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, slices, 4, *NO_FP8), b]
-        return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,), bufs)], out
-    bufs = [a, b, offs if offs is not None else a, out, u32s(*fields, 1, 4, *NO_FP8), b]
+        return [Launch(kernel, (ceil_div(n, columns), m if by_rows else runs), (32 * K_DECODE_SG,),
+                       bufs(slices, 4))], out
     tm = 16 if average <= 16 else 32 if average <= 32 else 64
     x, y, z = ceil_div(n, K_TILE_COLUMNS), ceil_div(m, tm), 1
     if split == SPLIT_ROWS:
@@ -287,7 +311,7 @@ def grouped_mm(a: torch.Tensor, b: torch.Tensor, offs=None):
         x += groups
     else:
         z = groups
-    return [Launch(host_name("grouped_mm", f"tiled_m{tm}", a.dtype), (x, y, z), (128,), bufs)], out
+    return [Launch(host_name(op, f"tiled_m{tm}", a.dtype), (x, y, z), (128,), bufs(1, 4))], out
 
 
 # ---------------------------------------------------------------- linalg (csrc/ops/linalg.cpp)
