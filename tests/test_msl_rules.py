@@ -47,18 +47,6 @@ CASES = {
                "struct Twice { float operator()(float v) const { return v * 2; } };\n" +
                KERNEL.format(body="  float a[2] = {1, 2};\n  [[maybe_unused]] Twice twice;\n"
                                   "  out[i] = twice(a[i % 2]);")),
-    "recursion": ("no recursion",
-                  "float fact(float n) {\n  return n <= 1 ? 1 : n * fact(n - 1);\n}\n" + KERNEL.format(body="  out[i] = fact(4);"),
-                  "half exp(half x) { return half(exp(float(x))); }  // calls metal's exp(float)\n"
-                  "float sq(float x) { return x * x; }\n"
-                  "float2 sq(float2 v) { return float2(sq(v.x), sq(v.y)); }  // an overload, not recursion\n" +
-                  KERNEL.format(body="  out[i] = sq(float2(float(i + 2), 1)).x;")),
-    "mutual recursion": ("no recursion",
-                         "float odd(uint n);\nfloat even(uint n) {\n  return n == 0 ? 1 : odd(n - 1);\n}\n"
-                         "float odd(uint n) { return n == 0 ? 0 : even(n - 1); }\n" +
-                         KERNEL.format(body="  out[i] = even(i);"),
-                         "float odd_of(uint n) { return float(n % 2); }\nfloat even_of(uint n) { return 1 - odd_of(n); }\n" +
-                         KERNEL.format(body="  out[i] = even_of(i);")),
     "std::": ("no C/C++ standard library", KERNEL.format(body="  out[i] = std::max(out[i], 0.0f);"),
               KERNEL.format(body="  float std = metal::max(out[i], 0.0f);  // std as a name\n  out[i] = std;")),
     "C library": ("no C/C++ standard library", KERNEL.format(body='  printf("%f", out[i]);'),
@@ -84,8 +72,63 @@ CASES = {
                                "constexpr constant static float table[2] = {0, 1};\n" +
                                KERNEL.format(body="  out[i] = scale + offset + table[i % 2];")),
     "static variable": ("static variable", KERNEL.format(body="  static int calls = 0;\n  out[i] = float(calls++);"),
-                        "struct Limits { static constant constexpr int n = 3; };\n" +
-                        KERNEL.format(body="  static constant float k = 0.5f;\n  out[i] = k * Limits::n;")),
+                        "struct Limits { static constant constexpr int n = 3; };\nconstant float k = 0.5f;\n" +
+                        KERNEL.format(body="  out[i] = k * Limits::n;")),
+    "static constant": ("static variable", KERNEL.format(body="  static constant float k = 0.5f;\n  out[i] = k;"),
+                        "constant float k = 0.5f;\n" + KERNEL.format(body="  out[i] = k;")),
+    "kernel call": ("kernel call", "kernel void fill(device float* out [[buffer(0)]]) {\n  out[0] = 1;\n}\n" +
+                    KERNEL.format(body="  fill(out);"),
+                    "void fill(device float* out) { out[0] = 1; }\n" + KERNEL.format(body="  fill(out + i);")),
+    "thread pointer argument": ("kernel argument address space",
+                                "kernel void k(device float* out [[buffer(0)]],\n  thread float* scratch [[buffer(1)]]) {\n"
+                                "  out[0] = scratch[0];\n}\n",
+                                KERNEL.format(body="  float v = 1;\n  thread float* scratch = &v;\n  out[i] = *scratch;")),
+    "by-value argument": ("kernel argument attribute",
+                          "kernel void k(device float* out [[buffer(0)]],\n  float scale) {\n  out[0] = scale;\n}\n",
+                          "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
+                          "  uint n [[threads_per_grid]]) {\n  out[i] = float(n);\n}\n"),
+    "buffer on threadgroup pointer": ("argument binding",
+                                      "kernel void k(device float* out [[buffer(0)]],\n"
+                                      "  threadgroup float* tg [[buffer(1)]]) {\n  out[0] = tg[0];\n}\n",
+                                      KERNEL.format(body="  threadgroup float tg[1];\n  tg[0] = 2;\n"
+                                                         "  threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+                                                         "  out[i] = tg[0];")),
+    "threadgroup on device pointer": ("argument binding",
+                                      "kernel void k(device float* out [[buffer(0)]],\n"
+                                      "  device float* more [[threadgroup(0)]]) {\n  out[0] = more[0];\n}\n",
+                                      KERNEL.format(body="  out[i] = 3;")),
+    "grid size type": ("attribute type",
+                       "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
+                       "  ushort n [[threads_per_grid]]) {\n  out[i] = n;\n}\n",
+                       "kernel void k(device float* out [[buffer(0)]], ushort i [[thread_position_in_grid]],\n"
+                       "  ushort n [[threads_per_grid]], ushort g [[threadgroup_position_in_grid]]) {\n"
+                       "  out[i] = n + g;\n}\n"),
+    "simdgroup types": ("attribute type",
+                        "kernel void k(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]],\n"
+                        "  ushort width [[threads_per_simdgroup]]) {\n  out[lane] = width;\n}\n",
+                        "kernel void k(device float* out [[buffer(0)]], ushort lane [[thread_index_in_simdgroup]],\n"
+                        "  ushort width [[threads_per_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {\n"
+                        "  out[lane] = width + sg;\n}\n"),
+    "index beside a uint position": ("attribute type",
+                                     "kernel void k(device float* out [[buffer(0)]],\n"
+                                     "  uint3 p [[thread_position_in_threadgroup]],\n"
+                                     "  ushort t [[thread_index_in_threadgroup]]) {\n  out[t] = p.x;\n}\n",
+                                     "kernel void k(device float* out [[buffer(0)]],\n"
+                                     "  ushort3 p [[thread_position_in_threadgroup]],\n"
+                                     "  ushort t [[thread_index_in_threadgroup]]) {\n  out[t] = p.x;\n}\n"),
+    "matrix column": ("matrix index", KERNEL.format(body="  float2x2 m = float2x2(1);\n  out[i] = m[2][0];"),
+                      KERNEL.format(body="  float2x2 m = float2x2(1);\n  float4 m4 = float4(2);\n"
+                                         "  out[i] = m[1][1] + m4[3];")),
+    "matrix row": ("matrix index", KERNEL.format(body="  float3x2 m = float3x2(1);\n  out[i] = m[0][2];"),
+                   KERNEL.format(body="  float3x2 m = float3x2(1);\n  out[i] = m[2][1];")),
+    "function constant index": ("function constant",
+                                "constant bool wide [[function_constant(70000)]];\n" + KERNEL.format(body="  out[i] = wide;"),
+                                "constant bool wide [[function_constant(65535)]];\n" +
+                                KERNEL.format(body="  out[i] = wide ? 2 : 1;")),
+    "function constant type": ("function constant",
+                               "struct Pair { int a, b; };\nconstant Pair pair [[function_constant(0)]];\n" +
+                               KERNEL.format(body="  out[i] = pair.a;"),
+                               "constant half2 pair [[function_constant(0)]];\n" + KERNEL.format(body="  out[i] = pair.x;")),
     "kernel return type": ("kernel return type",
                            "kernel float k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
                            "  return out[i];\n}\n",
@@ -127,8 +170,6 @@ NEEDLES = {
     'goto': 'goto',
     'thread_local': 'thread_local',
     'lambda': '[](',
-    'recursion': 'fact(n - 1)',
-    'mutual recursion': 'even(n - 1)',
     'std::': 'std::',
     'C library': 'printf',
     '#include <cstdio>': '<cstdio>',
@@ -138,6 +179,19 @@ NEEDLES = {
     'pointer member': 'float* data',
     'program scope variable': 'float scale',
     'static variable': 'static int',
+    'static constant': 'static constant',
+    'kernel call': 'fill(out)',
+    'thread pointer argument': 'thread float*',
+    'by-value argument': 'float scale',
+    'buffer on threadgroup pointer': 'threadgroup float*',
+    'threadgroup on device pointer': 'device float* more',
+    'grid size type': 'ushort n',
+    'simdgroup types': 'ushort width',
+    'index beside a uint position': 'ushort t',
+    'matrix column': 'm[2]',
+    'matrix row': 'm[0][2]',
+    'function constant index': '70000',
+    'function constant type': 'Pair pair',
     'kernel return type': 'kernel float',
     'kernel overload': 'device int*',
     'position type': 'int i [[',

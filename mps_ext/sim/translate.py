@@ -58,6 +58,12 @@ _INDEX_ATTRIBUTES = {"thread_index_in_threadgroup", "thread_index_in_simdgroup",
                      "simdgroup_index_in_threadgroup", "quadgroup_index_in_threadgroup", "threads_per_simdgroup",
                      "simdgroups_per_threadgroup", "quadgroups_per_threadgroup", "thread_execution_width",
                      "dispatch_simdgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup"}
+# MSL 5.2.3.6: attributes declared with the same type when a kernel declares more than one of a group.
+_MATCHING_ATTRIBUTES = (("thread_position_in_grid", "threads_per_grid"),
+                        ("threadgroup_position_in_grid", "threadgroups_per_grid"),
+                        ("thread_index_in_simdgroup", "threads_per_simdgroup", "thread_execution_width"),
+                        ("simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup"),
+                        ("quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup"))
 _INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsigned short"}
 _POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
     f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
@@ -311,6 +317,7 @@ class _Translator:
         self.constants = dict(constants or {})
         self.constants_used: set = set()
         self.function_constants: dict[str, bool] = {}  # name -> whether a value was given
+        self.function_values: dict[str, bool | int | float] = {}  # name -> the value given
         self.hosts: dict[str, str] = {}  # host name -> where its kernel is
         self.plain_kernels: dict[tuple[str, ...], dict] = {}  # kernels that are not templates
         self.cursor = 0
@@ -463,6 +470,7 @@ class _Translator:
                 continue
             i += 1
         self.member_address_spaces()
+        self.struct_copies()
         self.array_parameters()
         self.constant_objects()
         self.rewrite_tokens()
@@ -507,7 +515,7 @@ class _Translator:
                 body = self.attr_end(body)
             else:
                 body += 1
-        binders = self.parameters(paren, close)
+        binders = self.parameters(paren, close, check=self.text(body) == "{")
         limit = attrs.get("max_total_threads_per_threadgroup")
         definition = {
             # Qualified, so no function that `using namespace metal` brings in can make it ambiguous.
@@ -516,6 +524,8 @@ class _Translator:
         }
         if self.text(body) == ";":
             return body + 1  # a declaration; the definition comes later
+        if templated and limit:
+            self.template_limit(start, definition, self.match(body, "{", "}"), scopes)
         key = (*_namespaces(scopes), name)
         if key in self.plain_kernels or (key in self.defs and not templated):
             first = self.plain_kernels.get(key) or self.defs[key][0]
@@ -529,6 +539,29 @@ class _Translator:
             host = _host_name(attrs.get("host_name")) or name
             self.add_entry(host, definition["name"], definition, at=name_at, insert_after=end, scopes=scopes)
         return body  # the main pass walks the body like any other block
+
+    def template_limit(self, start: int, definition: dict, end: int, scopes) -> None:
+        """``[[max_total_threads_per_threadgroup(N)]]`` of a kernel template: N may use the template's
+        parameters, so it becomes a variable template beside the kernel, which each instantiation's glue
+        names with its template arguments."""
+        close = self.matching_angle(start + 1)
+        header = " ".join(self.text(k) for k in range(start, close + 1))
+        var = f"mtlsim_max_threads_{definition['at']}"
+        kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+        self.out[end] = kept + self.code(f"{header} constexpr unsigned {var} = {definition['max_threads']};", end)
+        params, depth, cur = [], 0, []
+        for k in range(start + 2, close):
+            s = self.text(k)
+            depth += (s in _OPEN or s == "<") - (s in _CLOSE or s == ">")
+            if s == "," and depth == 0:
+                params.append(cur)
+                cur = []
+            else:
+                cur.append(s)
+        params.append(cur)
+        definition["limit"] = ("::" + "::".join([*_namespaces(scopes), var]),
+                               {next((w for w in reversed(p[:p.index("=")] if "=" in p else p)
+                                      if re.fullmatch(r"[A-Za-z_]\w*", w)), "") for p in params})
 
     def check_kernel_return(self, start: int, name_at: int) -> None:
         """MSL: kernel functions return void."""
@@ -567,7 +600,7 @@ class _Translator:
             j += 1
         self.err(open_, "unbalanced '<'")
 
-    def parameters(self, paren: int, close: int) -> list[str]:
+    def parameters(self, paren: int, close: int, check: bool) -> list[str]:
         """C++ binder types for the kernel parameters between the parentheses."""
         params, depth, cur = [], 0, []
         for j in range(paren + 1, close):
@@ -586,7 +619,7 @@ class _Translator:
         if len(params) == 1 and [self.t[j].text for j in params[0]] == ["void"]:
             params = []
 
-        explicit, parsed, positions = {"buffer": set(), "threadgroup": set()}, [], {}
+        explicit, parsed, positions, types = {"buffer": set(), "threadgroup": set()}, [], {}, {}
         for p in params:
             binding = None
             for j in p:
@@ -602,19 +635,22 @@ class _Translator:
                             binding = (name, index)
                         elif name not in _STANDARD_ATTRIBUTES and name != "function_constant" and binding is None:
                             binding = ("attr", name)
+            if check:  # (a declaration's parameters may leave out the attributes of the definition)
+                self.check_argument(p, binding)
             if binding is None:
                 kind = "threadgroup" if any(self.t[j].text == "threadgroup" for j in p) else "buffer"
                 binding = (kind, None)
             elif binding[1] in _POSITION_ATTRIBUTES or binding[1] in _INDEX_ATTRIBUTES:
-                self.check_attribute_type(binding[1], p)
+                types[binding[1]] = (self.check_attribute_type(binding[1], p), p[0])
                 if binding[1] in _POSITION_ATTRIBUTES:
                     positions[binding[1]] = (_components(self.t[j].text for j in p), p[0])
             parsed.append(binding)
         if len({n for n, _ in positions.values()}) > 1:
             declared = ", ".join(f"[[{a}]] with {n}" for a, (n, _) in positions.items())
             self.err(next(iter(positions.values()))[1],
-                     f"Metal requires the grid and threadgroup position attributes of a kernel to have the same "
-                     f"number of components; this kernel declares {declared}")
+                     f"MSL rule 'attribute type': the grid and threadgroup position attributes of a kernel have the "
+                     f"same number of components; this kernel declares {declared}")
+        self.check_matching_attributes(types)
 
         binders = []
         for kind, value in parsed:
@@ -629,18 +665,71 @@ class _Translator:
             binders.append(f"::mtlsim::{'BufferArg' if kind == 'buffer' else 'ThreadgroupArg'}<{value}>")
         return binders
 
+    def check_argument(self, param: list[int], binding) -> None:
+        """MSL's rules for a kernel argument's address space and binding (MSL 4, 5.2.1)."""
+        words, depth = [], 0
+        for j in param:
+            depth += {"[": 1, "]": -1}.get(self.text(j), 0)
+            if depth == 0 and self.text(j) != "]":
+                words.append(self.text(j))
+        indirect = any(w in ("*", "&", "&&") for w in self.strip_angles(words)) or any(
+            self.text(j) == "[" and "[" not in (self.text(j - 1), self.text(j + 1)) for j in param)  # an array
+        space = "threadgroup" if "threadgroup" in words else "thread" if "thread" in words else None
+        at = param[0]
+        if binding is None and not indirect:
+            self.err(at, "MSL rule 'kernel argument attribute': a kernel argument passed by value needs an attribute "
+                         "([[buffer(n)]], or a built-in such as [[thread_position_in_grid]])")
+        if indirect and space == "thread":
+            self.err(at, "MSL rule 'kernel argument address space': a pointer or reference kernel argument is in the "
+                         "device, constant or threadgroup address space, not thread")
+        kind = binding[0] if binding else None
+        if kind == "buffer" and space == "threadgroup":
+            self.err(at, "MSL rule 'argument binding': a threadgroup pointer is bound with [[threadgroup(n)]], "
+                         "not [[buffer(n)]]")
+        if kind == "threadgroup" and space != "threadgroup":
+            self.err(at, "MSL rule 'argument binding': [[threadgroup(n)]] binds a pointer or reference in the "
+                         "threadgroup address space")
+
+    @staticmethod
+    def strip_angles(words: list[str]) -> list[str]:
+        """The words outside template argument lists."""
+        out, depth = [], 0
+        for w in words:
+            depth += {"<": 1, ">": -1, ">>": -2}.get(w, 0)
+            if depth <= 0 and w not in (">", ">>"):
+                out.append(w)
+        return out
+
+    def check_matching_attributes(self, types: dict) -> None:
+        """MSL 5.2.3.6: attributes that describe one another are declared with the same type."""
+        for group in _MATCHING_ATTRIBUTES:
+            declared = [(a, *types[a]) for a in group if a in types and types[a][0]]
+            if len({t for _, t, _ in declared}) > 1:
+                listed = ", ".join(f"[[{a}]] as {t}" for a, t, _ in declared)
+                self.err(declared[-1][2], f"MSL rule 'attribute type': these attributes are declared with the "
+                                          f"same type; this kernel declares {listed}")
+        position, index = types.get("thread_position_in_threadgroup"), types.get("thread_index_in_threadgroup")
+        if position and index and position[0] and index[0] and position[0].startswith("uint") and index[0] != "uint":
+            self.err(index[1], f"MSL rule 'attribute type': with [[thread_position_in_threadgroup]] a {position[0]}, "
+                               f"[[thread_index_in_threadgroup]] is a uint, not {index[0]}")
+
     def slot_index(self, at: int, name: str, args) -> int:
         text = "".join(t.text for t in args)
+        if text in self.function_values:  # MSL 5.8.1.4: a function constant as the index
+            text = str(self.function_values[text])
         try:
             index = int(text.rstrip("uU"), 0)
         except ValueError:
-            self.err(at, f"[[{name}({text})]]: the index must be an integer literal")
+            if text in self.function_constants:
+                self.err(at, f"[[{name}({text})]]: the function constant '{text}' has no value")
+            self.err(at, f"[[{name}({text})]]: the index must be an integer literal or a function constant")
         if not 0 <= index < _SLOTS:
             self.err(at, f"[[{name}({index})]]: Metal has {_SLOTS} {name} slots, 0 to {_SLOTS - 1}")
         return index
 
-    def check_attribute_type(self, attribute: str, param: list[int]) -> None:
-        """MSL: thread position attributes are uint/ushort scalars or 2-/3-vectors; index attributes scalars."""
+    def check_attribute_type(self, attribute: str, param: list[int]) -> str | None:
+        """MSL: thread position attributes are uint/ushort scalars or 2-/3-vectors; index attributes scalars.
+        Returns the type as uint/ushort[N], None for a type the translator cannot see through."""
         words, depth = [], 0
         for j in param:
             s = self.t[j].text
@@ -650,8 +739,10 @@ class _Translator:
         words = [w for w in words[:-1] if w not in ("const", "metal", "thread")]  # drop the parameter's name
         text = " ".join(words).replace("< ", "<").replace(" >", ">").replace(" , ", ",")
         allowed = _POSITION_TYPES if attribute in _POSITION_ATTRIBUTES else _INDEX_TYPES
-        if text in allowed or not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
-            return  # allowed, or a template parameter or typedef the translator cannot see through
+        if text in allowed:
+            return _normal_type(text)
+        if not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
+            return None  # a template parameter or typedef the translator cannot see through
         kinds = "uint or ushort, or a 2- or 3-vector of them" if allowed is _POSITION_TYPES else "uint or ushort"
         self.err(param[0], f"MSL rule 'attribute type': [[{attribute}]] must be {kinds}, not '{text}'")
 
@@ -670,6 +761,11 @@ class _Translator:
                 index = str(eval(index, {"__builtins__": {}}))  # digits and + - * ( ) only
             except (SyntaxError, ArithmeticError):
                 self.err(at, f"[[function_constant({index})]]: cannot evaluate the index")
+        if re.fullmatch(r"-?\d+", index) and not 0 <= int(index) <= 65535:
+            self.err(at, f"MSL rule 'function constant': [[function_constant({index})]]: the index is in 0..65535")
+        if not _FUNCTION_CONSTANT_TYPE.fullmatch(" ".join(w for w in type_src.split() if w not in ("metal", "::"))):
+            self.err(at, f"MSL rule 'function constant': '{name}' is a '{type_src}'; function constants are scalars "
+                         f"or vectors")
         key = next((k for k in (name, index) if k in self.constants), None)
         if key is None and index.isdigit() and int(index) in self.constants:
             key = int(index)
@@ -677,6 +773,8 @@ class _Translator:
             self.err(at, f"function constant '{name}': values are bool, int or float, "
                          f"got {type(self.constants[key]).__name__}")
         self.function_constants[name] = key is not None
+        if key is not None:
+            self.function_values[name] = self.constants[key]
         self.constants_used.add(key)
         value = _cpp_value(self.constants[key]) if key is not None else ""
         self.drop(start, end + 1)
@@ -731,11 +829,27 @@ class _Translator:
             self.replace(i, self.code(f"using {alias} = void", i))
             self.drop(start, stop)
             self.add_entry(host, f"static_cast<{alias}*>(&{declarator})", definition, at=i, insert_after=end,
-                           scopes=scopes)
+                           scopes=scopes, max_threads=self.instance_limit(definition, None, i))
             return end + 1
         self.drop(i, end + 1)
-        self.add_entry(host, declarator, definition, at=i, insert_after=end, scopes=scopes)
+        args = declarator[declarator.index("<"):] if "<" in declarator else None
+        self.add_entry(host, declarator, definition, at=i, insert_after=end, scopes=scopes,
+                       max_threads=self.instance_limit(definition, args, i))
         return end + 1
+
+    def instance_limit(self, definition: dict, args: str | None, at: int) -> str:
+        """The thread limit of one instantiation of a kernel template (see template_limit)."""
+        if "limit" not in definition:
+            return definition["max_threads"]
+        var, params = definition["limit"]
+        if args is not None:
+            return f"{var} {args}"
+        used = params & set(re.findall(r"[A-Za-z_]\w*", definition["max_threads"]))
+        if used:
+            self.err(at, f"[[max_total_threads_per_threadgroup({definition['max_threads']})]] uses the template "
+                         f"parameters {', '.join(sorted(used))}: instantiate the kernel with explicit template "
+                         f"arguments")
+        return definition["max_threads"]
 
     def count_parameters(self, paren: int) -> int:
         close, depth, count = self.match(paren, "(", ")"), 0, 0
@@ -780,7 +894,8 @@ class _Translator:
                 return found
         return None
 
-    def add_entry(self, host: str, function: str, definition: dict, at: int, insert_after: int, scopes) -> None:
+    def add_entry(self, host: str, function: str, definition: dict, at: int, insert_after: int, scopes,
+                  max_threads: str | None = None) -> None:
         """Declares the kernel's entry point right after its definition or instantiation, in its namespace."""
         if host in self.hosts:
             self.err(at, f"two kernels have the host name '{host}' (the other is at {self.hosts[host]})")
@@ -798,7 +913,7 @@ class _Translator:
         qualified = "::".join([*_namespaces(scopes), f"mtlsim_entry_{n}"])
         ref = self.t[definition["at"]]
         self.kernels.append(Kernel(host, ref.file, ref.line))
-        self.glue.append((host, qualified, n, definition["max_threads"], definition["binders"]))
+        self.glue.append((host, qualified, n, max_threads or definition["max_threads"], definition["binders"]))
 
     def threadgroup_declaration(self, i: int) -> int:
         """``threadgroup T a[N], b;`` -> references to threadgroup-shared storage."""
@@ -867,9 +982,43 @@ class _Translator:
                 scope = all(enclosing)  # not a block: local classes have no member templates
                 if name is not None and scope:
                     self.class_members(i, self.match(i, "{", "}"))
+                elif name:
+                    self.local_class_assignment(i, self.match(i, "{", "}"), name)
                 enclosing.append(scope and (name is not None or self.opens_namespace(i)))
             elif tok.text == "}" and enclosing:
                 enclosing.pop()
+
+    def local_class_assignment(self, open_: int, close: int, name: str) -> None:
+        """A class local to a function gets its assignments in any address space without member templates
+        (MTLSIM_LOCAL_SPACE_ASSIGNMENT), unless it declares an assignment of its own."""
+        if any(self.text(k) == "operator" and self.text(k + 1) == "=" for k in range(open_, close)):
+            return
+        kept = self.out[close] if self.out[close] is not None else [self.t[close]]
+        self.out[close] = self.code(f"MTLSIM_LOCAL_SPACE_ASSIGNMENT({name})", close) + kept
+
+    def struct_copies(self) -> None:
+        """``S s = buf[i];`` for a struct S of the file -> ``S s = MTLSIM_COPY(buf[i]);`` (see
+        mtlsim/address_space.h): the initializer may be an object in any address space."""
+        structs = {self.text(k + 1) for k in range(len(self.t) - 1)
+                   if self.text(k) in ("struct", "class", "union") and self.t[k + 1].kind == "id"}
+        for i, tok in enumerate(self.t):
+            if tok.text not in structs or self.t[i + 1].kind != "id" or self.text(i + 2) != "=" or \
+                    self.text(i + 3) == "{" or self.text(i - 1) in ("::", ".", "->"):
+                continue
+            j = i - 1
+            while self.text(j) in ("const", "thread", "struct", "class", "union"):
+                j -= 1
+            if self.text(j) not in (";", "{", "}", ":"):
+                continue  # not a declaration statement, or a constant one (program scope, static)
+            end, depth = i + 3, 0
+            while end < len(self.t) and not (depth == 0 and self.text(end) in (";", ",")):
+                depth += (self.text(end) in _OPEN) - (self.text(end) in _CLOSE)
+                end += 1
+            if end == len(self.t) or self.out[i + 2] is not None:
+                continue
+            self.out[i + 2] = [self.t[i + 2], *self.code("MTLSIM_COPY (", i + 2)]
+            kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+            self.out[end] = [self.new(")", end), *kept]
 
     def opens_namespace(self, brace: int) -> bool:
         j = brace - 1
@@ -1192,6 +1341,14 @@ class _Translator:
         return "\n".join(lines)
 
 
+def _normal_type(text: str) -> str:
+    """uint32_t -> uint, vec<uint16_t,2> -> ushort2: one spelling per attribute type."""
+    m = re.fullmatch(r"vec<(\w+),(\d)>", text)
+    base, n = (m.group(1), m.group(2)) if m else (text, "")
+    base = {"uint32_t": "uint", "unsigned int": "uint", "uint16_t": "ushort", "unsigned short": "ushort"}.get(base, base)
+    return base + n
+
+
 def _components(tokens) -> int:
     """Components of a kernel parameter's type (uint3 -> 3, vec<uint, 2> -> 2, uint -> 1)."""
     text = " ".join(t for t in tokens if not t.startswith("["))
@@ -1311,14 +1468,9 @@ _C_LIBRARY = {"printf", "fprintf", "sprintf", "snprintf", "vprintf", "puts", "pu
               "memcpy", "memmove", "memset", "memcmp", "strlen", "strcpy", "strncpy", "strcmp", "strcat", "atoi",
               "atof", "strtol", "strtod", "rand", "srand", "qsort", "bsearch", "time", "clock", "getenv", "system",
               "scanf", "sscanf", "setjmp", "longjmp", "raise", "signal"}
-# A user's overload of one of these (`half exp(half x) { return half(exp(float(x))); }`) calls metal's,
-# not itself: the recursion rule leaves them alone.
-_METAL_FUNCTIONS = set("""abs acos acosh asin asinh atan atan2 atanh cbrt ceil clamp clz copysign cos cosh cospi
-cross ctz degrees distance divide dot erf erfc exp exp10 exp2 expm1 extract_bits fabs fdim floor fma fmax fmax3
-fmedian3 fmin fmin3 fmod fract frexp hadd ilogb insert_bits isfinite isinf isnan isnormal ldexp length
-length_squared log log10 log1p log2 logb mad max max3 median3 min min3 mix modf mul24 mulhi nextafter normalize
-popcount pow powr radians reciprocal reverse_bits rhadd rint rotate round rsqrt select sign signbit sin sincos
-sinh sinpi smoothstep sqrt step tan tanh tanpi trunc""".split())
+_FUNCTION_CONSTANT_TYPE = re.compile(r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|"
+                                     r"u?int(?:8|16|32|64)_t)[234]?|vec <.*>|unsigned(?: int| short| char)?")
+_MATRIX_TYPE = re.compile(r"(?:half|float|bfloat)([234])x([234])")
 # Built-in types (and `vec`): pointers and references to them must carry an address space, and the
 # attribute type rule judges them (template parameters and typedefs may carry a space or be anything,
 # so they are not judged).
@@ -1335,7 +1487,8 @@ class _Rules:
         self.t = tokens
         self.structs = {t2.text for t1, t2 in zip(tokens, tokens[1:])
                         if t1.text in ("struct", "class", "union") and t2.kind == "id"}
-        self.functions: dict[str, list] = {}  # namespace-scope function name -> [(template?, body start, end)]
+        self.bodies: list[tuple[int, int]] = []  # (start, end) of each namespace-scope function body
+        self.kernels: set[str] = set()  # names of the kernel functions
 
     def text(self, i: int) -> str:
         return self.t[i].text if 0 <= i < len(self.t) else ""
@@ -1376,7 +1529,8 @@ class _Rules:
             elif s == ":" and kinds and kinds[-1] in ("class",) and self.text(i - 1) in ("public", "private",
                                                                                        "protected"):
                 start = i + 1
-        self.recursion()
+        self.kernel_calls()
+        self.matrix_indices()
 
     # token-level rules
     def tokens(self) -> None:
@@ -1418,6 +1572,13 @@ class _Rules:
     def brace_kind(self, start: int, i: int, kinds: list[str]) -> str:
         inside_function = any(k in ("func", "block") for k in kinds)
         words = [self.t[k].text for k in range(start, i)]
+        while words[:2] == ["template", "<"]:  # the header's default arguments say nothing about the brace
+            depth, n = 0, 1
+            for n in range(1, len(words)):
+                depth += {"<": 1, ">": -1, ">>": -2}.get(words[n], 0)
+                if depth <= 0:
+                    break
+            words = words[n + 1:]
         prev = self.text(i - 1)
         if prev in ("=", ",", "(", "return", "{", "?", ":") or (prev == "]" and not inside_function and "=" in words):
             return "init"
@@ -1477,9 +1638,10 @@ class _Rules:
                                                      "space ('static constant T name = ...;')")
             self.pointer_declaration(idx, "class member")
         elif kind in ("func", "block"):
-            if "static" in words[:4] and not any(w in words for w in ("constant", "constexpr", "threadgroup")):
-                self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
-                                                     "space ('static constant T name = ...;')")
+            if "static" in words[:4] and "threadgroup" not in words:
+                self.fail(idx[0], "static variable", "functions cannot declare static variables, in the constant "
+                                                     "address space or not; declare a 'constant' one at program "
+                                                     "scope")
             self.local_declaration(idx)
 
     def top_level(self, idx: list[int]) -> list[str]:
@@ -1598,39 +1760,53 @@ class _Rules:
             if p:
                 self.pointer_declaration(p, "parameter")
 
-    # recursion
+    # functions (recursion is allowed: MSL 1.5.4, Metal 2.4 and later)
     def note_function(self, start: int, brace: int) -> None:
-        idx = self.decl_tokens(start, brace)
-        words = [self.t[k].text for k in idx]
-        templated = bool(words) and words[0] == "template"
-        top = self.top_level(idx)
-        if "(" not in top:
-            return
-        name_at = top.index("(") - 1
-        if name_at < 0 or not re.fullmatch(r"[A-Za-z_]\w*", top[name_at]) or top[name_at] == "operator":
-            return
-        name = top[name_at]
-        self.functions.setdefault(name, []).append((templated, brace, self.close_of(brace, "{", "}")))
+        self.bodies.append((brace, self.close_of(brace, "{", "}")))
+        if any(self.text(j) == "kernel" for j in range(start, brace)):
+            top = self.strip_template_args(self.top_level(self.decl_tokens(start, brace)))
+            if "(" in top:
+                self.kernels.add(top[top.index("(") - 1])
 
-    def recursion(self) -> None:
-        simple = {n: d[0] for n, d in self.functions.items()
-                  if len(d) == 1 and not d[0][0] and n not in self.structs and n not in _METAL_FUNCTIONS}
-        calls: dict[str, list[tuple[str, int]]] = {}
-        for name, (_, body, end) in simple.items():
-            calls[name] = [(self.t[k].text, k) for k in range(body + 1, end)
-                           if self.t[k].text in simple and self.text(k + 1) == "("
-                           and self.text(k - 1) not in (".", "->", "::")]
-        for root in calls:
-            stack, seen = [(root, [root])], set()
-            while stack:
-                name, path = stack.pop()
-                for callee, at in calls.get(name, ()):
-                    if callee == root:
-                        chain = " -> ".join(path + [root])
-                        self.fail(at, "no recursion", f"MSL does not allow recursive calls ({chain})")
-                    if callee not in seen:
-                        seen.add(callee)
-                        stack.append((callee, path + [callee]))
+    def kernel_calls(self) -> None:
+        for body, end in self.bodies:
+            for k in range(body + 1, end):
+                if self.text(k) in self.kernels and self.text(k + 1) in ("(", "<") and \
+                        self.text(k - 1) not in (".", "->", "::"):
+                    self.fail(k, "kernel call", f"'{self.text(k)}' is a kernel function; kernel functions cannot "
+                                                f"be called from other functions")
+
+    def matrix_indices(self) -> None:
+        """A constant index past a matrix's columns (``m[4]`` of a float4x4) or rows (``m[0][3]`` of a
+        float4x3): the variable's most recent declaration gives its type."""
+        shapes: dict[str, tuple[int, int]] = {}
+        for i, tok in enumerate(self.t):
+            if tok.kind != "id" or self.text(i - 1) in (".", "->", "::"):
+                continue
+            after = i + 1 + (self.text(i + 1) in ("&", "&&"))
+            declares = self.t[after].kind == "id" if after < len(self.t) else False
+            m = _MATRIX_TYPE.fullmatch(tok.text)
+            if m and declares:
+                shapes[self.text(after)] = (int(m.group(1)), int(m.group(2)))
+            elif declares and self.text(after + 1) in ("=", ";", ",", ")", "[", "{", "("):
+                shapes.pop(self.text(after), None)  # the name declared again with another type
+            elif tok.text in shapes and self.text(i + 1) == "[":
+                close = self.close_of(i + 1, "[", "]")
+                self.constant_index(i + 1, close, shapes[tok.text][0], "columns", tok.text)
+                if self.text(close + 1) == "[":
+                    self.constant_index(close + 1, self.close_of(close + 1, "[", "]"), shapes[tok.text][1], "rows",
+                                        tok.text)
+
+    def constant_index(self, open_: int, close: int, bound: int, what: str, name: str) -> None:
+        if close != open_ + 2 or self.t[open_ + 1].kind != "num":
+            return
+        try:
+            index = int(self.text(open_ + 1).rstrip("uUlL"), 0)
+        except ValueError:
+            return
+        if index >= bound:
+            self.fail(open_, "matrix index", f"'{name}[{index}]': the matrix has {bound} {what}; a constant index "
+                                             f"out of range is a compile-time error")
 
 
 def check_rules(tokens: list[_Tok]) -> None:
