@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+import mps_ext
 from mps_ext.sim import CompileError
 from mps_ext.sim.translate import TranslateError, translate
 
@@ -116,6 +117,9 @@ CASES = {
                                      "kernel void k(device float* out [[buffer(0)]],\n"
                                      "  ushort3 p [[thread_position_in_threadgroup]],\n"
                                      "  ushort t [[thread_index_in_threadgroup]]) {\n  out[t] = p.x;\n}\n"),
+    "program-scope built-in type": ("attribute type", "int gid [[thread_position_in_grid]];\n" +
+                                    KERNEL.format(body="  out[gid] = 1;"),
+                                    "uint gid [[thread_position_in_grid]];\n" + KERNEL.format(body="  out[gid] = 1;")),
     "matrix column": ("matrix index", KERNEL.format(body="  float2x2 m = float2x2(1);\n  out[i] = m[2][0];"),
                       KERNEL.format(body="  float2x2 m = float2x2(1);\n  float4 m4 = float4(2);\n"
                                          "  out[i] = m[1][1] + m4[3];")),
@@ -188,6 +192,7 @@ NEEDLES = {
     'grid size type': 'ushort n',
     'simdgroup types': 'ushort width',
     'index beside a uint position': 'ushort t',
+    'program-scope built-in type': 'int gid',
     'matrix column': 'm[2]',
     'matrix row': 'm[0][2]',
     'function constant index': '70000',
@@ -249,3 +254,42 @@ def test_literals_in_strings_and_comments_are_not_code(tmp_path):
     path.write_text(HEADER + '// goto, new, delete, try, std::max, printf("x")\n'
                     '/* double virtual typeid */\n' + KERNEL.format(body="  out[i] = 1;"))
     assert translate(path).kernels
+
+
+# Valid MSL that a stricter reading of the specification would reject: recursion (MSL 1.5.4: compute
+# functions since Metal 2.4), a function constant as a binding index (5.8.1.4) and a built-in variable at
+# program scope (5.9, Metal 3.1).
+VALID = HEADER + """
+constant int out_slot [[function_constant(0)]];
+uint gid [[thread_position_in_grid]];
+uint fib(uint n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+bool odd(uint n);
+bool even(uint n) { return n == 0 ? true : odd(n - 1); }
+bool odd(uint n) { return n == 0 ? false : even(n - 1); }
+float half_position() { return float(gid) * 0.5f; }
+kernel void valid(device float* unused [[buffer(0)]], device float* out [[buffer(out_slot)]]) {
+  out[gid * 3] = fib(gid);
+  out[gid * 3 + 1] = even(gid);
+  out[gid * 3 + 2] = half_position();
+}
+"""
+
+
+def test_recursion_function_constant_index_and_program_scope_builtin(shader):
+    lib = shader(VALID, name="rule_valid", constants={"out_slot": 1})
+    n = 12
+    out = torch.full((n, 3), float("nan"))
+    with mps_ext.trace() as t:
+        lib.valid(torch.empty(1), out, threads=n)
+    assert t.names == ["valid"]
+    fib = [0, 1]
+    while len(fib) < n:
+        fib.append(fib[-1] + fib[-2])
+    i = torch.arange(n)
+    expected = torch.stack([torch.tensor(fib, dtype=torch.float32), (i % 2 == 0).float(), i * 0.5], 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_function_constant_index_needs_a_value(shader):
+    with pytest.raises(CompileError, match=r"\[\[buffer\(out_slot\)\]\]: the function constant 'out_slot' has no value"):
+        shader(VALID, name="rule_valid_unset")

@@ -64,6 +64,7 @@ _MATCHING_ATTRIBUTES = (("thread_position_in_grid", "threads_per_grid"),
                         ("thread_index_in_simdgroup", "threads_per_simdgroup", "thread_execution_width"),
                         ("simdgroup_index_in_threadgroup", "simdgroups_per_threadgroup"),
                         ("quadgroup_index_in_threadgroup", "quadgroups_per_threadgroup"))
+_BUILTIN_ATTRIBUTES = _POSITION_ATTRIBUTES | _INDEX_ATTRIBUTES
 _INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsigned short"}
 _POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
     f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
@@ -318,6 +319,7 @@ class _Translator:
         self.constants_used: set = set()
         self.function_constants: dict[str, bool] = {}  # name -> whether a value was given
         self.function_values: dict[str, bool | int | float] = {}  # name -> the value given
+        self.builtins: dict[str, str] = {}  # program-scope built-in variable -> the C++ that reads it
         self.hosts: dict[str, str] = {}  # host name -> where its kernel is
         self.plain_kernels: dict[tuple[str, ...], dict] = {}  # kernels that are not templates
         self.cursor = 0
@@ -458,6 +460,10 @@ class _Translator:
                 continue
             elif at_namespace_scope and self.is_attr_start(i) and "function_constant" in dict(self.attributes(i)):
                 i = self.function_constant(stmt_start, i)
+                stmt_start = i
+                continue
+            elif at_namespace_scope and self.is_attr_start(i) and _BUILTIN_ATTRIBUTES & dict(self.attributes(i)).keys():
+                i = self.program_builtin(stmt_start, i)
                 stmt_start = i
                 continue
             elif at_namespace_scope and self.is_kernel_keyword(i):
@@ -779,6 +785,27 @@ class _Translator:
         value = _cpp_value(self.constants[key]) if key is not None else ""
         self.drop(start, end + 1)
         self.replace(start, self.code(f"constexpr {type_src} {name} = {type_src}({value});", start))
+        return end + 1
+
+    def program_builtin(self, start: int, at: int) -> int:
+        """``uint2 gid [[thread_position_in_grid]];`` at program scope (MSL 3.1, 5.9): every use of the name
+        becomes the calling thread's value (mtlsim::builtin, glue.h)."""
+        end = self.find(at, (";",), "';' after the program-scope built-in")
+        decl, k = [], start
+        while k < end:
+            if self.is_attr_start(k):
+                k = self.attr_end(k)
+                continue
+            if self.text(k) not in ("const", "constant", "thread"):
+                decl.append(k)
+            k += 1
+        attribute = next(n for n, _ in self.attributes(at) if n in _BUILTIN_ATTRIBUTES)
+        if len(decl) < 2 or self.t[decl[-1]].kind != "id":
+            self.err(at, f"expected 'T name [[{attribute}]];'")
+        self.check_attribute_type(attribute, decl)
+        type_src = " ".join(self.text(k) for k in decl[:-1])
+        self.builtins[self.text(decl[-1])] = f"::mtlsim::builtin<{type_src}, ::mtlsim::Attr::{attribute}>()"
+        self.drop(start, end + 1)
         return end + 1
 
     def instantiation(self, i: int, scopes) -> int:
@@ -1256,6 +1283,8 @@ class _Translator:
                     self.replace(i, self.code("::mtlsim::aligned_cast", i))
                 elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
                     self.replace(i, [])
+                elif tok.text in self.builtins and self.text(i - 1) not in (".", "->", "::"):
+                    self.replace(i, self.code(self.builtins[tok.text], i))
                 elif tok.text in _ERASED_ADDRESS_SPACES:
                     self.replace(i, [])
                 elif tok.text == "constant":
@@ -1625,7 +1654,9 @@ class _Rules:
             if is_function:
                 self.parameters(start, end)
                 return
-            if not any(w in words for w in ("constant", "constexpr")) and self.looks_like_variable(top):
+            builtin = any(self.text(k) in _BUILTIN_ATTRIBUTES and self.text(k - 1) in ("[", ",")
+                          for k in range(start, end))  # MSL 3.1: built-in variables at program scope
+            if not any(w in words for w in ("constant", "constexpr")) and self.looks_like_variable(top) and not builtin:
                 self.fail(idx[0], "program scope variable",
                           "variables at program scope must be declared in the constant address space "
                           "('constant T name = ...;')")

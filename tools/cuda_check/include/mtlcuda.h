@@ -43,6 +43,8 @@ typedef unsigned long ulong;
 // (`float get() const device`): with spaces erased, only a member that no
 // thread-space copy has is forwarded, to its renamed body.
 #define MTLSIM_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_LOCAL_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_COPY(...) (__VA_ARGS__)
 #define MTLSIM_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)
