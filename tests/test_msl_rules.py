@@ -249,6 +249,18 @@ def test_valid_twins_compile_and_run(shader):
         assert not out[0].isnan(), name
 
 
+def test_program_scope_constant_is_initialized_by_a_constant_expression(shader):
+    # Checked by the C++ compiler (constinit), named as the translator's own rules are.
+    invalid = HEADER + "float two() { return 2; }\nconstant float scale = two();\n" + KERNEL.format(body="  out[i] = scale;")
+    with pytest.raises(CompileError, match=r"\.metal:4:\d+: error: MSL rule 'constant initializer'"):
+        shader(invalid, name="rule_constant_initializer")
+    valid = HEADER + "constexpr float two() { return 2; }\nconstant float scale = two() * 3;\n" + \
+        KERNEL.format(body="  out[i] = scale;")
+    out = torch.zeros(3)
+    shader(valid, name="rule_constant_initializer_twin").k(out)
+    assert out.tolist() == [6, 6, 6]
+
+
 def test_literals_in_strings_and_comments_are_not_code(tmp_path):
     path = tmp_path / "strings.metal"
     path.write_text(HEADER + '// goto, new, delete, try, std::max, printf("x")\n'

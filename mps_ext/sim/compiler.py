@@ -305,8 +305,19 @@ def check_file(metal, include_dirs=(), constants=None) -> None:
                "-o", os.path.join(tmp, "check.o")]
         proc = _run(cmd, f"compiling {metal} for the simulator")
     if proc.returncode != 0:
-        raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+        raise _failed(metal, proc.stderr)
     _write_atomically(checked, "")
+
+
+# MSL rules that the C++ compiler checks for the translator (mps_ext.sim.translate sets them up): its
+# diagnostic, and the rule's name as the translator's own errors give it.
+_RULE_DIAGNOSTICS = ((re.compile(r"error: ([^\n]*does not have a constant initializer)"), "constant initializer"),)
+
+
+def _failed(metal: Path, stderr: str) -> CompileError:
+    for pattern, rule in _RULE_DIAGNOSTICS:
+        stderr = pattern.sub(lambda m: f"error: MSL rule '{rule}': {m.group(1)}", stderr)
+    return CompileError(f"compiling {metal} for the simulator failed:\n{stderr.strip()}")
 
 
 def _translated(metal: Path, include_dirs, constants, tc: Toolchain) -> tuple[str, Path]:
@@ -332,7 +343,7 @@ def _build(cpp_text: str, lib: Path, metal: Path, tc: Toolchain) -> None:
         cmd = [*shlex.split(tc.cxx), *tc.flags, "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
         proc = _run(cmd, f"compiling {metal} for the simulator")
         if proc.returncode != 0:
-            raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+            raise _failed(metal, proc.stderr)
         os.chmod(tmp, 0o700)  # the linker creates its output with the umask's mode
         data = Path(tmp).read_bytes()
         if not data:

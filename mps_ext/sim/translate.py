@@ -320,6 +320,7 @@ class _Translator:
         self.function_constants: dict[str, bool] = {}  # name -> whether a value was given
         self.function_values: dict[str, bool | int | float] = {}  # name -> the value given
         self.builtins: dict[str, str] = {}  # program-scope built-in variable -> the C++ that reads it
+        self.constant_inits: set[int] = set()  # `constant` of program-scope variables to check (MSL 4.2)
         self.hosts: dict[str, str] = {}  # host name -> where its kernel is
         self.plain_kernels: dict[tuple[str, ...], dict] = {}  # kernels that are not templates
         self.cursor = 0
@@ -470,6 +471,8 @@ class _Translator:
                 i = self.kernel_definition(stmt_start, i, scopes)
                 stmt_start = i
                 continue
+            elif at_namespace_scope and i == stmt_start and s in ("constant", "static"):
+                self.program_constant(i)
             elif s == "threadgroup" and not at_namespace_scope and self.starts_statement(i):
                 i = self.threadgroup_declaration(i)
                 stmt_start = i
@@ -786,6 +789,23 @@ class _Translator:
         self.drop(start, end + 1)
         self.replace(start, self.code(f"constexpr {type_src} {name} = {type_src}({value});", start))
         return end + 1
+
+    def program_constant(self, start: int) -> None:
+        """MSL 4.2: a program-scope variable in the constant address space is initialized by a constant
+        expression. Unless it is constexpr (which says as much), C++ checks it through MTLSIM_CONSTANT_INIT
+        (constinit), and mps_ext.sim.compiler names the rule in the compiler's error."""
+        depth, k, words, text = 0, start, [], False
+        while k < len(self.t) and not (depth == 0 and self.text(k) in (";", "{")):
+            if depth == 0:
+                words.append(self.text(k))
+            depth += (self.text(k) in _OPEN) - (self.text(k) in _CLOSE)
+            text |= self.t[k].kind == "str"
+            k += 1
+        assigned = "=" in words and ("(" not in words or words.index("=") < words.index("("))
+        # Left unchecked: string literals, constant-space text that the simulator reaches through an
+        # address-space cast, which no C++ constant expression may contain (MLX's `constant os_log x("a", "b")`).
+        if "constant" in words[:2] and "constexpr" not in words and assigned and not text:
+            self.constant_inits.add(words.index("constant") + start)
 
     def program_builtin(self, start: int, at: int) -> int:
         """``uint2 gid [[thread_position_in_grid]];`` at program scope (MSL 3.1, 5.9): every use of the name
@@ -1289,7 +1309,8 @@ class _Translator:
                     self.replace(i, [])
                 elif tok.text == "constant":
                     # `constant const T`, `static constant constexpr const T`: no duplicate const in C++.
-                    self.replace(i, [tok] + ([] if self.const_nearby(i) else [self.new("const", i, "id")]))
+                    check = self.code("MTLSIM_CONSTANT_INIT", i) if i in self.constant_inits else []
+                    self.replace(i, check + [tok] + ([] if self.const_nearby(i) else [self.new("const", i, "id")]))
             elif tok.kind == "num":
                 self.replace(i, _number(tok))
             i += 1

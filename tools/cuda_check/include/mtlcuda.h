@@ -45,6 +45,7 @@ typedef unsigned long ulong;
 #define MTLSIM_SPACE_ASSIGNMENT(Class)
 #define MTLSIM_LOCAL_SPACE_ASSIGNMENT(Class)
 #define MTLSIM_COPY(...) (__VA_ARGS__)
+#define MTLSIM_CONSTANT_INIT
 #define MTLSIM_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)

@@ -29,6 +29,16 @@
 #define MTLSIM_THREADGROUP
 #endif
 
+// MSL 4.2: a program-scope variable in the constant address space is initialized by a constant
+// expression. The translator puts this before those that are not constexpr.
+#if defined(__cpp_constinit)
+#define MTLSIM_CONSTANT_INIT constinit
+#elif defined(__clang__)
+#define MTLSIM_CONSTANT_INIT __attribute__((require_constant_initialization))
+#else
+#define MTLSIM_CONSTANT_INIT __constinit
+#endif
+
 namespace mtlsim {
 
 enum class Space { thread, device, constant, threadgroup };  // clang's address space numbers
