@@ -150,3 +150,12 @@ def test_local_struct_through_device_and_threadgroup_memory(kernels):
     partner = torch.arange(n) ^ 1
     expected = torch.stack([cells[partner, 0], cells[partner, 0] + cells[partner, 1]], 1)
     testing.assert_close(out, expected, torch.float32)
+
+
+def test_constant_half_table_from_floats(kernels):
+    out = torch.zeros(6)
+    with mps_ext.trace() as t:
+        kernels("upstream_idioms").table(out)
+    assert t.names == ["table"]
+    expected = torch.tensor([0.5, 1.5, float("nan"), -2, 65504, 1e-7]).half().float()  # 1e-7: a half subnormal
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)

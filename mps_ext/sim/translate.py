@@ -795,7 +795,7 @@ class _Translator:
         expression. Unless it is constexpr (which says as much), C++ checks it through MTLSIM_CONSTANT_INIT
         (constinit), and mps_ext.sim.compiler names the rule in the compiler's error."""
         depth, k, words, text = 0, start, [], False
-        while k < len(self.t) and not (depth == 0 and self.text(k) in (";", "{")):
+        while k < len(self.t) and not (depth == 0 and (self.text(k) == ";" or self.text(k) == "{" and "=" not in words)):
             if depth == 0:
                 words.append(self.text(k))
             depth += (self.text(k) in _OPEN) - (self.text(k) in _CLOSE)
@@ -806,6 +806,31 @@ class _Translator:
         # address-space cast, which no C++ constant expression may contain (MLX's `constant os_log x("a", "b")`).
         if "constant" in words[:2] and "constexpr" not in words and assigned and not text:
             self.constant_inits.add(words.index("constant") + start)
+        if "constant" in words[:2] and assigned:
+            j = start + words.index("constant") + 1
+            while self.text(j) in ("const", "static", "metal", "::"):
+                j += 1
+            if self.text(j) in ("half", "bfloat") and self.t[j + 1].kind == "id":
+                eq = next(e for e in range(j, k) if self.text(e) == "=")
+                self.small_float_elements(self.text(j), eq, k)
+
+    def small_float_elements(self, kind: str, before: int, after: int) -> None:
+        """``constant half t[] = {1.0f, NAN};``: each initializer between tokens ``before`` and ``after`` is
+        converted to half explicitly, since C++ constructs no object in the constant address space through a
+        converting constructor (the cast goes around the tokens, which keep their own rewrites)."""
+        if self.text(before + 1) == "{" and before + 1 < after:
+            close = self.match(before + 1, "{", "}")
+            depth, element = 0, before + 1
+            for j in range(before + 2, close + 1):
+                depth += (self.text(j) in _OPEN) - (self.text(j) in _CLOSE)
+                if (depth == 0 and self.text(j) == ",") or j == close:
+                    if j > element + 1:
+                        self.small_float_elements(kind, element, j)
+                    element = j
+            return
+        for at, text in ((before, f"{kind} ("), (after, ")")):
+            kept = self.out[at] if self.out[at] is not None else [self.t[at]]
+            self.out[at] = kept + self.code(text, at) if at == before else self.code(text, at) + kept
 
     def program_builtin(self, start: int, at: int) -> int:
         """``uint2 gid [[thread_position_in_grid]];`` at program scope (MSL 3.1, 5.9): every use of the name

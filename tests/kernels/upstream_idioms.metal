@@ -1,7 +1,7 @@
 // MSL as MLX's own .metal files and other code bases write it, which the
 // simulator once rejected: a thread limit computed from a kernel template's
 // parameters, a `namespace detail` of the file's own beside `using namespace
-// metal;`, assert, a half constant initialized from another, and structs
+// metal;`, assert, half constants initialized from another or from floats, and structs
 // (program-scope and local to a function) copied out of and into device and
 // threadgroup memory.
 #include <metal_stdlib>
@@ -59,4 +59,11 @@ kernel void local_structs(device const float* in [[buffer(0)]], device float* ou
                           uint i [[thread_position_in_grid]], uint lid [[thread_position_in_threadgroup]]) {
   threadgroup float scratch[2 * 64];
   cells(in, out, scratch, i, lid);
+}
+
+// fp4-fp8-for-torch-mps's decode tables: floats (NAN too) initializing constant half.
+constant half kTable[2][3] = {{0.5f, 1.5h, NAN}, {-2, 65504.0f, 1e-7f}};
+
+kernel void table(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  out[i] = kTable[i / 3][i % 3];
 }
