@@ -14,7 +14,7 @@
 //   it component by component), and a converting constructor copies its
 //   source whole before converting.
 // - the address-space macros the simulator's translator puts into classes
-//   (mps_ext/sim/translate.py): CUDA erases address spaces, so they are
+//   (mps_ext/sim/translate/): CUDA erases address spaces, so they are
 //   csrc/sim/include/mtlsim/address_space.h's erased definitions.
 // - SIMD-group functions: 32-lane warp shuffles when the whole warp is
 //   active; otherwise an exact path over the active lanes only, combining
