@@ -274,6 +274,7 @@ def test_literals_in_strings_and_comments_are_not_code(tmp_path):
 VALID = HEADER + """
 constant int out_slot [[function_constant(0)]];
 uint gid [[thread_position_in_grid]];
+typedef void (filler_t)(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]);  // ggml's
 uint fib(uint n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
 bool odd(uint n);
 bool even(uint n) { return n == 0 ? true : odd(n - 1); }
