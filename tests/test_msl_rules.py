@@ -251,7 +251,8 @@ def test_valid_twins_compile_and_run(shader):
 
 def test_program_scope_constant_is_initialized_by_a_constant_expression(shader):
     # Checked by the C++ compiler (constinit), named as the translator's own rules are.
-    invalid = HEADER + "float two() { return 2; }\nconstant float scale = two();\n" + KERNEL.format(body="  out[i] = scale;")
+    invalid = HEADER + "float two() { return 2; }\nconstant float scale = two();\n" + \
+        KERNEL.format(body="  out[i] = scale;")
     with pytest.raises(CompileError, match=r"\.metal:4:\d+: error: MSL rule 'constant initializer'"):
         shader(invalid, name="rule_constant_initializer")
     valid = HEADER + "constexpr float two() { return 2; }\nconstant float scale = two() * 3;\n" + \
@@ -304,5 +305,27 @@ def test_recursion_function_constant_index_and_program_scope_builtin(shader):
 
 
 def test_function_constant_index_needs_a_value(shader):
-    with pytest.raises(CompileError, match=r"\[\[buffer\(out_slot\)\]\]: the function constant 'out_slot' has no value"):
+    with pytest.raises(CompileError, match=r"\[\[buffer\(out_slot\)\]\]: the function constant 'out_slot' "
+                                           r"has no value"):
         shader(VALID, name="rule_valid_unset")
+
+
+VERSIONED = HEADER + """#if __METAL_VERSION__ >= 320
+kernel void k32(coherent(device) device float* out [[buffer(0)]]) { out[0] = 1; }
+#else
+kernel void k31(device float* out [[buffer(0)]]) { out[0] = 1; }
+#endif
+kernel void k(coherent(device) device float* out [[buffer(0)]]) { out[0] = 1; }
+"""
+
+
+def test_msl_version_setting(tmp_path):
+    # __METAL_VERSION__ and the version-gated rules follow the target; 3.1 is the default.
+    path = tmp_path / "versioned.metal"
+    path.write_text(VERSIONED)
+    assert [k.host_name for k in translate(path, msl_version="3.2").kernels] == ["k32", "k"]
+    with pytest.raises(TranslateError, match=rf"^{path}:8: MSL rule 'msl version': memory coherence .* needs MSL 3.2; "
+                                             r"the source targets MSL 3.1"):
+        translate(path)
+    with pytest.raises(ValueError, match=r"msl_version must be one of '3.1', '3.2', got '4.0'"):
+        translate(path, msl_version="4.0")

@@ -108,7 +108,8 @@ def test_conditional_ending_template_arguments(shader):
     assert out.tolist() == [2, 8]
 
 
-@pytest.mark.parametrize("name, dtype, limit", [("scaled_float", torch.float32, 64), ("scaled_half", torch.float16, 32)])
+@pytest.mark.parametrize("name, dtype, limit",
+                         [("scaled_float", torch.float32, 64), ("scaled_half", torch.float16, 32)])
 def test_thread_limit_from_template_parameters(kernels, name, dtype, limit):
     # [[max_total_threads_per_threadgroup(THREADS * 2)]] per instantiation; the body uses the file's own
     # `namespace detail`, assert and a half constant initialized from another.

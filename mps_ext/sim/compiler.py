@@ -263,7 +263,8 @@ def source_digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None) -> Path:
+def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None,
+                   msl_version: str = "3.1") -> Path:
     """Compile MSL ``source`` text; it is stored as ``<cache>/<name>-<hash>.metal`` for diagnostics."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"name must be a plain file name (letters, digits, '_', '.', '-', not starting with '.', "
@@ -271,17 +272,18 @@ def compile_source(source: str, name: str = "shader", include_dirs=(), constants
     metal = cache_dir() / f"{name}-{source_digest(source)}.metal"
     # Always the caller's text: never compile what another process left under this name.
     _write_atomically(metal, source)
-    return compile_file(metal, include_dirs, constants)
+    return compile_file(metal, include_dirs, constants, msl_version)
 
 
-def compile_file(metal, include_dirs=(), constants=None) -> Path:
+def compile_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1") -> Path:
     """Translate and compile one .metal file; returns the path of the loadable module.
 
-    ``constants`` ({name or index: value}) are the values of its function constants.
+    ``constants`` ({name or index: value}) are the values of its function constants; ``msl_version`` the
+    MSL it targets ("3.1" or "3.2").
     """
     metal = Path(metal).resolve()
     tc = toolchain()
-    cpp, lib = _translated(metal, include_dirs, constants, tc)
+    cpp, lib = _translated(metal, include_dirs, constants, tc, msl_version)
     if not _verified(lib):
         _build(cpp, lib, metal, tc)
     return lib
@@ -320,10 +322,12 @@ def _failed(metal: Path, stderr: str) -> CompileError:
     return CompileError(f"compiling {metal} for the simulator failed:\n{stderr.strip()}")
 
 
-def _translated(metal: Path, include_dirs, constants, tc: Toolchain) -> tuple[str, Path]:
+def _translated(metal: Path, include_dirs, constants, tc: Toolchain,
+                msl_version: str = "3.1") -> tuple[str, Path]:
     """The C++ translation of ``metal``, and where its library is cached."""
     try:
-        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants)
+        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants,
+                       msl_version=msl_version)
     except TranslateError as e:
         raise CompileError(str(e)) from None
     except OSError as e:

@@ -29,13 +29,14 @@ from pathlib import Path
 # Kernel, METAL_VERSION, PREDEFINED and the private names are also what tools/cuda_check's translator builds on.
 from .rewrite import Kernel, Translation, _cast_conditional_arms, _c_string, _number, _Translator  # noqa: F401
 from .rules import _STANDARD_ATTRIBUTES, check_rules  # noqa: F401
-from .tokens import METAL_VERSION, PREDEFINED, TranslateError, _tokenize, preprocess  # noqa: F401
+from .tokens import METAL_VERSION, PREDEFINED, TranslateError, _tokenize, msl_version_number, preprocess  # noqa: F401
 
 __all__ = ["TranslateError", "Translation", "translate", "preprocess"]
 
 
 def translate(source_path: Path, *, include_dirs=(), module_symbol: str = "mtlsim_module_init",
-              standalone: bool = True, cxx: str | None = None, defines=(), constants=None) -> Translation:
+              standalone: bool = True, cxx: str | None = None, defines=(), constants=None,
+              msl_version: str = "3.1") -> Translation:
     """Translate one .metal file into one C++ translation unit.
 
     ``standalone`` modules are shared libraries loaded at run time (they get the
@@ -43,19 +44,22 @@ def translate(source_path: Path, *, include_dirs=(), module_symbol: str = "mtlsi
     extension itself, where the runtime defines it. ``constants`` gives the values
     of ``[[function_constant(i)]]`` program-scope constants, by name or index, as
     ``MTLFunctionConstantValues`` does. Every failure is a ``TranslateError`` that
-    names a ``.metal`` position.
+    names a ``.metal`` position. ``msl_version`` ("3.1" or "3.2") is the MSL the
+    source targets: ``__METAL_VERSION__`` and the rules that depend on it follow it.
     """
-    text = preprocess(Path(source_path), include_dirs, cxx, defines)
-    return translate_text(text, module_symbol=module_symbol, standalone=standalone, constants=constants)
+    text = preprocess(Path(source_path), include_dirs, cxx, defines, msl_version)
+    return translate_text(text, module_symbol=module_symbol, standalone=standalone, constants=constants,
+                          msl_version=msl_version)
 
 
 def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", standalone: bool = True,
-                   constants=None) -> Translation:
+                   constants=None, msl_version: str = "3.1") -> Translation:
     """Translate preprocessed MSL (with line markers) into C++."""
+    version = msl_version_number(msl_version)
     tokens = _tokenize(text)
     tr = _Translator(tokens, standalone, constants)
     try:
-        check_rules(tokens)
+        check_rules(tokens, version)
         tr = _Translator(_cast_conditional_arms(tokens), standalone, constants)
         tr.run()
         tr.check_constants()

@@ -277,8 +277,8 @@ class _Translator:
                 i = self.function_constant(stmt_start, i)
                 stmt_start = i
                 continue
-            elif at_namespace_scope and self.is_attr_start(i) and _BUILTIN_ATTRIBUTES & dict(self.attributes(i)).keys() \
-                    and not self.in_parentheses(stmt_start, i):
+            elif at_namespace_scope and self.is_attr_start(i) and not self.in_parentheses(stmt_start, i) and \
+                    _BUILTIN_ATTRIBUTES & dict(self.attributes(i)).keys():
                 i = self.program_builtin(stmt_start, i)
                 stmt_start = i
                 continue
@@ -614,7 +614,8 @@ class _Translator:
         expression. Unless it is constexpr (which says as much), C++ checks it through MTLSIM_CONSTANT_INIT
         (constinit), and mps_ext.sim.compiler names the rule in the compiler's error."""
         depth, k, words, text = 0, start, [], False
-        while k < len(self.t) and not (depth == 0 and (self.text(k) == ";" or self.text(k) == "{" and "=" not in words)):
+        while k < len(self.t) and not (depth == 0 and (self.text(k) == ";" or
+                                                       self.text(k) == "{" and "=" not in words)):
             if depth == 0:
                 words.append(self.text(k))
             depth += (self.text(k) in _OPEN) - (self.text(k) in _CLOSE)
@@ -1239,7 +1240,8 @@ def _normal_type(text: str) -> str:
     """uint32_t -> uint, vec<uint16_t,2> -> ushort2: one spelling per attribute type."""
     m = re.fullmatch(r"vec<(\w+),(\d)>", text)
     base, n = (m.group(1), m.group(2)) if m else (text, "")
-    base = {"uint32_t": "uint", "unsigned int": "uint", "uint16_t": "ushort", "unsigned short": "ushort"}.get(base, base)
+    base = {"uint32_t": "uint", "unsigned int": "uint", "uint16_t": "ushort",
+            "unsigned short": "ushort"}.get(base, base)
     return base + n
 
 

@@ -68,11 +68,16 @@ _CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ul
                             r"atomic_(?:int|uint|bool|float)|unsigned|signed")
 
 
+# Constructs that need a later MSL than the oldest target: name -> (__METAL_VERSION__, what it is).
+_VERSIONED = {"coherent": (320, "memory coherence (coherent(device))")}
+
+
 class _Rules:
     """One pass over the tokens with a scope stack (namespace, class, function, block, initializer)."""
 
-    def __init__(self, tokens: list[_Tok]):
+    def __init__(self, tokens: list[_Tok], version: int):
         self.t = tokens
+        self.version = version
         self.structs = {t2.text for t1, t2 in zip(tokens, tokens[1:])
                         if t1.text in ("struct", "class", "union") and t2.kind == "id"}
         self.bodies: list[tuple[int, int]] = []  # (start, end) of each namespace-scope function body
@@ -134,6 +139,11 @@ class _Rules:
             prev = self.text(i - 1)
             if prev in (".", "->"):
                 continue
+            if s in _VERSIONED and self.text(i + 1) == "(" and self.version < _VERSIONED[s][0]:
+                needed, what = _VERSIONED[s]
+                self.fail(i, "msl version", f"{what} needs MSL {needed // 100}.{needed % 100 // 10}; the source "
+                                            f"targets MSL {self.version // 100}.{self.version % 100 // 10} "
+                                            f"(msl_version)")
             if s in _FORBIDDEN_KEYWORDS and prev != "::":
                 rule, msg = _FORBIDDEN_KEYWORDS[s]
                 self.fail(i, rule, msg)
@@ -399,7 +409,8 @@ class _Rules:
                                              f"out of range is a compile-time error")
 
 
-def check_rules(tokens: list[_Tok]) -> None:
-    """Raises TranslateError naming the first MSL language rule the tokens break."""
-    _Rules(tokens).run()
+def check_rules(tokens: list[_Tok], version: int = 310) -> None:
+    """Raises TranslateError naming the first MSL language rule the tokens break for the target version
+    (__METAL_VERSION__)."""
+    _Rules(tokens, version).run()
 

@@ -11,7 +11,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-METAL_VERSION = 310  # MSL 3.1: bfloat, macOS 14
+METAL_VERSION = 310  # MSL 3.1: bfloat, macOS 14; the default target
+# The MSL versions a source may target (``msl_version``), as __METAL_VERSION__ gives them.
+MSL_VERSIONS = {"3.1": 310, "3.2": 320}
 
 # Headers a kernel may include; they all map to the simulator's prelude.
 _METAL_HEADERS = (
@@ -62,14 +64,23 @@ _STD_HEADERS = re.compile(
     r"bit|span|numbers|concepts|compare|format|any|cstdint|cstddef|cfloat|climits|cmath|cstdio|cstdlib|cstring)")
 
 
-def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defines=()) -> str:
-    """Run the C preprocessor over a .metal file as Apple's compiler would see it."""
+def msl_version_number(msl_version: str) -> int:
+    """310 for "3.1": __METAL_VERSION__ of a target MSL version; a ValueError for one not supported."""
+    if msl_version not in MSL_VERSIONS:
+        raise ValueError(f"msl_version must be one of {', '.join(map(repr, MSL_VERSIONS))}, got {msl_version!r}")
+    return MSL_VERSIONS[msl_version]
+
+
+def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defines=(),
+               msl_version: str = "3.1") -> str:
+    """Run the C preprocessor over a .metal file as Apple's compiler would see it for ``msl_version``."""
+    predefined = {**PREDEFINED, "__METAL_VERSION__": str(msl_version_number(msl_version))}
     cxx = cxx or os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
         for name in _METAL_HEADERS:
             Path(stubs, name).write_text(_STDLIB_MACROS)
         cmd = [*shlex.split(cxx), "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
-               *(f"-D{k}={v}" for k, v in PREDEFINED.items())]
+               *(f"-D{k}={v}" for k, v in predefined.items())]
         for d in include_dirs:
             cmd += ["-I", str(d)]
         cmd += [f"-D{d}" for d in defines]
