@@ -13,6 +13,7 @@ import mps_ext
 import mps_ext.sim
 from mps_ext import testing
 from mps_ext.sim import SimulatorError, compiler
+from mps_ext.sim.translate import TranslateError, translate
 
 
 def test_unqualified_as_type_and_integer_select_conditions(kernels):
@@ -160,3 +161,16 @@ def test_constant_half_table_from_floats(kernels):
     assert t.names == ["table"]
     expected = torch.tensor([0.5, 1.5, float("nan"), -2, 65504, 1e-7]).half().float()  # 1e-7: a half subnormal
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_thread_limit_of_a_deduced_instantiation_needs_explicit_arguments(tmp_path):
+    path = tmp_path / "deduced.metal"
+    path.write_text("#include <metal_stdlib>\nusing namespace metal;\n"
+                    "template <typename T>\n"
+                    "[[kernel, max_total_threads_per_threadgroup(sizeof(T) * 32)]]\n"
+                    "void fill(device T* out [[buffer(0)]]) {\n"
+                    "  out[0] = T(1);\n}\n"
+                    "template [[host_name(\"fill_float\")]] [[kernel]] void fill(device float* out [[buffer(0)]]);\n")
+    with pytest.raises(TranslateError, match=rf"^{path}:8: \[\[max_total_threads_per_threadgroup\(sizeof\(T\)\*32\)"
+                                             r"\]\] uses the template parameters T: instantiate the kernel with"):
+        translate(path)

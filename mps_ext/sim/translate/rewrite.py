@@ -377,19 +377,20 @@ class _Translator:
         var = f"mtlsim_max_threads_{definition['at']}"
         kept = self.out[end] if self.out[end] is not None else [self.t[end]]
         self.out[end] = kept + self.code(f"{header} constexpr unsigned {var} = {definition['max_threads']};", end)
-        params, depth, cur = [], 0, []
-        for k in range(start + 2, close):
+        qualified = "::" + "::".join([*_namespaces(scopes), var])
+        definition["limit"] = (qualified, self.template_parameters(start + 1, close))
+
+    def template_parameters(self, open_: int, close: int) -> set[str]:
+        """The names declared by the template parameter list between ``open_`` and ``close``."""
+        names, depth, default = set(), 0, False
+        for k in range(open_ + 1, close + 1):
             s = self.text(k)
+            if k == close or (depth == 0 and s in (",", "=")):
+                if not default and self.t[k - 1].kind == "id":
+                    names.add(self.text(k - 1))
+                default = s == "="
             depth += (s in _OPEN or s == "<") - (s in _CLOSE or s == ">")
-            if s == "," and depth == 0:
-                params.append(cur)
-                cur = []
-            else:
-                cur.append(s)
-        params.append(cur)
-        definition["limit"] = ("::" + "::".join([*_namespaces(scopes), var]),
-                               {next((w for w in reversed(p[:p.index("=")] if "=" in p else p)
-                                      if re.fullmatch(r"[A-Za-z_]\w*", w)), "") for p in params})
+        return names
 
     def check_kernel_return(self, start: int, name_at: int) -> None:
         """MSL: kernel functions return void."""
