@@ -234,15 +234,15 @@ struct sincos_fn {
 // ---------------------------------------------------------------- lane functions
 
 #define MTLSIM_PUBLIC1(name, Result, Kind)                                    \
-  template <class X, class R = __detail::Result<__detail::Kind, X>>               \
+  template <class X, class R = __detail::Result<__detail::Kind, X>>           \
   MTLSIM_HD MTLSIM_INLINE R name(const X& x) { return __detail::map<R>(__detail::name##_fn{}, x); }
 #define MTLSIM_PUBLIC2(name, Result, Kind)                                    \
-  template <class X, class Y, class R = __detail::Result<__detail::Kind, X, Y>>   \
+  template <class X, class Y, class R = __detail::Result<__detail::Kind, X, Y>> \
   MTLSIM_HD MTLSIM_INLINE R name(const X& x, const Y& y) { return __detail::map<R>(__detail::name##_fn{}, x, y); }
 #define MTLSIM_PUBLIC3(name, Result, Kind)                                          \
   template <class X, class Y, class Z, class R = __detail::Result<__detail::Kind, X, Y, Z>> \
   MTLSIM_HD MTLSIM_INLINE R name(const X& x, const Y& y, const Z& z) {              \
-    return __detail::map<R>(__detail::name##_fn{}, x, y, z);                             \
+    return __detail::map<R>(__detail::name##_fn{}, x, y, z);                         \
   }
 #define MTLSIM_FUNCTOR(name, signature, expr) \
   namespace __detail { struct name##_fn { signature const { return expr; } }; }
@@ -254,23 +254,23 @@ struct sincos_fn {
   X(sin, __builtin_sinf(x)) X(cos, __builtin_cosf(x)) X(tan, __builtin_tanf(x)) X(asin, __builtin_asinf(x))      \
   X(acos, __builtin_acosf(x)) X(atan, __builtin_atanf(x)) X(sinh, __builtin_sinhf(x))                            \
   X(cosh, __builtin_coshf(x)) X(tanh, __builtin_tanhf(x)) X(asinh, __builtin_asinhf(x))                          \
-  X(acosh, __builtin_acoshf(x)) X(atanh, __builtin_atanhf(x)) X(sinpi, __detail::sinpi_(x))                        \
-  X(cospi, __detail::cospi_(x)) X(tanpi, __detail::tanpi_(x)) X(floor, __builtin_floorf(x))                          \
+  X(acosh, __builtin_acoshf(x)) X(atanh, __builtin_atanhf(x)) X(sinpi, __detail::sinpi_(x))                      \
+  X(cospi, __detail::cospi_(x)) X(tanpi, __detail::tanpi_(x)) X(floor, __builtin_floorf(x))                      \
   X(ceil, __builtin_ceilf(x)) X(round, __builtin_roundf(x)) X(rint, __builtin_rintf(x))                          \
-  X(trunc, __builtin_truncf(x)) X(fract, __detail::fract_(x))                                                      \
+  X(trunc, __builtin_truncf(x)) X(fract, __detail::fract_(x))                                                    \
   X(saturate, __detail::fmin_(__detail::fmax_(x, 0.0f), 1.0f)) X(sign, __detail::sign_(x))
 #define MTLSIM_FLOAT_FN2(X)                                                                                    \
   X(pow, __builtin_powf(x, y)) X(powr, x < 0.0f ? __builtin_nanf("") : __builtin_powf(x, y))                     \
   X(atan2, __builtin_atan2f(x, y)) X(fmod, __builtin_fmodf(x, y)) X(copysign, __builtin_copysignf(x, y))         \
-  X(fdim, __builtin_fdimf(x, y)) X(fmin, __detail::fmin_(x, y)) X(fmax, __detail::fmax_(x, y))                       \
+  X(fdim, __builtin_fdimf(x, y)) X(fmin, __detail::fmin_(x, y)) X(fmax, __detail::fmax_(x, y))                   \
   X(step, y < x ? 0.0f : 1.0f) X(divide, x / y)
 #define MTLSIM_FLOAT_FN3(X)                                                                                    \
-  X(fma, __builtin_fmaf(x, y, z)) X(mix, x + (y - x) * z) X(smoothstep, __detail::smoothstep_(x, y, z))            \
-  X(fmax3, __detail::fmax_(__detail::fmax_(x, y), z)) X(fmin3, __detail::fmin_(__detail::fmin_(x, y), z))                \
+  X(fma, __builtin_fmaf(x, y, z)) X(mix, x + (y - x) * z) X(smoothstep, __detail::smoothstep_(x, y, z))          \
+  X(fmax3, __detail::fmax_(__detail::fmax_(x, y), z)) X(fmin3, __detail::fmin_(__detail::fmin_(x, y), z))        \
   X(fmedian3, __detail::fmax_(__detail::fmin_(x, y), __detail::fmin_(__detail::fmax_(x, y), z)))
 #define MTLSIM_INT_FN1(X)                                                                                      \
   X(clz, T(x ? __builtin_clzll(__detail::ull(__detail::uint_t<T>(x))) - (64 - __detail::bits_v<T>) : __detail::bits_v<T>)) \
-  X(ctz, T(x ? __builtin_ctzll(__detail::ull(__detail::uint_t<T>(x))) : __detail::bits_v<T>))                         \
+  X(ctz, T(x ? __builtin_ctzll(__detail::ull(__detail::uint_t<T>(x))) : __detail::bits_v<T>))                   \
   X(popcount, T(__builtin_popcountll(__detail::ull(__detail::uint_t<T>(x))))) X(reverse_bits, __detail::reverse_bits_(x))
 #define MTLSIM_INT_FN2(X)                                                                                      \
   X(absdiff, T(x < y ? __detail::wrap_t<T>(y) - __detail::wrap_t<T>(x) : __detail::wrap_t<T>(x) - __detail::wrap_t<T>(y))) \
@@ -278,7 +278,7 @@ struct sincos_fn {
   X(hadd, T((x >> 1) + (y >> 1) + (x & y & 1))) X(rhadd, T((x >> 1) + (y >> 1) + ((x | y) & 1)))                  \
   X(mulhi, __detail::mulhi_(x, y)) X(mul24, T(__detail::ull(x) * __detail::ull(y))) X(rotate, __detail::rotate_(x, y))
 #define MTLSIM_INT_FN3(X)                                                                                      \
-  X(mad24, T(__detail::ull(x) * __detail::ull(y) + __detail::ull(z)))                                                  \
+  X(mad24, T(__detail::ull(x) * __detail::ull(y) + __detail::ull(z)))                                            \
   X(madhi, T(__detail::ull(__detail::mulhi_(x, y)) + __detail::ull(z))) X(madsat, __detail::madsat_(x, y, z))
 #define MTLSIM_FLOAT_PREDICATES(X)                                                                             \
   X(isnan, __builtin_isnan(x)) X(isinf, __builtin_isinf(x)) X(isfinite, __builtin_isfinite(x))                   \

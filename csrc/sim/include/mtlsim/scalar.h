@@ -167,10 +167,10 @@ using bfloat = small_float<__detail::bfloat16>;
 // Exact-match templates, so they win over the built-in operators reachable
 // through the implicit conversions in both directions.
 #define MTLSIM_SMALL_ARITH(op)                                                           \
-  template <class A, class B, class R = __detail::mixed_t<A, B>>                           \
+  template <class A, class B, class R = __detail::mixed_t<A, B>>                         \
   MTLSIM_HD constexpr R operator op(const A& a, const B& b) { return R(float(R(a)) op float(R(b))); }
 #define MTLSIM_SMALL_COMPARE(op)                                                         \
-  template <class A, class B, class R = __detail::mixed_t<A, B>>                           \
+  template <class A, class B, class R = __detail::mixed_t<A, B>>                         \
   MTLSIM_HD constexpr bool operator op(const A& a, const B& b) { return float(R(a)) op float(R(b)); }
 MTLSIM_SMALL_ARITH(+) MTLSIM_SMALL_ARITH(-) MTLSIM_SMALL_ARITH(*) MTLSIM_SMALL_ARITH(/)
 MTLSIM_SMALL_COMPARE(==) MTLSIM_SMALL_COMPARE(!=) MTLSIM_SMALL_COMPARE(<)
@@ -249,7 +249,7 @@ MTLSIM_STD_TYPE_TRAIT(remove_extent) MTLSIM_STD_TYPE_TRAIT(remove_all_extents) M
 // The std trait, widened to count half and bfloat as floating point.
 #define MTLSIM_WIDENED_TRAIT(name)                                                                     \
   template <class T> struct name                                                                       \
-      : bool_constant<std::name##_v<T> || __detail::is_small_float_v<std::remove_cv_t<T>>> {};           \
+      : bool_constant<std::name##_v<T> || __detail::is_small_float_v<std::remove_cv_t<T>>> {};         \
   template <class T> inline constexpr bool name##_v = name<T>::value;
 MTLSIM_WIDENED_TRAIT(is_floating_point)
 MTLSIM_WIDENED_TRAIT(is_arithmetic)

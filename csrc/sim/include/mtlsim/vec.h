@@ -395,8 +395,8 @@ MTLSIM_HD constexpr decltype(auto) operand(const X& x) {
 #define MTLSIM_SPACE_BINARY(op)                                                                                \
   template <class A, class B, std::enable_if_t<__detail::spaced_operands_v<A, B>, int> = 0> \
   MTLSIM_HD constexpr auto operator op(const A& a, const B& b)                                                  \
-      -> decltype(__detail::operand(a) op __detail::operand(b)) {                                               \
-    return __detail::operand(a) op __detail::operand(b);                                                        \
+      -> decltype(__detail::operand(a) op __detail::operand(b)) {                                           \
+    return __detail::operand(a) op __detail::operand(b);                                                    \
   }
 #define MTLSIM_SPACE_COMPOUND(op)                                                                              \
   template <class A, class B, std::enable_if_t<__detail::spaced_operands_v<A, B>, int> = 0> \
@@ -406,7 +406,7 @@ MTLSIM_HD constexpr decltype(auto) operand(const X& x) {
     return a;                                                                                                   \
   }
 #define MTLSIM_SPACE_UNARY(op)                                                                                 \
-  template <class A, std::enable_if_t<__detail::spaced_value_v<A>, int> = 0>                                      \
+  template <class A, std::enable_if_t<__detail::spaced_value_v<A>, int> = 0>                                    \
   MTLSIM_HD constexpr auto operator op(const A& a) -> decltype(op mtlsim::as_generic(a)) {                     \
     return op mtlsim::as_generic(a);                                                                           \
   }
