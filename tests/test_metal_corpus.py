@@ -1,8 +1,9 @@
 """Upstream Metal code, compiled as shipped and run against torch: ggml's
 kernels (llama-cpp-python sdist), MLX's kernel headers (mlx-metal wheel; each
 after utils.h and the other includes that MLX's own .metal files, which the
-wheel does not carry, put before it) and PyTorch's c10/metal headers (macOS
-torch wheel), pinned in tools/metal_corpus.py.
+wheel does not carry, put before it), PyTorch's c10/metal headers (macOS
+torch wheel) and the .metal files that other packages' wheels ship, pinned in
+tools/metal_corpus.py.
 
 CI fetches the corpus (.ci/run sets MPS_EXT_CORPUS=1); elsewhere the tests run
 when it is cached and are skipped, saying how to get it, when it is not."""
@@ -58,6 +59,8 @@ _MLX = {
         "steel/gemm/kernels/steel_gemm_thin_nax.h", "steel/gemm/nax.h"),
 }
 NOT_SUPPORTED.update({f"mlx/{name}": why for why, names in _MLX.items() for name in names})
+NOT_SUPPORTED["late-interaction-kernels/_maxsim.metal"] = (
+    "not MSL as shipped: a Python str.format template ({D_MAX} and doubled braces are filled in at run time)")
 
 
 @pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
@@ -319,3 +322,16 @@ def test_mlx_softmax(tmp_path, dtype):
                              (96, 1, 1), grid_in_threads=False)  # ceil(300 / 4) threads, in whole SIMD groups
     assert [k.name for k in tr.kernels] == [f"softmax_{t}"]
     assert_close(out, torch.softmax(rows.float(), 1).to(dtype), dtype=dtype)
+
+
+@pytest.mark.parametrize("kernel", ["fp8_to_half_kernel", "fp8_to_half_arithmetic_kernel"])
+def test_fp4_fp8_for_torch_mps_e4m3_decode(kernel):
+    """fp4-fp8-for-torch-mps's e4m3fn decodes (a constant half table, arithmetic) of all 256 codes."""
+    entry = next(e for e in ENTRIES if e.name == "fp4-fp8-for-torch-mps/fp8_matmul.metal")
+    lib = mps_ext.sim.compile_file(entry.source, include_dirs=entry.include_dirs)
+    codes = torch.arange(256, dtype=torch.uint8)
+    out = torch.empty(256, dtype=torch.float16)
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        getattr(lib, kernel)(codes, out, 256, threads=256, arg_casts="int32")
+    assert t.names == [kernel]
+    torch.testing.assert_close(out, codes.view(torch.float8_e4m3fn).half(), rtol=0, atol=0, equal_nan=True)

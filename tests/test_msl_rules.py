@@ -8,6 +8,7 @@ import re
 import pytest
 import torch
 
+import mps_ext
 from mps_ext.sim import CompileError
 from mps_ext.sim.translate import TranslateError, translate
 
@@ -47,18 +48,6 @@ CASES = {
                "struct Twice { float operator()(float v) const { return v * 2; } };\n" +
                KERNEL.format(body="  float a[2] = {1, 2};\n  [[maybe_unused]] Twice twice;\n"
                                   "  out[i] = twice(a[i % 2]);")),
-    "recursion": ("no recursion",
-                  "float fact(float n) {\n  return n <= 1 ? 1 : n * fact(n - 1);\n}\n" + KERNEL.format(body="  out[i] = fact(4);"),
-                  "half exp(half x) { return half(exp(float(x))); }  // calls metal's exp(float)\n"
-                  "float sq(float x) { return x * x; }\n"
-                  "float2 sq(float2 v) { return float2(sq(v.x), sq(v.y)); }  // an overload, not recursion\n" +
-                  KERNEL.format(body="  out[i] = sq(float2(float(i + 2), 1)).x;")),
-    "mutual recursion": ("no recursion",
-                         "float odd(uint n);\nfloat even(uint n) {\n  return n == 0 ? 1 : odd(n - 1);\n}\n"
-                         "float odd(uint n) { return n == 0 ? 0 : even(n - 1); }\n" +
-                         KERNEL.format(body="  out[i] = even(i);"),
-                         "float odd_of(uint n) { return float(n % 2); }\nfloat even_of(uint n) { return 1 - odd_of(n); }\n" +
-                         KERNEL.format(body="  out[i] = even_of(i);")),
     "std::": ("no C/C++ standard library", KERNEL.format(body="  out[i] = std::max(out[i], 0.0f);"),
               KERNEL.format(body="  float std = metal::max(out[i], 0.0f);  // std as a name\n  out[i] = std;")),
     "C library": ("no C/C++ standard library", KERNEL.format(body='  printf("%f", out[i]);'),
@@ -84,8 +73,66 @@ CASES = {
                                "constexpr constant static float table[2] = {0, 1};\n" +
                                KERNEL.format(body="  out[i] = scale + offset + table[i % 2];")),
     "static variable": ("static variable", KERNEL.format(body="  static int calls = 0;\n  out[i] = float(calls++);"),
-                        "struct Limits { static constant constexpr int n = 3; };\n" +
-                        KERNEL.format(body="  static constant float k = 0.5f;\n  out[i] = k * Limits::n;")),
+                        "struct Limits { static constant constexpr int n = 3; };\nconstant float k = 0.5f;\n" +
+                        KERNEL.format(body="  out[i] = k * Limits::n;")),
+    "static constant": ("static variable", KERNEL.format(body="  static constant float k = 0.5f;\n  out[i] = k;"),
+                        "constant float k = 0.5f;\n" + KERNEL.format(body="  out[i] = k;")),
+    "kernel call": ("kernel call", "kernel void fill(device float* out [[buffer(0)]]) {\n  out[0] = 1;\n}\n" +
+                    KERNEL.format(body="  fill(out);"),
+                    "void fill(device float* out) { out[0] = 1; }\n" + KERNEL.format(body="  fill(out + i);")),
+    "thread pointer argument": ("kernel argument address space",
+                                "kernel void k(device float* out [[buffer(0)]],\n  thread float* scratch [[buffer(1)]]) {\n"
+                                "  out[0] = scratch[0];\n}\n",
+                                KERNEL.format(body="  float v = 1;\n  thread float* scratch = &v;\n  out[i] = *scratch;")),
+    "by-value argument": ("kernel argument attribute",
+                          "kernel void k(device float* out [[buffer(0)]],\n  float scale) {\n  out[0] = scale;\n}\n",
+                          "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
+                          "  uint n [[threads_per_grid]]) {\n  out[i] = float(n);\n}\n"),
+    "buffer on threadgroup pointer": ("argument binding",
+                                      "kernel void k(device float* out [[buffer(0)]],\n"
+                                      "  threadgroup float* tg [[buffer(1)]]) {\n  out[0] = tg[0];\n}\n",
+                                      KERNEL.format(body="  threadgroup float tg[1];\n  tg[0] = 2;\n"
+                                                         "  threadgroup_barrier(mem_flags::mem_threadgroup);\n"
+                                                         "  out[i] = tg[0];")),
+    "threadgroup on device pointer": ("argument binding",
+                                      "kernel void k(device float* out [[buffer(0)]],\n"
+                                      "  device float* more [[threadgroup(0)]]) {\n  out[0] = more[0];\n}\n",
+                                      KERNEL.format(body="  out[i] = 3;")),
+    "grid size type": ("attribute type",
+                       "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
+                       "  ushort n [[threads_per_grid]]) {\n  out[i] = n;\n}\n",
+                       "kernel void k(device float* out [[buffer(0)]], ushort i [[thread_position_in_grid]],\n"
+                       "  ushort n [[threads_per_grid]], ushort g [[threadgroup_position_in_grid]]) {\n"
+                       "  out[i] = n + g;\n}\n"),
+    "simdgroup types": ("attribute type",
+                        "kernel void k(device float* out [[buffer(0)]], uint lane [[thread_index_in_simdgroup]],\n"
+                        "  ushort width [[threads_per_simdgroup]]) {\n  out[lane] = width;\n}\n",
+                        "kernel void k(device float* out [[buffer(0)]], ushort lane [[thread_index_in_simdgroup]],\n"
+                        "  ushort width [[threads_per_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {\n"
+                        "  out[lane] = width + sg;\n}\n"),
+    "index beside a uint position": ("attribute type",
+                                     "kernel void k(device float* out [[buffer(0)]],\n"
+                                     "  uint3 p [[thread_position_in_threadgroup]],\n"
+                                     "  ushort t [[thread_index_in_threadgroup]]) {\n  out[t] = p.x;\n}\n",
+                                     "kernel void k(device float* out [[buffer(0)]],\n"
+                                     "  ushort3 p [[thread_position_in_threadgroup]],\n"
+                                     "  ushort t [[thread_index_in_threadgroup]]) {\n  out[t] = p.x;\n}\n"),
+    "program-scope built-in type": ("attribute type", "int gid [[thread_position_in_grid]];\n" +
+                                    KERNEL.format(body="  out[gid] = 1;"),
+                                    "uint gid [[thread_position_in_grid]];\n" + KERNEL.format(body="  out[gid] = 1;")),
+    "matrix column": ("matrix index", KERNEL.format(body="  float2x2 m = float2x2(1);\n  out[i] = m[2][0];"),
+                      KERNEL.format(body="  float2x2 m = float2x2(1);\n  float4 m4 = float4(2);\n"
+                                         "  out[i] = m[1][1] + m4[3];")),
+    "matrix row": ("matrix index", KERNEL.format(body="  float3x2 m = float3x2(1);\n  out[i] = m[0][2];"),
+                   KERNEL.format(body="  float3x2 m = float3x2(1);\n  out[i] = m[2][1];")),
+    "function constant index": ("function constant",
+                                "constant bool wide [[function_constant(70000)]];\n" + KERNEL.format(body="  out[i] = wide;"),
+                                "constant bool wide [[function_constant(65535)]];\n" +
+                                KERNEL.format(body="  out[i] = wide ? 2 : 1;")),
+    "function constant type": ("function constant",
+                               "struct Pair { int a, b; };\nconstant Pair pair [[function_constant(0)]];\n" +
+                               KERNEL.format(body="  out[i] = pair.a;"),
+                               "constant half2 pair [[function_constant(0)]];\n" + KERNEL.format(body="  out[i] = pair.x;")),
     "kernel return type": ("kernel return type",
                            "kernel float k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {\n"
                            "  return out[i];\n}\n",
@@ -127,8 +174,6 @@ NEEDLES = {
     'goto': 'goto',
     'thread_local': 'thread_local',
     'lambda': '[](',
-    'recursion': 'fact(n - 1)',
-    'mutual recursion': 'even(n - 1)',
     'std::': 'std::',
     'C library': 'printf',
     '#include <cstdio>': '<cstdio>',
@@ -138,6 +183,20 @@ NEEDLES = {
     'pointer member': 'float* data',
     'program scope variable': 'float scale',
     'static variable': 'static int',
+    'static constant': 'static constant',
+    'kernel call': 'fill(out)',
+    'thread pointer argument': 'thread float*',
+    'by-value argument': 'float scale',
+    'buffer on threadgroup pointer': 'threadgroup float*',
+    'threadgroup on device pointer': 'device float* more',
+    'grid size type': 'ushort n',
+    'simdgroup types': 'ushort width',
+    'index beside a uint position': 'ushort t',
+    'program-scope built-in type': 'int gid',
+    'matrix column': 'm[2]',
+    'matrix row': 'm[0][2]',
+    'function constant index': '70000',
+    'function constant type': 'Pair pair',
     'kernel return type': 'kernel float',
     'kernel overload': 'device int*',
     'position type': 'int i [[',
@@ -190,8 +249,83 @@ def test_valid_twins_compile_and_run(shader):
         assert not out[0].isnan(), name
 
 
+def test_program_scope_constant_is_initialized_by_a_constant_expression(shader):
+    # Checked by the C++ compiler (constinit), named as the translator's own rules are.
+    invalid = HEADER + "float two() { return 2; }\nconstant float scale = two();\n" + \
+        KERNEL.format(body="  out[i] = scale;")
+    with pytest.raises(CompileError, match=r"\.metal:4:\d+: error: MSL rule 'constant initializer'"):
+        shader(invalid, name="rule_constant_initializer")
+    valid = HEADER + "constexpr float two() { return 2; }\nconstant float scale = two() * 3;\n" + \
+        KERNEL.format(body="  out[i] = scale;")
+    out = torch.zeros(3)
+    shader(valid, name="rule_constant_initializer_twin").k(out)
+    assert out.tolist() == [6, 6, 6]
+
+
 def test_literals_in_strings_and_comments_are_not_code(tmp_path):
     path = tmp_path / "strings.metal"
     path.write_text(HEADER + '// goto, new, delete, try, std::max, printf("x")\n'
                     '/* double virtual typeid */\n' + KERNEL.format(body="  out[i] = 1;"))
     assert translate(path).kernels
+
+
+# Valid MSL that a stricter reading of the specification would reject: recursion (MSL 1.5.4: compute
+# functions since Metal 2.4), a function constant as a binding index (5.8.1.4) and a built-in variable at
+# program scope (5.9, Metal 3.1).
+VALID = HEADER + """
+constant int out_slot [[function_constant(0)]];
+uint gid [[thread_position_in_grid]];
+typedef void (filler_t)(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]);  // ggml's
+uint fib(uint n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+bool odd(uint n);
+bool even(uint n) { return n == 0 ? true : odd(n - 1); }
+bool odd(uint n) { return n == 0 ? false : even(n - 1); }
+float half_position() { return float(gid) * 0.5f; }
+kernel void valid(device float* unused [[buffer(0)]], device float* out [[buffer(out_slot)]]) {
+  out[gid * 3] = fib(gid);
+  out[gid * 3 + 1] = even(gid);
+  out[gid * 3 + 2] = half_position();
+}
+"""
+
+
+def test_recursion_function_constant_index_and_program_scope_builtin(shader):
+    lib = shader(VALID, name="rule_valid", constants={"out_slot": 1})
+    n = 12
+    out = torch.full((n, 3), float("nan"))
+    with mps_ext.trace() as t:
+        lib.valid(torch.empty(1), out, threads=n)
+    assert t.names == ["valid"]
+    fib = [0, 1]
+    while len(fib) < n:
+        fib.append(fib[-1] + fib[-2])
+    i = torch.arange(n)
+    expected = torch.stack([torch.tensor(fib, dtype=torch.float32), (i % 2 == 0).float(), i * 0.5], 1)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_function_constant_index_needs_a_value(shader):
+    with pytest.raises(CompileError, match=r"\[\[buffer\(out_slot\)\]\]: the function constant 'out_slot' "
+                                           r"has no value"):
+        shader(VALID, name="rule_valid_unset")
+
+
+VERSIONED = HEADER + """#if __METAL_VERSION__ >= 320
+kernel void k32(coherent(device) device float* out [[buffer(0)]]) { out[0] = 1; }
+#else
+kernel void k31(device float* out [[buffer(0)]]) { out[0] = 1; }
+#endif
+kernel void k(coherent(device) device float* out [[buffer(0)]]) { out[0] = 1; }
+"""
+
+
+def test_msl_version_setting(tmp_path):
+    # __METAL_VERSION__ and the version-gated rules follow the target; 3.1 is the default.
+    path = tmp_path / "versioned.metal"
+    path.write_text(VERSIONED)
+    assert [k.host_name for k in translate(path, msl_version="3.2").kernels] == ["k32", "k"]
+    with pytest.raises(TranslateError, match=rf"^{path}:8: MSL rule 'msl version': memory coherence .* needs MSL 3.2; "
+                                             r"the source targets MSL 3.1"):
+        translate(path)
+    with pytest.raises(ValueError, match=r"msl_version must be one of '3.1', '3.2', got '4.0'"):
+        translate(path, msl_version="4.0")

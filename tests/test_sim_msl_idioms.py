@@ -1,5 +1,6 @@
-"""MSL as upstream kernels write it (tests/kernels/msl_idioms.metal): what
-the ggml and c10/metal files of the corpus rely on, on the simulator,
+"""MSL as upstream kernels write it (tests/kernels/msl_idioms.metal: what
+the ggml and c10/metal files of the corpus rely on; upstream_idioms.metal:
+what MLX's own .metal files and other code bases add), on the simulator,
 against torch."""
 
 import shlex
@@ -10,7 +11,9 @@ import torch
 
 import mps_ext
 import mps_ext.sim
-from mps_ext.sim import compiler
+from mps_ext import testing
+from mps_ext.sim import SimulatorError, compiler
+from mps_ext.sim.translate import TranslateError, translate
 
 
 def test_unqualified_as_type_and_integer_select_conditions(kernels):
@@ -104,3 +107,70 @@ def test_conditional_ending_template_arguments(shader):
         shader(TEMPLATE_ARGUMENT).counts(out, threads=2)
     assert t.names == ["counts"]
     assert out.tolist() == [2, 8]
+
+
+@pytest.mark.parametrize("name, dtype, limit",
+                         [("scaled_float", torch.float32, 64), ("scaled_half", torch.float16, 32)])
+def test_thread_limit_from_template_parameters(kernels, name, dtype, limit):
+    # [[max_total_threads_per_threadgroup(THREADS * 2)]] per instantiation; the body uses the file's own
+    # `namespace detail`, assert and a half constant initialized from another.
+    kernel = getattr(kernels("upstream_idioms"), name)
+    assert kernel.max_threads_per_threadgroup == limit
+    n = 77
+    x = torch.linspace(-3, 3, n)
+    out = torch.full((n,), float("nan"), dtype=dtype)
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        kernel(x, out, n, threads=n, arg_casts="int32")
+    assert [k.name for k in t.kernels] == [kernel.name]
+    testing.assert_close(out, (x * 2).to(dtype) + torch.tensor(2, dtype=dtype), dtype)
+
+
+def test_failed_assert_names_its_condition(kernels):
+    x = torch.zeros(8)
+    with pytest.raises(SimulatorError, match=r"assertion failed: i < n.*upstream_idioms.metal:23"):
+        kernels("upstream_idioms").scaled_float(x, torch.empty(8), 4, threads=8, arg_casts="int32")
+
+
+def test_struct_copied_out_of_device_memory(kernels):
+    n = 9
+    items = torch.randn(n, 8)  # Item: float4 v, float scale, 12 bytes of padding
+    out = torch.full((n, 8), float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        kernels("upstream_idioms").items(items, out, threads=n)
+    assert t.names == ["items"]
+    expected = torch.cat([items[:, :4] * items[:, 4:5], items[:, 4:5]], 1)
+    testing.assert_close(out[:, :5], expected, torch.float32)
+
+
+def test_local_struct_through_device_and_threadgroup_memory(kernels):
+    n = 24
+    cells = torch.randn(n, 2)  # Cell: value, total
+    out = torch.full((n, 2), float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        kernels("upstream_idioms").local_structs(cells, out, threads=n, group_size=8)
+    assert t.names == ["local_structs"]
+    partner = torch.arange(n) ^ 1
+    expected = torch.stack([cells[partner, 0], cells[partner, 0] + cells[partner, 1]], 1)
+    testing.assert_close(out, expected, torch.float32)
+
+
+def test_constant_half_table_from_floats(kernels):
+    out = torch.zeros(6)
+    with mps_ext.trace() as t:
+        kernels("upstream_idioms").table(out)
+    assert t.names == ["table"]
+    expected = torch.tensor([0.5, 1.5, float("nan"), -2, 65504, 1e-7]).half().float()  # 1e-7: a half subnormal
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+
+
+def test_thread_limit_of_a_deduced_instantiation_needs_explicit_arguments(tmp_path):
+    path = tmp_path / "deduced.metal"
+    path.write_text("#include <metal_stdlib>\nusing namespace metal;\n"
+                    "template <typename T>\n"
+                    "[[kernel, max_total_threads_per_threadgroup(sizeof(T) * 32)]]\n"
+                    "void fill(device T* out [[buffer(0)]]) {\n"
+                    "  out[0] = T(1);\n}\n"
+                    "template [[host_name(\"fill_float\")]] [[kernel]] void fill(device float* out [[buffer(0)]]);\n")
+    with pytest.raises(TranslateError, match=rf"^{path}:8: \[\[max_total_threads_per_threadgroup\(sizeof\(T\)\*32\)"
+                                             r"\]\] uses the template parameters T: instantiate the kernel with"):
+        translate(path)

@@ -261,7 +261,7 @@ static constant constexpr const int kTwo = 2;
 struct Tile { static constant constexpr const short kRows = 3; };
 kernel void k(coherent(device) device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
   out[i] = float(kTwo * Tile::kRows);
-}""", name="specifiers")
+}""", name="specifiers", msl_version="3.2")
     out = torch.zeros(2)
     lib.k(out)
     assert out.tolist() == [6.0, 6.0]

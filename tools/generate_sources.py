@@ -14,9 +14,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_translator():
-    spec = importlib.util.spec_from_file_location("mtlsim_translate", ROOT / "mps_ext" / "sim" / "translate.py")
+    package = ROOT / "mps_ext" / "sim" / "translate"
+    spec = importlib.util.spec_from_file_location("mtlsim_translate", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
+    sys.modules[spec.name] = module  # for its own modules' relative imports, and dataclasses
     spec.loader.exec_module(module)
     return module
 

@@ -6,7 +6,9 @@ simulator's regression tests (tests/test_metal_corpus.py).
 - MLX's kernel headers (mlx/backend/metal/kernels/**/*.h), from the macOS
   mlx-metal wheel;
 - PyTorch's c10/metal/*.h, from the macOS torch 2.15.0 wheel whose headers
-  tools/check_macos.py keeps already.
+  tools/check_macos.py keeps already;
+- the .metal files of Python packages that ship Metal compute kernels as
+  source (METAL_WHEELS).
 
 Each package is pinned by version and sha256, fetched from PyPI once with
 check_macos's helpers and kept (only the Metal sources) in
@@ -49,6 +51,14 @@ MLX = ("mlx-metal", "0.32.4", "-py3-none-macosx_14_0_arm64.whl",
        "8019b2db622599267d66cc168b2f0dbf5af929790a6c3b3913e00eabc42a7947")
 TORCH = ("torch", "2.15.0", check_macos.TORCH_WHEEL, "e808b63d616a43b326e1a5677d45a2e5babe7a8ce27edb03ddb48e7dd9b6d663")
 
+# Packages whose wheels ship .metal files, each compiled as shipped: (package, version, wheel tag, sha256).
+METAL_WHEELS = (
+    ("fp4-fp8-for-torch-mps", "1.0.3", "-py3-none-any.whl",
+     "e3460377560899552abbe79dbf17e4fd408d0e07b91dc30f65c89d3441b7551d"),
+    ("late-interaction-kernels", "0.4.5", "-py3-none-any.whl",
+     "ccb09faf2bb4a48a56ced3aaccf63f4616d64f58038e23d4a09c0300a52e5b34"),
+)
+
 GGML_PREFIX = "llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/"
 MLX_PREFIX = "mlx/include/"
 MLX_KERNELS = "mlx/backend/metal/kernels/"
@@ -87,6 +97,19 @@ def mlx_dir() -> Path:
     return cache() / f"mlx-metal-{MLX[1]}"
 
 
+def wheel_dir(package: str, version: str) -> Path:
+    return cache() / f"{package}-{version}"
+
+
+def _unpack_metal(wheel, out: Path) -> None:
+    """The wheel's .metal files, at their paths in it."""
+    for name in wheel.namelist():
+        if name.endswith(".metal"):
+            target = out / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(wheel.read(name))
+
+
 def torch_include() -> Path:
     return check_macos.torch_cache(TORCH[1]) / "include"
 
@@ -105,7 +128,8 @@ def _unpack_ggml(sdist: tarfile.TarFile, out: Path) -> None:
 
 
 def available() -> bool:
-    return ggml_dir().is_dir() and mlx_dir().is_dir() and (torch_include() / "c10" / "metal").is_dir()
+    return ggml_dir().is_dir() and mlx_dir().is_dir() and (torch_include() / "c10" / "metal").is_dir() and all(
+        wheel_dir(package, version).is_dir() for package, version, *_ in METAL_WHEELS)
 
 
 def fetch() -> None:
@@ -113,6 +137,8 @@ def fetch() -> None:
     check_macos.fetch(*LLAMA[:3], ggml_dir(), _unpack_ggml, sha256=LLAMA[3])
     check_macos.fetch(*MLX[:3], mlx_dir(), lambda wheel, out: check_macos.extract(
         wheel, out / MLX_KERNELS, MLX_PREFIX + MLX_KERNELS), sha256=MLX[3])
+    for package, version, tag, sha256 in METAL_WHEELS:
+        check_macos.fetch(package, version, tag, wheel_dir(package, version), _unpack_metal, sha256=sha256)
     if not check_macos.torch_cache(TORCH[1]).is_dir():
         check_macos.install_tools()  # the torch cache keeps export lists made with llvm-nm
         check_macos.fetch(*TORCH[:3], check_macos.torch_cache(TORCH[1]), check_macos.unpack_torch, sha256=TORCH[3])
@@ -171,6 +197,9 @@ def entries() -> list[Entry]:
         text = f'#include <metal_stdlib>\n{prelude}#include "{rel}"\n{PROBE}'
         wrapper = _wrapper(f"{tag}__{rel.replace('/', '__')}", text)
         out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
+    for package, version, *_ in METAL_WHEELS:
+        root = wheel_dir(package, version)
+        out += [Entry(f"{package}/{f.name}", f, (f.parent,)) for f in sorted(root.rglob("*.metal"))]
     return out
 
 

@@ -247,7 +247,8 @@ class Library:
         return sorted(self._kernels)
 
 
-def compile_shader(source: str, *, name: str = "shader", include_dirs=(), constants=None) -> Library:
+def compile_shader(source: str, *, name: str = "shader", include_dirs=(), constants=None,
+                   msl_version: str = "3.1") -> Library:
     """Compile Metal Shading Language ``source`` for the simulator (cached on disk by content).
 
     Mirrors ``torch.mps.compile_shader``: the result has one callable per
@@ -258,14 +259,16 @@ def compile_shader(source: str, *, name: str = "shader", include_dirs=(), consta
     plain file name). ``constants`` (``{name or index: bool, int or float}``)
     gives the values of the source's ``[[function_constant(i)]]`` constants, as
     ``MTLFunctionConstantValues`` does; each set of values is compiled (and
-    cached) separately.
+    cached) separately. ``msl_version`` ("3.1", the default, or "3.2") is the
+    MSL the source targets, as ``MTLCompileOptions.languageVersion``:
+    ``__METAL_VERSION__`` and the rules that depend on it follow it.
 
     The kernels are compiled to native code and run inside this process with
     its privileges: never pass source you would not run as a program.
     """
-    return Library(compiler.compile_source(source, name, include_dirs, constants))
+    return Library(compiler.compile_source(source, name, include_dirs, constants, msl_version))
 
 
-def compile_file(path, *, include_dirs=(), constants=None) -> Library:
+def compile_file(path, *, include_dirs=(), constants=None, msl_version: str = "3.1") -> Library:
     """Like :func:`compile_shader` for a ``.metal`` file; its directory is searched for includes."""
-    return Library(compiler.compile_file(path, include_dirs, constants))
+    return Library(compiler.compile_file(path, include_dirs, constants, msl_version))

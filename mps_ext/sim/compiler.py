@@ -263,7 +263,8 @@ def source_digest(source: str) -> str:
     return hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None) -> Path:
+def compile_source(source: str, name: str = "shader", include_dirs=(), constants=None,
+                   msl_version: str = "3.1") -> Path:
     """Compile MSL ``source`` text; it is stored as ``<cache>/<name>-<hash>.metal`` for diagnostics."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ValueError(f"name must be a plain file name (letters, digits, '_', '.', '-', not starting with '.', "
@@ -271,17 +272,18 @@ def compile_source(source: str, name: str = "shader", include_dirs=(), constants
     metal = cache_dir() / f"{name}-{source_digest(source)}.metal"
     # Always the caller's text: never compile what another process left under this name.
     _write_atomically(metal, source)
-    return compile_file(metal, include_dirs, constants)
+    return compile_file(metal, include_dirs, constants, msl_version)
 
 
-def compile_file(metal, include_dirs=(), constants=None) -> Path:
+def compile_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1") -> Path:
     """Translate and compile one .metal file; returns the path of the loadable module.
 
-    ``constants`` ({name or index: value}) are the values of its function constants.
+    ``constants`` ({name or index: value}) are the values of its function constants; ``msl_version`` the
+    MSL it targets ("3.1" or "3.2").
     """
     metal = Path(metal).resolve()
     tc = toolchain()
-    cpp, lib = _translated(metal, include_dirs, constants, tc)
+    cpp, lib = _translated(metal, include_dirs, constants, tc, msl_version)
     if not _verified(lib):
         _build(cpp, lib, metal, tc)
     return lib
@@ -305,14 +307,27 @@ def check_file(metal, include_dirs=(), constants=None) -> None:
                "-o", os.path.join(tmp, "check.o")]
         proc = _run(cmd, f"compiling {metal} for the simulator")
     if proc.returncode != 0:
-        raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+        raise _failed(metal, proc.stderr)
     _write_atomically(checked, "")
 
 
-def _translated(metal: Path, include_dirs, constants, tc: Toolchain) -> tuple[str, Path]:
+# MSL rules that the C++ compiler checks for the translator (mps_ext.sim.translate sets them up): its
+# diagnostic, and the rule's name as the translator's own errors give it.
+_RULE_DIAGNOSTICS = ((re.compile(r"error: ([^\n]*does not have a constant initializer)"), "constant initializer"),)
+
+
+def _failed(metal: Path, stderr: str) -> CompileError:
+    for pattern, rule in _RULE_DIAGNOSTICS:
+        stderr = pattern.sub(lambda m: f"error: MSL rule '{rule}': {m.group(1)}", stderr)
+    return CompileError(f"compiling {metal} for the simulator failed:\n{stderr.strip()}")
+
+
+def _translated(metal: Path, include_dirs, constants, tc: Toolchain,
+                msl_version: str = "3.1") -> tuple[str, Path]:
     """The C++ translation of ``metal``, and where its library is cached."""
     try:
-        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants)
+        tr = translate(metal, include_dirs=(metal.parent, *include_dirs), cxx=tc.cxx, constants=constants,
+                       msl_version=msl_version)
     except TranslateError as e:
         raise CompileError(str(e)) from None
     except OSError as e:
@@ -332,7 +347,7 @@ def _build(cpp_text: str, lib: Path, metal: Path, tc: Toolchain) -> None:
         cmd = [*shlex.split(tc.cxx), *tc.flags, "-I", str(shim_include_dir()), str(cpp), "-o", tmp]
         proc = _run(cmd, f"compiling {metal} for the simulator")
         if proc.returncode != 0:
-            raise CompileError(f"compiling {metal} for the simulator failed:\n{proc.stderr.strip()}")
+            raise _failed(metal, proc.stderr)
         os.chmod(tmp, 0o700)  # the linker creates its output with the umask's mode
         data = Path(tmp).read_bytes()
         if not data:

@@ -1,7 +1,7 @@
 """Translate mps_ext's Metal kernels into CUDA C++ (one .cu per .metal file).
 
-Reuses the simulator's translator (mps_ext/sim/translate.py, loaded by file
-path: nothing here needs the compiled package) for preprocessing, tokens with
+Reuses the simulator's translator (mps_ext/sim/translate/, loaded by
+its path: nothing here needs the compiled package) for preprocessing, tokens with
 their .metal lines, attributes, kernel bindings and [[host_name]]
 instantiations, and changes what CUDA needs differently:
 
@@ -37,9 +37,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_translator():
-    spec = importlib.util.spec_from_file_location("mtlsim_translate", ROOT / "mps_ext" / "sim" / "translate.py")
+    package = ROOT / "mps_ext" / "sim" / "translate"
+    spec = importlib.util.spec_from_file_location("mtlsim_translate", package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
     module = importlib.util.module_from_spec(spec)
-    sys.modules["mtlsim_translate"] = module
+    sys.modules[spec.name] = module  # for its own modules' relative imports, and dataclasses
     spec.loader.exec_module(module)
     return module
 
@@ -98,7 +100,7 @@ class CudaTranslator(T._Translator):
         super().__init__(tokens, standalone=True)
         self.entries_cuda: list[Entry] = []
 
-    def add_entry(self, host, function, definition, at, insert_after, scopes):
+    def add_entry(self, host, function, definition, at, insert_after, scopes, max_threads=None):
         if host in self.hosts:
             self.err(at, f"two kernels have the host name '{host}'")
         if function.startswith("static_cast"):

@@ -14,7 +14,7 @@
 //   it component by component), and a converting constructor copies its
 //   source whole before converting.
 // - the address-space macros the simulator's translator puts into classes
-//   (mps_ext/sim/translate.py): CUDA erases address spaces, so they are
+//   (mps_ext/sim/translate/): CUDA erases address spaces, so they are
 //   csrc/sim/include/mtlsim/address_space.h's erased definitions.
 // - SIMD-group functions: 32-lane warp shuffles when the whole warp is
 //   active; otherwise an exact path over the active lanes only, combining
@@ -43,6 +43,9 @@ typedef unsigned long ulong;
 // (`float get() const device`): with spaces erased, only a member that no
 // thread-space copy has is forwarded, to its renamed body.
 #define MTLSIM_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_LOCAL_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_COPY(...) (__VA_ARGS__)
+#define MTLSIM_CONSTANT_INIT
 #define MTLSIM_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)

@@ -29,6 +29,16 @@
 #define MTLSIM_THREADGROUP
 #endif
 
+// MSL 4.2: a program-scope variable in the constant address space is initialized by a constant
+// expression. The translator puts this before those that are not constexpr.
+#if defined(__cpp_constinit)
+#define MTLSIM_CONSTANT_INIT constinit
+#elif defined(__clang__)
+#define MTLSIM_CONSTANT_INIT __attribute__((require_constant_initialization))
+#else
+#define MTLSIM_CONSTANT_INIT __constinit
+#endif
+
 namespace mtlsim {
 
 enum class Space { thread, device, constant, threadgroup };  // clang's address space numbers
@@ -79,7 +89,17 @@ template <class T> constexpr bool device_or_threadgroup_v =
 #endif
 template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && std::is_same_v<value_type_t<T>, Class>;
 
+// A thread-space copy of an object in any address space. The translator wraps the initializer of a
+// user struct's variable in it (MTLSIM_COPY): MSL copies `S s = buf[i];` out of device memory, while
+// C++'s implicit copy constructor binds only thread-space objects, and a constructor of our own would
+// take away the struct's aggregate initialization.
+template <class T>
+constexpr value_type_t<T> copy_of(const T& x) {
+  return as_generic(x);
+}
+
 }  // namespace mtlsim
+#define MTLSIM_COPY(...) ::mtlsim::copy_of(__VA_ARGS__)
 
 // Members that let the shim's value types be copied from, assigned to and
 // converted in every address space (classes would otherwise work only in the
@@ -172,8 +192,26 @@ template <class T> constexpr void assign_struct(T& to, const T& from) {
     ::mtlsim::assign_struct<Class>(::mtlsim::as_generic(mtlsim_self), ::mtlsim::as_generic(mtlsim_value));\
     return mtlsim_self;                                                                                   \
   }
+// The same for a class local to a function, which may have no member templates: one assignment per
+// pair of address spaces, and the implicit copy assignment declared again (defaulted), which declaring
+// the others would suppress.
+#define MTLSIM_LOCAL_SPACE_ASSIGNMENT(Class)                                                              \
+  Class& operator=(const Class&) = default;                                                               \
+  Class& operator=(const MTLSIM_DEVICE Class& v) { return *this = ::mtlsim::copy_of(v); }                \
+  Class& operator=(const MTLSIM_CONSTANT Class& v) { return *this = ::mtlsim::copy_of(v); }              \
+  Class& operator=(const MTLSIM_THREADGROUP Class& v) { return *this = ::mtlsim::copy_of(v); }           \
+  MTLSIM_LOCAL_ASSIGN_INTO(MTLSIM_DEVICE, Class) MTLSIM_LOCAL_ASSIGN_INTO(MTLSIM_THREADGROUP, Class)
+#define MTLSIM_LOCAL_ASSIGN_INTO(Space, Class)                                                            \
+  MTLSIM_LOCAL_ASSIGN(Space, , Class) MTLSIM_LOCAL_ASSIGN(Space, MTLSIM_DEVICE, Class)                    \
+  MTLSIM_LOCAL_ASSIGN(Space, MTLSIM_CONSTANT, Class) MTLSIM_LOCAL_ASSIGN(Space, MTLSIM_THREADGROUP, Class)
+#define MTLSIM_LOCAL_ASSIGN(Space, From, Class)                                                           \
+  Space Class& operator=(this Space Class& self, const From Class& v) {                                   \
+    ::mtlsim::as_generic(self) = ::mtlsim::copy_of(v);                                                    \
+    return self;                                                                                          \
+  }
 #else
 #define MTLSIM_SPACE_ASSIGNMENT(Class)
+#define MTLSIM_LOCAL_SPACE_ASSIGNMENT(Class)
 #define MTLSIM_SPACE_METHOD(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TO(spaces, member, ...)
 #define MTLSIM_SPACE_CONVERSION_TEMPLATE(spaces, params, ...)

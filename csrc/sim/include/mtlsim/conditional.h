@@ -18,9 +18,9 @@ template <class T> struct tag { using type = T; };
 template <class V> struct is_matrix : std::false_type {};
 template <class T, int C, int R> struct is_matrix<metal::matrix<T, C, R>> : std::true_type {};
 // The value an arm stands for: address space, cv and reference gone; swizzles and packed vectors as vec.
-template <class X> using value_t = metal::detail::value_t<X>;
+template <class X> using value_t = metal::__detail::value_t<X>;
 template <class V> constexpr bool shim_value_v =
-    metal::detail::is_small_float_v<V> || metal::detail::is_vec_like_v<V> || is_matrix<V>::value;
+    metal::__detail::is_small_float_v<V> || metal::__detail::is_vec_like_v<V> || is_matrix<V>::value;
 
 // Two scalars: a 16-bit float absorbs integers (and bool); anything else with it gives float.
 template <class A, class B>
@@ -34,9 +34,9 @@ template <class X, class Y> constexpr auto pick() {
   if constexpr (std::is_same_v<X, Y>) return tag<X>{};
   else if constexpr (shim_value_v<VX> || shim_value_v<VY>) {
     if constexpr (std::is_same_v<VX, VY>) return tag<VX>{};
-    else if constexpr (metal::detail::is_num_v<VX> && metal::detail::is_num_v<VY>) return tag<scalar_common_t<VX, VY>>{};
-    else if constexpr (metal::detail::is_vec_like_v<VX> && metal::detail::is_num_v<VY>) return tag<VX>{};  // splat
-    else if constexpr (metal::detail::is_num_v<VX> && metal::detail::is_vec_like_v<VY>) return tag<VY>{};
+    else if constexpr (metal::__detail::is_num_v<VX> && metal::__detail::is_num_v<VY>) return tag<scalar_common_t<VX, VY>>{};
+    else if constexpr (metal::__detail::is_vec_like_v<VX> && metal::__detail::is_num_v<VY>) return tag<VX>{};  // splat
+    else if constexpr (metal::__detail::is_num_v<VX> && metal::__detail::is_vec_like_v<VY>) return tag<VY>{};
     else return tag<X>{};  // no common type in MSL either: C++ reports it
   } else if constexpr (std::is_integral_v<RX> && std::is_pointer_v<RY>) {
     return tag<std::remove_cv_t<RY>>{};  // `c ? p : 0`: the 0 is a null pointer constant

@@ -166,6 +166,12 @@ struct AttrArg {
   }
 };
 
+// A built-in variable declared at program scope (MSL 3.1): the calling thread's value.
+template <class T, Attr A>
+inline T builtin() {
+  return AttrArg<A>::template get<T>(mtlsim_rt->current(), Site{});
+}
+
 // Binds each kernel parameter through its binder, in declaration order; the
 // parameter types come from the kernel's own signature.
 template <class... Binders>

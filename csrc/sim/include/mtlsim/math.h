@@ -10,7 +10,7 @@
 #include "vec.h"
 
 namespace metal {
-namespace detail {
+namespace __detail {
 
 template <class E> struct floating_elem : bool_constant<is_small_float_v<E> || std::is_same_v<E, float>> {};
 template <class E> struct integer_elem : bool_constant<std::is_integral_v<E> && !std::is_same_v<E, bool>> {};
@@ -229,23 +229,23 @@ struct sincos_fn {
   }
 };
 
-}  // namespace detail
+}  // namespace __detail
 
 // ---------------------------------------------------------------- lane functions
 
 #define MTLSIM_PUBLIC1(name, Result, Kind)                                    \
-  template <class X, class R = detail::Result<detail::Kind, X>>               \
-  MTLSIM_HD MTLSIM_INLINE R name(const X& x) { return detail::map<R>(detail::name##_fn{}, x); }
+  template <class X, class R = __detail::Result<__detail::Kind, X>>           \
+  MTLSIM_HD MTLSIM_INLINE R name(const X& x) { return __detail::map<R>(__detail::name##_fn{}, x); }
 #define MTLSIM_PUBLIC2(name, Result, Kind)                                    \
-  template <class X, class Y, class R = detail::Result<detail::Kind, X, Y>>   \
-  MTLSIM_HD MTLSIM_INLINE R name(const X& x, const Y& y) { return detail::map<R>(detail::name##_fn{}, x, y); }
+  template <class X, class Y, class R = __detail::Result<__detail::Kind, X, Y>> \
+  MTLSIM_HD MTLSIM_INLINE R name(const X& x, const Y& y) { return __detail::map<R>(__detail::name##_fn{}, x, y); }
 #define MTLSIM_PUBLIC3(name, Result, Kind)                                          \
-  template <class X, class Y, class Z, class R = detail::Result<detail::Kind, X, Y, Z>> \
+  template <class X, class Y, class Z, class R = __detail::Result<__detail::Kind, X, Y, Z>> \
   MTLSIM_HD MTLSIM_INLINE R name(const X& x, const Y& y, const Z& z) {              \
-    return detail::map<R>(detail::name##_fn{}, x, y, z);                             \
+    return __detail::map<R>(__detail::name##_fn{}, x, y, z);                         \
   }
 #define MTLSIM_FUNCTOR(name, signature, expr) \
-  namespace detail { struct name##_fn { signature const { return expr; } }; }
+  namespace __detail { struct name##_fn { signature const { return expr; } }; }
 
 #define MTLSIM_FLOAT_FN1(X)                                                                                    \
   X(fabs, __builtin_fabsf(x)) X(exp, __builtin_expf(x)) X(exp2, __builtin_exp2f(x))                              \
@@ -254,32 +254,32 @@ struct sincos_fn {
   X(sin, __builtin_sinf(x)) X(cos, __builtin_cosf(x)) X(tan, __builtin_tanf(x)) X(asin, __builtin_asinf(x))      \
   X(acos, __builtin_acosf(x)) X(atan, __builtin_atanf(x)) X(sinh, __builtin_sinhf(x))                            \
   X(cosh, __builtin_coshf(x)) X(tanh, __builtin_tanhf(x)) X(asinh, __builtin_asinhf(x))                          \
-  X(acosh, __builtin_acoshf(x)) X(atanh, __builtin_atanhf(x)) X(sinpi, detail::sinpi_(x))                        \
-  X(cospi, detail::cospi_(x)) X(tanpi, detail::tanpi_(x)) X(floor, __builtin_floorf(x))                          \
+  X(acosh, __builtin_acoshf(x)) X(atanh, __builtin_atanhf(x)) X(sinpi, __detail::sinpi_(x))                      \
+  X(cospi, __detail::cospi_(x)) X(tanpi, __detail::tanpi_(x)) X(floor, __builtin_floorf(x))                      \
   X(ceil, __builtin_ceilf(x)) X(round, __builtin_roundf(x)) X(rint, __builtin_rintf(x))                          \
-  X(trunc, __builtin_truncf(x)) X(fract, detail::fract_(x))                                                      \
-  X(saturate, detail::fmin_(detail::fmax_(x, 0.0f), 1.0f)) X(sign, detail::sign_(x))
+  X(trunc, __builtin_truncf(x)) X(fract, __detail::fract_(x))                                                    \
+  X(saturate, __detail::fmin_(__detail::fmax_(x, 0.0f), 1.0f)) X(sign, __detail::sign_(x))
 #define MTLSIM_FLOAT_FN2(X)                                                                                    \
   X(pow, __builtin_powf(x, y)) X(powr, x < 0.0f ? __builtin_nanf("") : __builtin_powf(x, y))                     \
   X(atan2, __builtin_atan2f(x, y)) X(fmod, __builtin_fmodf(x, y)) X(copysign, __builtin_copysignf(x, y))         \
-  X(fdim, __builtin_fdimf(x, y)) X(fmin, detail::fmin_(x, y)) X(fmax, detail::fmax_(x, y))                       \
+  X(fdim, __builtin_fdimf(x, y)) X(fmin, __detail::fmin_(x, y)) X(fmax, __detail::fmax_(x, y))                   \
   X(step, y < x ? 0.0f : 1.0f) X(divide, x / y)
 #define MTLSIM_FLOAT_FN3(X)                                                                                    \
-  X(fma, __builtin_fmaf(x, y, z)) X(mix, x + (y - x) * z) X(smoothstep, detail::smoothstep_(x, y, z))            \
-  X(fmax3, detail::fmax_(detail::fmax_(x, y), z)) X(fmin3, detail::fmin_(detail::fmin_(x, y), z))                \
-  X(fmedian3, detail::fmax_(detail::fmin_(x, y), detail::fmin_(detail::fmax_(x, y), z)))
+  X(fma, __builtin_fmaf(x, y, z)) X(mix, x + (y - x) * z) X(smoothstep, __detail::smoothstep_(x, y, z))          \
+  X(fmax3, __detail::fmax_(__detail::fmax_(x, y), z)) X(fmin3, __detail::fmin_(__detail::fmin_(x, y), z))        \
+  X(fmedian3, __detail::fmax_(__detail::fmin_(x, y), __detail::fmin_(__detail::fmax_(x, y), z)))
 #define MTLSIM_INT_FN1(X)                                                                                      \
-  X(clz, T(x ? __builtin_clzll(detail::ull(detail::uint_t<T>(x))) - (64 - detail::bits_v<T>) : detail::bits_v<T>)) \
-  X(ctz, T(x ? __builtin_ctzll(detail::ull(detail::uint_t<T>(x))) : detail::bits_v<T>))                         \
-  X(popcount, T(__builtin_popcountll(detail::ull(detail::uint_t<T>(x))))) X(reverse_bits, detail::reverse_bits_(x))
+  X(clz, T(x ? __builtin_clzll(__detail::ull(__detail::uint_t<T>(x))) - (64 - __detail::bits_v<T>) : __detail::bits_v<T>)) \
+  X(ctz, T(x ? __builtin_ctzll(__detail::ull(__detail::uint_t<T>(x))) : __detail::bits_v<T>))                   \
+  X(popcount, T(__builtin_popcountll(__detail::ull(__detail::uint_t<T>(x))))) X(reverse_bits, __detail::reverse_bits_(x))
 #define MTLSIM_INT_FN2(X)                                                                                      \
-  X(absdiff, T(x < y ? detail::wrap_t<T>(y) - detail::wrap_t<T>(x) : detail::wrap_t<T>(x) - detail::wrap_t<T>(y))) \
-  X(addsat, detail::saturate_to<T>(detail::wide_t(x) + y)) X(subsat, detail::saturate_to<T>(detail::wide_t(x) - y)) \
+  X(absdiff, T(x < y ? __detail::wrap_t<T>(y) - __detail::wrap_t<T>(x) : __detail::wrap_t<T>(x) - __detail::wrap_t<T>(y))) \
+  X(addsat, __detail::saturate_to<T>(__detail::wide_t(x) + y)) X(subsat, __detail::saturate_to<T>(__detail::wide_t(x) - y)) \
   X(hadd, T((x >> 1) + (y >> 1) + (x & y & 1))) X(rhadd, T((x >> 1) + (y >> 1) + ((x | y) & 1)))                  \
-  X(mulhi, detail::mulhi_(x, y)) X(mul24, T(detail::ull(x) * detail::ull(y))) X(rotate, detail::rotate_(x, y))
+  X(mulhi, __detail::mulhi_(x, y)) X(mul24, T(__detail::ull(x) * __detail::ull(y))) X(rotate, __detail::rotate_(x, y))
 #define MTLSIM_INT_FN3(X)                                                                                      \
-  X(mad24, T(detail::ull(x) * detail::ull(y) + detail::ull(z)))                                                  \
-  X(madhi, T(detail::ull(detail::mulhi_(x, y)) + detail::ull(z))) X(madsat, detail::madsat_(x, y, z))
+  X(mad24, T(__detail::ull(x) * __detail::ull(y) + __detail::ull(z)))                                            \
+  X(madhi, T(__detail::ull(__detail::mulhi_(x, y)) + __detail::ull(z))) X(madsat, __detail::madsat_(x, y, z))
 #define MTLSIM_FLOAT_PREDICATES(X)                                                                             \
   X(isnan, __builtin_isnan(x)) X(isinf, __builtin_isinf(x)) X(isfinite, __builtin_isfinite(x))                   \
   X(signbit, __builtin_signbit(x) != 0)
@@ -322,58 +322,58 @@ MTLSIM_PUBLIC3(max3, result_t, numeric_elem)
 MTLSIM_PUBLIC3(min3, result_t, numeric_elem)
 MTLSIM_PUBLIC3(median3, result_t, numeric_elem)
 
-template <class X, class R = detail::result_t<detail::integer_elem, X>>
+template <class X, class R = __detail::result_t<__detail::integer_elem, X>>
 MTLSIM_HD MTLSIM_INLINE R extract_bits(const X& x, uint offset, uint bits) {
-  return detail::map<R>(detail::extract_bits_fn{}, x, offset, bits);
+  return __detail::map<R>(__detail::extract_bits_fn{}, x, offset, bits);
 }
-template <class X, class Y, class R = detail::result_t<detail::integer_elem, X, Y>>
+template <class X, class Y, class R = __detail::result_t<__detail::integer_elem, X, Y>>
 MTLSIM_HD MTLSIM_INLINE R insert_bits(const X& base, const Y& insert, uint offset, uint bits) {
-  return detail::map<R>(detail::insert_bits_fn{}, base, insert, offset, bits);
+  return __detail::map<R>(__detail::insert_bits_fn{}, base, insert, offset, bits);
 }
 
 // c ? b : a, lane-wise for a bool vector c. A scalar c of any scalar type
 // converts to bool, as for MSL's select(T, T, bool) (select(1, -1, bits & m)).
-template <class A, class B, class C, class R = detail::result_t<detail::any_elem, A, B>,
-          std::enable_if_t<std::is_same_v<detail::value_t<C>, bool> ||
-                               std::is_same_v<detail::value_t<C>, detail::rebind_t<R, bool>> ||
-                               (!detail::is_vec_like_v<R> && detail::is_num_v<detail::value_t<C>>), int> = 0>
+template <class A, class B, class C, class R = __detail::result_t<__detail::any_elem, A, B>,
+          std::enable_if_t<std::is_same_v<__detail::value_t<C>, bool> ||
+                               std::is_same_v<__detail::value_t<C>, __detail::rebind_t<R, bool>> ||
+                               (!__detail::is_vec_like_v<R> && __detail::is_num_v<__detail::value_t<C>>), int> = 0>
 MTLSIM_HD MTLSIM_INLINE R select(const A& a, const B& b, const C& c) {
-  return detail::map<R>(detail::select_fn{}, a, b, c);
+  return __detail::map<R>(__detail::select_fn{}, a, b, c);
 }
 
-template <class X, class K, class R = detail::result_t<detail::floating_elem, X>,
-          std::enable_if_t<std::is_same_v<detail::value_t<K>, int> ||
-                               std::is_same_v<detail::value_t<K>, detail::rebind_t<R, int>>, int> = 0>
+template <class X, class K, class R = __detail::result_t<__detail::floating_elem, X>,
+          std::enable_if_t<std::is_same_v<__detail::value_t<K>, int> ||
+                               std::is_same_v<__detail::value_t<K>, __detail::rebind_t<R, int>>, int> = 0>
 MTLSIM_HD MTLSIM_INLINE R ldexp(const X& x, const K& k) {
-  return detail::map<R>(detail::ldexp_fn{}, x, k);
+  return __detail::map<R>(__detail::ldexp_fn{}, x, k);
 }
-template <class X, class R = detail::result_t<detail::floating_elem, X>>
-MTLSIM_HD MTLSIM_INLINE R frexp(const X& x, detail::rebind_t<R, int>& exponent) {
-  return detail::map_out(detail::frexp_fn{}, R(x), exponent);
+template <class X, class R = __detail::result_t<__detail::floating_elem, X>>
+MTLSIM_HD MTLSIM_INLINE R frexp(const X& x, __detail::rebind_t<R, int>& exponent) {
+  return __detail::map_out(__detail::frexp_fn{}, R(x), exponent);
 }
-template <class X, class R = detail::result_t<detail::floating_elem, X>>
+template <class X, class R = __detail::result_t<__detail::floating_elem, X>>
 MTLSIM_HD MTLSIM_INLINE R modf(const X& x, R& whole) {
-  return detail::map_out(detail::modf_fn{}, R(x), whole);
+  return __detail::map_out(__detail::modf_fn{}, R(x), whole);
 }
-template <class X, class R = detail::result_t<detail::floating_elem, X>>
+template <class X, class R = __detail::result_t<__detail::floating_elem, X>>
 MTLSIM_HD MTLSIM_INLINE R sincos(const X& x, R& cosval) {
-  return detail::map_out(detail::sincos_fn{}, R(x), cosval);
+  return __detail::map_out(__detail::sincos_fn{}, R(x), cosval);
 }
 
 // -------------------------------------------------------------------- relational
 
-template <class X, std::enable_if_t<std::is_same_v<detail::elem_t<X>, bool>, int> = 0>
+template <class X, std::enable_if_t<std::is_same_v<__detail::elem_t<X>, bool>, int> = 0>
 MTLSIM_HD MTLSIM_INLINE bool all(const X& x) {
-  const detail::value_t<X> v = x;
+  const __detail::value_t<X> v = x;
   bool r = true;
-  for (int i = 0; i < detail::lanes_v<X>; ++i) r = r && detail::lane(v, i);
+  for (int i = 0; i < __detail::lanes_v<X>; ++i) r = r && __detail::lane(v, i);
   return r;
 }
-template <class X, std::enable_if_t<std::is_same_v<detail::elem_t<X>, bool>, int> = 0>
+template <class X, std::enable_if_t<std::is_same_v<__detail::elem_t<X>, bool>, int> = 0>
 MTLSIM_HD MTLSIM_INLINE bool any(const X& x) {
-  const detail::value_t<X> v = x;
+  const __detail::value_t<X> v = x;
   bool r = false;
-  for (int i = 0; i < detail::lanes_v<X>; ++i) r = r || detail::lane(v, i);
+  for (int i = 0; i < __detail::lanes_v<X>; ++i) r = r || __detail::lane(v, i);
   return r;
 }
 
@@ -381,7 +381,7 @@ MTLSIM_HD MTLSIM_INLINE bool any(const X& x) {
 //
 // Computed on float vectors, with a single rounding of the result for half.
 
-namespace detail {
+namespace __detail {
 template <class X, class... Y>
 using geometric_t = std::enable_if_t<is_vector_v<value_t<X>> && (std::is_same_v<value_t<X>, value_t<Y>> && ...) &&
                                          floating_elem<elem_t<X>>::value,
@@ -394,55 +394,55 @@ template <int N> MTLSIM_HD float fdot(const vec<float, N>& a, const vec<float, N
   for (int i = 0; i < N; ++i) s += a[i] * b[i];
   return s;
 }
-}  // namespace detail
+}  // namespace __detail
 
-template <class X, class Y, class V = detail::geometric_t<X, Y>>
-MTLSIM_HD MTLSIM_INLINE detail::elem_t<V> dot(const X& x, const Y& y) {
-  return detail::elem_t<V>(detail::fdot(detail::to_float(x), detail::to_float(y)));
+template <class X, class Y, class V = __detail::geometric_t<X, Y>>
+MTLSIM_HD MTLSIM_INLINE __detail::elem_t<V> dot(const X& x, const Y& y) {
+  return __detail::elem_t<V>(__detail::fdot(__detail::to_float(x), __detail::to_float(y)));
 }
-template <class X, class V = detail::geometric_t<X>>
-MTLSIM_HD MTLSIM_INLINE detail::elem_t<V> length_squared(const X& x) {
-  const auto f = detail::to_float(x);
-  return detail::elem_t<V>(detail::fdot(f, f));
+template <class X, class V = __detail::geometric_t<X>>
+MTLSIM_HD MTLSIM_INLINE __detail::elem_t<V> length_squared(const X& x) {
+  const auto f = __detail::to_float(x);
+  return __detail::elem_t<V>(__detail::fdot(f, f));
 }
-template <class X, class V = detail::geometric_t<X>>
-MTLSIM_HD MTLSIM_INLINE detail::elem_t<V> length(const X& x) {
-  const auto f = detail::to_float(x);
-  return detail::elem_t<V>(__builtin_sqrtf(detail::fdot(f, f)));
+template <class X, class V = __detail::geometric_t<X>>
+MTLSIM_HD MTLSIM_INLINE __detail::elem_t<V> length(const X& x) {
+  const auto f = __detail::to_float(x);
+  return __detail::elem_t<V>(__builtin_sqrtf(__detail::fdot(f, f)));
 }
-template <class X, class Y, class V = detail::geometric_t<X, Y>>
-MTLSIM_HD MTLSIM_INLINE detail::elem_t<V> distance_squared(const X& x, const Y& y) {
-  const auto d = detail::to_float(x) - detail::to_float(y);
-  return detail::elem_t<V>(detail::fdot(d, d));
+template <class X, class Y, class V = __detail::geometric_t<X, Y>>
+MTLSIM_HD MTLSIM_INLINE __detail::elem_t<V> distance_squared(const X& x, const Y& y) {
+  const auto d = __detail::to_float(x) - __detail::to_float(y);
+  return __detail::elem_t<V>(__detail::fdot(d, d));
 }
-template <class X, class Y, class V = detail::geometric_t<X, Y>>
-MTLSIM_HD MTLSIM_INLINE detail::elem_t<V> distance(const X& x, const Y& y) {
-  const auto d = detail::to_float(x) - detail::to_float(y);
-  return detail::elem_t<V>(__builtin_sqrtf(detail::fdot(d, d)));
+template <class X, class Y, class V = __detail::geometric_t<X, Y>>
+MTLSIM_HD MTLSIM_INLINE __detail::elem_t<V> distance(const X& x, const Y& y) {
+  const auto d = __detail::to_float(x) - __detail::to_float(y);
+  return __detail::elem_t<V>(__builtin_sqrtf(__detail::fdot(d, d)));
 }
-template <class X, class V = detail::geometric_t<X>>
+template <class X, class V = __detail::geometric_t<X>>
 MTLSIM_HD MTLSIM_INLINE V normalize(const X& x) {
-  const auto f = detail::to_float(x);
-  return V(f * (1.0f / __builtin_sqrtf(detail::fdot(f, f))));
+  const auto f = __detail::to_float(x);
+  return V(f * (1.0f / __builtin_sqrtf(__detail::fdot(f, f))));
 }
-template <class X, class Y, class V = detail::geometric_t<X, Y>, std::enable_if_t<detail::lanes_v<V> == 3, int> = 0>
+template <class X, class Y, class V = __detail::geometric_t<X, Y>, std::enable_if_t<__detail::lanes_v<V> == 3, int> = 0>
 MTLSIM_HD MTLSIM_INLINE V cross(const X& x, const Y& y) {
-  const auto a = detail::to_float(x), b = detail::to_float(y);
+  const auto a = __detail::to_float(x), b = __detail::to_float(y);
   return V(a.yzx * b.zxy - a.zxy * b.yzx);
 }
-template <class X, class Y, class Z, class V = detail::geometric_t<X, Y, Z>>
+template <class X, class Y, class Z, class V = __detail::geometric_t<X, Y, Z>>
 MTLSIM_HD MTLSIM_INLINE V faceforward(const X& n, const Y& i, const Z& nref) {
-  return detail::fdot(detail::to_float(nref), detail::to_float(i)) < 0.0f ? V(n) : V(-V(n));
+  return __detail::fdot(__detail::to_float(nref), __detail::to_float(i)) < 0.0f ? V(n) : V(-V(n));
 }
-template <class X, class Y, class V = detail::geometric_t<X, Y>>
+template <class X, class Y, class V = __detail::geometric_t<X, Y>>
 MTLSIM_HD MTLSIM_INLINE V reflect(const X& i, const Y& n) {
-  const auto fi = detail::to_float(i), fn = detail::to_float(n);
-  return V(fi - 2.0f * detail::fdot(fn, fi) * fn);
+  const auto fi = __detail::to_float(i), fn = __detail::to_float(n);
+  return V(fi - 2.0f * __detail::fdot(fn, fi) * fn);
 }
-template <class X, class Y, class V = detail::geometric_t<X, Y>>
-MTLSIM_HD MTLSIM_INLINE V refract(const X& i, const Y& n, detail::elem_t<V> eta) {
-  const auto fi = detail::to_float(i), fn = detail::to_float(n);
-  const float e = eta, d = detail::fdot(fn, fi), k = 1.0f - e * e * (1.0f - d * d);
+template <class X, class Y, class V = __detail::geometric_t<X, Y>>
+MTLSIM_HD MTLSIM_INLINE V refract(const X& i, const Y& n, __detail::elem_t<V> eta) {
+  const auto fi = __detail::to_float(i), fn = __detail::to_float(n);
+  const float e = eta, d = __detail::fdot(fn, fi), k = 1.0f - e * e * (1.0f - d * d);
   return k < 0.0f ? V(0) : V(e * fi - (e * d + __builtin_sqrtf(k)) * fn);
 }
 
@@ -451,7 +451,7 @@ MTLSIM_HD MTLSIM_INLINE V refract(const X& i, const Y& n, detail::elem_t<V> eta)
 // Vectors are not trivially copyable (see swizzle in vec.h), as
 // __builtin_bit_cast requires, but their bytes are still just their lanes.
 template <class To, class From> MTLSIM_HD MTLSIM_INLINE To as_type(const From& x) {
-  using F = detail::value_t<From>;
+  using F = __detail::value_t<From>;
   static_assert(sizeof(To) == sizeof(F), "as_type converts between types of the same size");
   const F from(x);
   To to;

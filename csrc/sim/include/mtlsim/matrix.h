@@ -91,7 +91,7 @@ simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T value) {
   return m;
 }
 
-namespace detail {
+namespace __detail {
 // Element (row, col) of the matrix as laid out in memory at `origin` (x is the
 // column, y the row), optionally transposed.
 inline ulong matrix_offset(uint32_t row, uint32_t col, ulong elements_per_row, ulong2 origin, bool transpose) {
@@ -102,14 +102,14 @@ inline ulong matrix_offset(uint32_t row, uint32_t col, ulong elements_per_row, u
   }
   return (origin.y + row) * elements_per_row + origin.x + col;
 }
-}  // namespace detail
+}  // namespace __detail
 
 template <class T, int R, int C, class U, std::enable_if_t<mtlsim::device_or_threadgroup_v<U>, int> = 0>
 void simdgroup_load(simdgroup_matrix<T, R, C>& m, const U* src, ulong elements_per_row = C,
                     ulong2 origin = ulong2(0, 0), bool transpose = false) {
   const mtlsim::matrix::Coord p = mtlsim::matrix::lane_coord(mtlsim::matrix::lane_index());
   for (uint32_t k = 0; k < 2; ++k)
-    m.elements[k] = T(src[detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)]);
+    m.elements[k] = T(src[__detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)]);
 }
 
 template <class T, int R, int C, class U, std::enable_if_t<mtlsim::device_or_threadgroup_v<U>, int> = 0>
@@ -117,7 +117,7 @@ void simdgroup_store(const simdgroup_matrix<T, R, C>& m, U* dst, ulong elements_
                      ulong2 origin = ulong2(0, 0), bool transpose = false) {
   const mtlsim::matrix::Coord p = mtlsim::matrix::lane_coord(mtlsim::matrix::lane_index());
   for (uint32_t k = 0; k < 2; ++k)
-    dst[detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)] =
+    dst[__detail::matrix_offset(p.row, p.col + k, elements_per_row, origin, transpose)] =
         mtlsim::value_type_t<U>(m.elements[k]);
 }
 

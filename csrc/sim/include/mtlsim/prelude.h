@@ -19,3 +19,7 @@
 #define device MTLSIM_DEVICE
 #define constant MTLSIM_CONSTANT
 #define threadgroup MTLSIM_THREADGROUP
+// MSL's assert: a false condition aborts the dispatch, naming the condition and its .metal line.
+#undef assert
+#define assert(...) \
+  ((__VA_ARGS__) ? void(0) : ::mtlsim::fail("assertion failed: " #__VA_ARGS__, ::mtlsim::Site{__FILE__, __LINE__, 0}))

@@ -40,7 +40,7 @@ namespace metal {
 
 template <class Format> struct small_float;
 
-namespace detail {
+namespace __detail {
 
 template <int ExpBits, int MantBits> struct binary_format {
   static constexpr int exp_bits = ExpBits, mant_bits = MantBits;
@@ -129,7 +129,7 @@ using mixed_t = std::enable_if_t<(is_small_float_v<A> || is_small_float_v<B>) &&
 
 struct bits_tag {};
 
-}  // namespace detail
+}  // namespace __detail
 
 // 16-bit float stored as its bit pattern; arithmetic is done in float and
 // rounded once per operation, which is exact for + - * / of two 16-bit values.
@@ -137,13 +137,13 @@ template <class Format> struct small_float {
   uint16_t bits;
 
   small_float() = default;
-  template <class T, std::enable_if_t<detail::is_num_v<T> && !std::is_same_v<T, small_float>, int> = 0>
+  template <class T, std::enable_if_t<__detail::is_num_v<T> && !std::is_same_v<T, small_float>, int> = 0>
   MTLSIM_HD constexpr small_float(T v)
-      : bits(detail::to_bits(Format{}, std::conditional_t<std::is_floating_point_v<T>, T, float>(v))) {}
-  MTLSIM_HD constexpr small_float(detail::bits_tag, uint16_t b) : bits(b) {}
-  MTLSIM_HD static constexpr small_float from_bits(uint16_t b) { return small_float(detail::bits_tag{}, b); }
+      : bits(__detail::to_bits(Format{}, std::conditional_t<std::is_floating_point_v<T>, T, float>(v))) {}
+  MTLSIM_HD constexpr small_float(__detail::bits_tag, uint16_t b) : bits(b) {}
+  MTLSIM_HD static constexpr small_float from_bits(uint16_t b) { return small_float(__detail::bits_tag{}, b); }
 
-  MTLSIM_HD constexpr operator float() const { return detail::from_bits(Format{}, bits); }
+  MTLSIM_HD constexpr operator float() const { return __detail::from_bits(Format{}, bits); }
   MTLSIM_SPACE_MEMBERS(small_float)
   MTLSIM_SPACE_CONVERSION(float)
 
@@ -161,16 +161,16 @@ template <class Format> struct small_float {
 #undef MTLSIM_SMALL_COMPOUND
 };
 
-using half = small_float<detail::binary16>;
-using bfloat = small_float<detail::bfloat16>;
+using half = small_float<__detail::binary16>;
+using bfloat = small_float<__detail::bfloat16>;
 
 // Exact-match templates, so they win over the built-in operators reachable
 // through the implicit conversions in both directions.
 #define MTLSIM_SMALL_ARITH(op)                                                           \
-  template <class A, class B, class R = detail::mixed_t<A, B>>                           \
+  template <class A, class B, class R = __detail::mixed_t<A, B>>                         \
   MTLSIM_HD constexpr R operator op(const A& a, const B& b) { return R(float(R(a)) op float(R(b))); }
 #define MTLSIM_SMALL_COMPARE(op)                                                         \
-  template <class A, class B, class R = detail::mixed_t<A, B>>                           \
+  template <class A, class B, class R = __detail::mixed_t<A, B>>                         \
   MTLSIM_HD constexpr bool operator op(const A& a, const B& b) { return float(R(a)) op float(R(b)); }
 MTLSIM_SMALL_ARITH(+) MTLSIM_SMALL_ARITH(-) MTLSIM_SMALL_ARITH(*) MTLSIM_SMALL_ARITH(/)
 MTLSIM_SMALL_COMPARE(==) MTLSIM_SMALL_COMPARE(!=) MTLSIM_SMALL_COMPARE(<)
@@ -249,7 +249,7 @@ MTLSIM_STD_TYPE_TRAIT(remove_extent) MTLSIM_STD_TYPE_TRAIT(remove_all_extents) M
 // The std trait, widened to count half and bfloat as floating point.
 #define MTLSIM_WIDENED_TRAIT(name)                                                                     \
   template <class T> struct name                                                                       \
-      : bool_constant<std::name##_v<T> || detail::is_small_float_v<std::remove_cv_t<T>>> {};           \
+      : bool_constant<std::name##_v<T> || __detail::is_small_float_v<std::remove_cv_t<T>>> {};         \
   template <class T> inline constexpr bool name##_v = name<T>::value;
 MTLSIM_WIDENED_TRAIT(is_floating_point)
 MTLSIM_WIDENED_TRAIT(is_arithmetic)

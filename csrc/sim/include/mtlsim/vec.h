@@ -13,7 +13,7 @@ template <class T, int N> using packed_vec = packed<vec<T, N>>;
 template <class V, int... I> struct swizzle;
 template <class T, int C, int R> struct matrix;
 
-namespace detail {
+namespace __detail {
 
 // What a value-like type stands for: swizzles and packed vectors act as the
 // vec they convert to, scalars as one lane of themselves.
@@ -113,10 +113,10 @@ template <class T> struct list_lane {
   MTLSIM_HD constexpr list_lane(const S& s) : value(T(s)) {}
 };
 
-}  // namespace detail
+}  // namespace __detail
 
 template <class T, int N>
-struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
+struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : __detail::storage<T, N> {
   static_assert(N >= 2 && N <= 4, "MSL vectors have 2, 3 or 4 components");
 
   vec() = default;
@@ -126,26 +126,26 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
     return *this;
   }
   template <class... U>
-  MTLSIM_HD constexpr vec(detail::elems_tag, const U&... u) : detail::storage<T, N>{{{T(u)...}}} {}
-  template <class S, std::enable_if_t<detail::is_num_v<S>, int> = 0>
-  MTLSIM_HD constexpr vec(const S& s) : vec(std::make_integer_sequence<int, N>{}, detail::splat_tag{}, T(s)) {}
-  template <class... S, std::enable_if_t<sizeof...(S) == N && (detail::is_num_v<S> && ...), int> = 0>
-  MTLSIM_HD constexpr vec(const S&... s) : detail::storage<T, N>{{{T(s)...}}} {}
+  MTLSIM_HD constexpr vec(__detail::elems_tag, const U&... u) : __detail::storage<T, N>{{{T(u)...}}} {}
+  template <class S, std::enable_if_t<__detail::is_num_v<S>, int> = 0>
+  MTLSIM_HD constexpr vec(const S& s) : vec(std::make_integer_sequence<int, N>{}, __detail::splat_tag{}, T(s)) {}
+  template <class... S, std::enable_if_t<sizeof...(S) == N && (__detail::is_num_v<S> && ...), int> = 0>
+  MTLSIM_HD constexpr vec(const S&... s) : __detail::storage<T, N>{{{T(s)...}}} {}
   // Scalars and vectors whose lanes add up to N, at least one of them a vector.
   template <class A, class B, class... C,
-            std::enable_if_t<!(detail::is_num_v<A> && detail::is_num_v<B> && (detail::is_num_v<C> && ...)) &&
-                                 detail::pieces_v<A> * detail::pieces_v<B> * (1 * ... * detail::pieces_v<C>) != 0 &&
-                                 detail::pieces_v<A> + detail::pieces_v<B> + (0 + ... + detail::pieces_v<C>) == N,
+            std::enable_if_t<!(__detail::is_num_v<A> && __detail::is_num_v<B> && (__detail::is_num_v<C> && ...)) &&
+                                 __detail::pieces_v<A> * __detail::pieces_v<B> * (1 * ... * __detail::pieces_v<C>) != 0 &&
+                                 __detail::pieces_v<A> + __detail::pieces_v<B> + (0 + ... + __detail::pieces_v<C>) == N,
                              int> = 0>
   MTLSIM_HD constexpr vec(const A& a, const B& b, const C&... c)
-      : vec(std::make_integer_sequence<int, N>{}, detail::value_t<A>(a), detail::value_t<B>(b), detail::value_t<C>(c)...) {}
-  template <class X, std::enable_if_t<detail::is_vec_like_v<X> && detail::lanes_v<X> == N &&
-                                          !std::is_same_v<detail::elem_t<X>, T>, int> = 0>
-  MTLSIM_HD explicit constexpr vec(const X& x) : vec(std::make_integer_sequence<int, N>{}, detail::value_t<X>(x)) {}
+      : vec(std::make_integer_sequence<int, N>{}, __detail::value_t<A>(a), __detail::value_t<B>(b), __detail::value_t<C>(c)...) {}
+  template <class X, std::enable_if_t<__detail::is_vec_like_v<X> && __detail::lanes_v<X> == N &&
+                                          !std::is_same_v<__detail::elem_t<X>, T>, int> = 0>
+  MTLSIM_HD explicit constexpr vec(const X& x) : vec(std::make_integer_sequence<int, N>{}, __detail::value_t<X>(x)) {}
   // Braces with scalars only, as for clang's vector types: `uint4 v = {a, b, c}`
   // sets the lanes named and zeroes the rest (extra scalars are dropped here,
   // an error on the GPU).
-  MTLSIM_HD constexpr vec(std::initializer_list<detail::list_lane<T>> lanes) : detail::storage<T, N>{} {
+  MTLSIM_HD constexpr vec(std::initializer_list<__detail::list_lane<T>> lanes) : __detail::storage<T, N>{} {
     int i = 0;
     for (const auto& lane : lanes) {
       if (i == N) break;
@@ -163,10 +163,10 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
 
   template <int... I, class... P>
   MTLSIM_HD constexpr vec(std::integer_sequence<int, I...>, const P&... p)
-      : detail::storage<T, N>{{{T(detail::piece<I>(p...))...}}} {}
+      : __detail::storage<T, N>{{{T(__detail::piece<I>(p...))...}}} {}
   template <int... I>
-  MTLSIM_HD constexpr vec(std::integer_sequence<int, I...>, detail::splat_tag, const T& s)
-      : detail::storage<T, N>{{{(void(I), s)...}}} {}
+  MTLSIM_HD constexpr vec(std::integer_sequence<int, I...>, __detail::splat_tag, const T& s)
+      : __detail::storage<T, N>{{{(void(I), s)...}}} {}
 
   template <class R, class F> MTLSIM_HD static constexpr R zip(const vec& a, const vec& b, F f) {
     R r{};
@@ -177,12 +177,12 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
   // Hidden friends: found through vec, swizzle<vec,...> and packed<vec>, and
   // non-templates, so scalars broadcast and proxies convert on the way in.
 #define MTLSIM_VEC_BINARY(op, F)                                                                        \
-  friend MTLSIM_HD constexpr vec operator op(const vec& a, const vec& b) { return zip<vec>(a, b, detail::F{}); } \
+  friend MTLSIM_HD constexpr vec operator op(const vec& a, const vec& b) { return zip<vec>(a, b, __detail::F{}); } \
   friend MTLSIM_HD constexpr vec& operator op##=(vec& a, const vec& b) { return a = a op b; }
 #define MTLSIM_VEC_PREDICATE(op, F) \
-  friend MTLSIM_HD constexpr bool_vec operator op(const vec& a, const vec& b) { return zip<bool_vec>(a, b, detail::F{}); }
+  friend MTLSIM_HD constexpr bool_vec operator op(const vec& a, const vec& b) { return zip<bool_vec>(a, b, __detail::F{}); }
 #define MTLSIM_VEC_UNARY(op, R, F) \
-  friend MTLSIM_HD constexpr R operator op(const vec& a) { return zip<R>(a, a, detail::F{}); }
+  friend MTLSIM_HD constexpr R operator op(const vec& a) { return zip<R>(a, a, __detail::F{}); }
 #define MTLSIM_VEC_STEP(op, compound)                                                  \
   friend MTLSIM_HD constexpr vec& operator op(vec& a) { return a compound vec(T(1)); } \
   friend MTLSIM_HD constexpr vec operator op(vec& a, int) { vec t = a; op a; return t; }
@@ -205,14 +205,14 @@ struct alignas(sizeof(T) * (N == 3 ? 4 : N)) vec : detail::storage<T, N> {
 // A packed vector has the lanes of vec<T,N> without its padding or alignment.
 // It is built like the vec (implicitly where that conversion is implicit), and
 // arithmetic converts it to vec.
-template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::lanes_v<V>> {
+template <class V> struct packed : __detail::storage<__detail::elem_t<V>, __detail::lanes_v<V>> {
   packed() = default;
   packed(const packed&) = default;
   MTLSIM_HD constexpr packed& operator=(const packed& p) {
     this->e = p.e;
     return *this;
   }
-  MTLSIM_HD constexpr packed(const V& v) : packed(std::make_integer_sequence<int, detail::lanes_v<V>>{}, v) {}
+  MTLSIM_HD constexpr packed(const V& v) : packed(std::make_integer_sequence<int, __detail::lanes_v<V>>{}, v) {}
   template <class X, std::enable_if_t<!std::is_same_v<X, V> && !std::is_same_v<X, packed> &&
                                           std::is_convertible_v<const X&, V>, int> = 0>
   MTLSIM_HD constexpr packed(const X& x) : packed(V(x)) {}
@@ -225,7 +225,7 @@ template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::la
   MTLSIM_HD constexpr const auto& operator[](int i) const { return this->e[i]; }
   MTLSIM_HD constexpr operator V() const {
     V v{};
-    for (int i = 0; i < detail::lanes_v<V>; ++i) v[i] = this->e[i];
+    for (int i = 0; i < __detail::lanes_v<V>; ++i) v[i] = this->e[i];
     return v;
   }
   MTLSIM_SPACE_MEMBERS(packed)
@@ -235,7 +235,7 @@ template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::la
  private:
   template <int... I>
   MTLSIM_HD constexpr packed(std::integer_sequence<int, I...>, const V& v)
-      : detail::storage<detail::elem_t<V>, detail::lanes_v<V>>{{{v[I]...}}} {}
+      : __detail::storage<__detail::elem_t<V>, __detail::lanes_v<V>>{{{v[I]...}}} {}
 };
 
 // A view of some lanes of the enclosing vector: a union member whose array
@@ -253,15 +253,15 @@ template <class V> struct packed : detail::storage<detail::elem_t<V>, detail::la
 // practice (GCC's -Wclass-memaccess wants the destination cast to void*), and
 // as_type uses it, as __builtin_bit_cast needs trivially copyable types.
 template <class V, int... I> struct swizzle {
-  using T = detail::elem_t<V>;
-  T e[detail::highest<I...>() + 1];
+  using T = __detail::elem_t<V>;
+  T e[__detail::highest<I...>() + 1];
 
   swizzle() = default;
   swizzle(const swizzle&) = default;
   MTLSIM_HD constexpr swizzle& operator=(const swizzle& s) { return *this = V(s); }
-  MTLSIM_HD constexpr operator V() const { return V(detail::elems_tag{}, e[I]...); }
+  MTLSIM_HD constexpr operator V() const { return V(__detail::elems_tag{}, e[I]...); }
   MTLSIM_HD constexpr swizzle& operator=(const V& v) {
-    static_assert(detail::distinct<I...>(), "a swizzle that repeats a lane cannot be assigned");
+    static_assert(__detail::distinct<I...>(), "a swizzle that repeats a lane cannot be assigned");
     int k = 0;
     ((e[I] = v[k++]), ...);
     return *this;
@@ -270,15 +270,15 @@ template <class V, int... I> struct swizzle {
   MTLSIM_SPACE_CONVERSION(V)
 };
 
-namespace detail {
+namespace __detail {
 template <class P> struct is_proxy : std::false_type {};
 template <class V> struct is_proxy<packed<V>> : std::true_type {};
 template <class V, int... I> struct is_proxy<swizzle<V, I...>> : std::true_type {};
-}  // namespace detail
+}  // namespace __detail
 
 #define MTLSIM_PROXY_COMPOUND(op)                                                                                 \
-  template <class P, class X, std::enable_if_t<detail::is_proxy<P>::value && mtlsim::all_thread_v<X>, int> = 0> \
-  MTLSIM_HD constexpr P& operator op##=(P& p, const X& x) { return p = detail::value_t<P>(detail::value_t<P>(p) op x); }
+  template <class P, class X, std::enable_if_t<__detail::is_proxy<P>::value && mtlsim::all_thread_v<X>, int> = 0> \
+  MTLSIM_HD constexpr P& operator op##=(P& p, const X& x) { return p = __detail::value_t<P>(__detail::value_t<P>(p) op x); }
 MTLSIM_PROXY_COMPOUND(+) MTLSIM_PROXY_COMPOUND(-) MTLSIM_PROXY_COMPOUND(*) MTLSIM_PROXY_COMPOUND(/)
 MTLSIM_PROXY_COMPOUND(%) MTLSIM_PROXY_COMPOUND(&) MTLSIM_PROXY_COMPOUND(|) MTLSIM_PROXY_COMPOUND(^)
 MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
@@ -347,7 +347,7 @@ MTLSIM_PROXY_COMPOUND(<<) MTLSIM_PROXY_COMPOUND(>>)
       MTLSIM_SWIZZLES(N)                    \
     };                                      \
   };
-namespace detail {
+namespace __detail {
 // GCC's x86-64 ABI code classifies a by-value aggregate member by member, so the
 // ~1000 swizzles would make each call passing or returning a vector cost
 // milliseconds of compile time. A misaligned member right after the lanes makes
@@ -359,14 +359,14 @@ template <size_t Bytes> using abi_member = std::conditional_t<(Bytes > 2), misal
 MTLSIM_STORAGE(2, (x, y), (r, g))
 MTLSIM_STORAGE(3, (x, y, z), (r, g, b))
 MTLSIM_STORAGE(4, (x, y, z, w), (r, g, b, a))
-}  // namespace detail
+}  // namespace __detail
 
 // ------------------------------------------------------ values in address spaces
 #if defined(MTLSIM_ADDRESS_SPACES)
 // Operators on half, bfloat, vectors and swizzles in device, constant or
 // threadgroup memory: the operands as thread-space references (a copy, in
 // MSL terms), then the usual operator.
-namespace detail {
+namespace __detail {
 template <class X> struct is_value_class : std::false_type {};
 template <class F> struct is_value_class<small_float<F>> : std::true_type {};
 template <class T, int N> struct is_value_class<vec<T, N>> : std::true_type {};
@@ -380,23 +380,33 @@ template <class A, class B>
 constexpr bool spaced_operands_v = (mtlsim::in_space_v<A> || mtlsim::in_space_v<B>) &&
                                    (is_value_class<mtlsim::value_type_t<A>>::value ||
                                     is_value_class<mtlsim::value_type_t<B>>::value);
-}  // namespace detail
+// An operand's value: a half or bfloat outside the thread space is read through its bits, which a
+// constant expression may do (`static constexpr constant half two = one * 2`); the thread-space view
+// of an address-space object is a cast no constant expression may contain.
+template <class X>
+MTLSIM_HD constexpr decltype(auto) operand(const X& x) {
+  if constexpr (mtlsim::in_space_v<X> && is_small_float_v<mtlsim::value_type_t<X>>)
+    return mtlsim::value_type_t<X>::from_bits(x.bits);
+  else
+    return mtlsim::as_generic(x);
+}
+}  // namespace __detail
 
 #define MTLSIM_SPACE_BINARY(op)                                                                                \
-  template <class A, class B, std::enable_if_t<detail::spaced_operands_v<A, B>, int> = 0> \
+  template <class A, class B, std::enable_if_t<__detail::spaced_operands_v<A, B>, int> = 0> \
   MTLSIM_HD constexpr auto operator op(const A& a, const B& b)                                                  \
-      -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b)) {                                             \
-    return mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                      \
+      -> decltype(__detail::operand(a) op __detail::operand(b)) {                                           \
+    return __detail::operand(a) op __detail::operand(b);                                                    \
   }
 #define MTLSIM_SPACE_COMPOUND(op)                                                                              \
-  template <class A, class B, std::enable_if_t<detail::spaced_operands_v<A, B>, int> = 0> \
+  template <class A, class B, std::enable_if_t<__detail::spaced_operands_v<A, B>, int> = 0> \
   MTLSIM_HD constexpr auto operator op(A& a, const B& b)                                                        \
       -> decltype(mtlsim::as_generic(a) op mtlsim::as_generic(b), a) {                                          \
     mtlsim::as_generic(a) op mtlsim::as_generic(b);                                                             \
     return a;                                                                                                   \
   }
 #define MTLSIM_SPACE_UNARY(op)                                                                                 \
-  template <class A, std::enable_if_t<detail::spaced_value_v<A>, int> = 0>                                      \
+  template <class A, std::enable_if_t<__detail::spaced_value_v<A>, int> = 0>                                    \
   MTLSIM_HD constexpr auto operator op(const A& a) -> decltype(op mtlsim::as_generic(a)) {                     \
     return op mtlsim::as_generic(a);                                                                           \
   }

@@ -1,75 +1,24 @@
-"""Translate Metal Shading Language compute kernels into C++ for the simulator.
-
-Runs at build time for the package's own ``metal/*.metal`` files and at run
-time for ``mps_ext.sim.compile_shader``. It has no dependency on the rest of the
-package (``setup.py`` loads this file directly).
-
-The translation:
-
-1. preprocesses the source with the C++ compiler against empty ``<metal_*>``
-   headers, so macros (kernel instantiation macros above all) and
-   ``#if __METAL_VERSION__`` expand exactly as for Apple's compiler;
-2. tokenizes the result, keeping every token's ``.metal`` file and line;
-3. rewrites what C++ cannot express: address spaces, ``threadgroup`` variables
-   (to storage shared by the threadgroup), half and unsuffixed float literals,
-   MSL attributes (recording each kernel parameter's binding), and explicit
-   kernel instantiations with ``[[host_name]]``;
-4. emits C++ with ``#line`` directives, so compiler errors and the simulator's
-   reports name ``.metal`` lines, plus glue that registers every kernel by its
-   host name.
-"""
+"""Rewriting MSL tokens into C++ for the simulator: address spaces, threadgroup variables, literals,
+attributes and kernel bindings, explicit instantiations, and the glue that registers every kernel."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import shlex
-import subprocess
-import tempfile
-from pathlib import Path
 
-__all__ = ["TranslateError", "Translation", "translate", "preprocess"]
+from .rules import (_BUILTIN_ATTRIBUTES, _CONCRETE_TYPE, _ERASED_ADDRESS_SPACES, _FUNCTION_CONSTANT_TYPE,
+                    _INDEX_ATTRIBUTES, _INDEX_TYPES, _MATCHING_ATTRIBUTES, _POSITION_ATTRIBUTES,
+                    _POSITION_TYPES, _STANDARD_ATTRIBUTES, _UNSUPPORTED_ATTRIBUTES)
+from .tokens import _CLOSE, _OPEN, _TOKEN, TranslateError, _closing, _template_args_end, _Tok
 
-METAL_VERSION = 310  # MSL 3.1: bfloat, macOS 14
-
-# Headers a kernel may include; they all map to the simulator's prelude.
-_METAL_HEADERS = (
-    "metal_stdlib", "metal_atomic", "metal_common", "metal_compute", "metal_geometric",
-    "metal_integer", "metal_math", "metal_matrix", "metal_numeric", "metal_pack", "metal_relational",
-    "metal_simdgroup", "metal_simdgroup_matrix", "metal_types", "metal_type_traits", "metal_utility",
-    "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat", "metal_uniform",
-)
-
-# `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
-# types under clang, see mtlsim/address_space.h). `thread` is the default address space.
-_ERASED_ADDRESS_SPACES = {"thread", "threadgroup_imageblock", "ray_data", "object_data"}
-# Attributes that mean the same in C++ and stay.
-_STANDARD_ATTRIBUTES = {"maybe_unused", "likely", "unlikely", "fallthrough", "nodiscard", "noreturn", "deprecated"}
-# MSL: these must all be scalars, or vectors of one size, within a kernel.
-_POSITION_ATTRIBUTES = {"thread_position_in_grid", "threads_per_grid", "thread_position_in_threadgroup",
-                        "threads_per_threadgroup", "threadgroup_position_in_grid", "dispatch_threads_per_threadgroup",
-                        "threadgroups_per_grid"}
-# Attributes on kernel parameters the simulator does not bind. (A parameter's [[function_constant(c)]]
-# makes it optional: it keeps its [[buffer(n)]] binding, which the host leaves empty when c is false.)
-_UNSUPPORTED_ATTRIBUTES = {"stage_in", "texture", "sampler", "visible_function_table"}
-# MSL: these are uint or ushort scalars.
-_INDEX_ATTRIBUTES = {"thread_index_in_threadgroup", "thread_index_in_simdgroup", "thread_index_in_quadgroup",
-                     "simdgroup_index_in_threadgroup", "quadgroup_index_in_threadgroup", "threads_per_simdgroup",
-                     "simdgroups_per_threadgroup", "quadgroups_per_threadgroup", "thread_execution_width",
-                     "dispatch_simdgroups_per_threadgroup", "dispatch_quadgroups_per_threadgroup"}
-_INDEX_TYPES = {"uint", "ushort", "uint32_t", "uint16_t", "unsigned int", "unsigned short"}
-_POSITION_TYPES = _INDEX_TYPES | {f"{t}{n}" for t in ("uint", "ushort") for n in (2, 3)} | {
-    f"vec<{t},{n}>" for t in ("uint", "ushort", "uint32_t", "uint16_t") for n in (2, 3)}
 _SPECIFIERS = {"static", "constexpr", "const", "inline", "volatile", "extern", "constant"}
 # Where a string literal stays one (not a `constant char*`): attributes and compile-time text.
 _LITERAL_CALLEES = {"static_assert", "host_name", "__attribute__", "_Pragma", "asm", "deprecated", "nodiscard"}
 # Buffer and threadgroup argument slots of a Metal kernel.
 _SLOTS = 31
 
-
-class TranslateError(Exception):
-    """A construct the simulator cannot translate, with its ``.metal`` position."""
+_DECIMAL_FLOAT = re.compile(r"(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?|\d[\d']*[eE][+-]?\d+")
+_HEX_FLOAT = re.compile(r"0[xX][\da-fA-F.']*[pP][+-]?\d+")
 
 
 @dataclasses.dataclass
@@ -84,112 +33,6 @@ class Translation:
     cpp: str
     kernels: list[Kernel]
     threadgroup_sites: int
-
-
-@dataclasses.dataclass
-class _Tok:
-    text: str
-    kind: str  # id, num, str, chr, punct
-    file: str
-    line: int
-    # A loop hint (`#pragma clang loop ...`, `#pragma unroll`) written before this token: the simulator's
-    # C++ has no use for it; a GPU back end keeps it on the loop it precedes.
-    loop_hint: str = ""
-
-
-_TOKEN = re.compile(
-    r"""
-    (?P<ws>\s+)
-  | (?P<str>(?:u8|u|U|L)?"(?:[^"\\\n]|\\.)*")
-  | (?P<chr>(?:u8|u|U|L)?'(?:[^'\\\n]|\\.)*')
-  | (?P<num>\.?\d(?:[eEpP][+-]|[\w.'])*)
-  | (?P<id>[A-Za-z_]\w*)
-  | (?P<punct>::|->\*?|\.\*|\.\.\.|<<=|>>=|<=>|[-+*/%^&|<>=!]=|&&|\|\||<<|>>|\+\+|--|\#\#|[{}\[\]();:,.?~+\-*/%^&|<>=!#])
-    """,
-    re.VERBOSE,
-)
-_LOOP_HINT = re.compile(r"#pragma\s+(?:clang\s+loop\b|unroll\b|nounroll\b)")
-_LINEMARKER = re.compile(r'#(?:line)?\s+(\d+)\s+"((?:[^"\\]|\\.)*)"')
-_DECIMAL_FLOAT = re.compile(r"(?:\d[\d']*\.[\d']*|\.\d[\d']*)(?:[eE][+-]?\d+)?|\d[\d']*[eE][+-]?\d+")
-_HEX_FLOAT = re.compile(r"0[xX][\da-fA-F.']*[pP][+-]?\d+")
-
-
-# What Apple's compiler predefines for MSL 3.1 on macOS, and what <metal_stdlib> defines.
-PREDEFINED = {"__METAL__": "1", "__METAL_VERSION__": str(METAL_VERSION), "__METAL_MACOS__": "1",
-              "__HAVE_BFLOAT__": "1", "__MTLSIM__": "1"}
-_STDLIB_MACROS = "#ifndef METAL_FUNC\n#define METAL_FUNC inline __attribute__((__always_inline__))\n#endif\n"
-# C and C++ library headers: MSL has none of them.
-_STD_HEADERS = re.compile(
-    r"(?:c?(?:assert|ctype|errno|float|limits|locale|math|setjmp|signal|stdarg|stddef|stdint|stdio|stdlib|string|"
-    r"time|wchar|inttypes|stdbool|complex|fenv|uchar|wctype)(?:\.h)?|algorithm|array|atomic|bitset|chrono|"
-    r"complex|deque|exception|functional|initializer_list|iomanip|ios|iosfwd|iostream|istream|iterator|list|map|"
-    r"memory|mutex|new|numeric|optional|ostream|queue|random|ratio|set|sstream|stack|stdexcept|string|"
-    r"string_view|thread|tuple|type_traits|typeinfo|unordered_map|unordered_set|utility|valarray|variant|vector|"
-    r"bit|span|numbers|concepts|compare|format|any|cstdint|cstddef|cfloat|climits|cmath|cstdio|cstdlib|cstring)")
-
-
-def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defines=()) -> str:
-    """Run the C preprocessor over a .metal file as Apple's compiler would see it."""
-    cxx = cxx or os.environ.get("CXX", "c++")
-    with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
-        for name in _METAL_HEADERS:
-            Path(stubs, name).write_text(_STDLIB_MACROS)
-        cmd = [*shlex.split(cxx), "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
-               *(f"-D{k}={v}" for k, v in PREDEFINED.items())]
-        for d in include_dirs:
-            cmd += ["-I", str(d)]
-        cmd += [f"-D{d}" for d in defines]
-        cmd.append(str(source_path))
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise TranslateError(f"{source_path}:1: preprocessing failed: {e}") from None
-    if proc.returncode != 0:
-        missing = re.search(r"^(.*?:\d+):\d+: fatal error: ([^:]+): No such file", proc.stderr, re.M)
-        if missing and _STD_HEADERS.fullmatch(missing.group(2)):
-            raise TranslateError(f"{missing.group(1)}: MSL rule 'no C/C++ standard library': <{missing.group(2)}> "
-                                 f"is a C/C++ library header; MSL has only its own <metal_*> headers")
-        raise TranslateError(proc.stderr.strip() or f"preprocessing {source_path} failed")
-    return proc.stdout
-
-
-def _closing(tokens: list[_Tok], i: int, open_: str, close: str) -> int | None:
-    """Index of the token closing the bracket opened at tokens[i], or None when unbalanced."""
-    depth = 0
-    for j in range(i, len(tokens)):
-        if tokens[j].text == open_:
-            depth += 1
-        elif tokens[j].text == close:
-            depth -= 1
-            if depth == 0:
-                return j
-    return None
-
-
-_OPEN, _CLOSE = "([{", ")]}"
-
-
-def _template_args_end(toks: list[_Tok], i: int) -> int | None:
-    """Index of the ``>`` closing what looks like a template argument list opened at toks[i] (a ``<`` after a
-    name), or None when it reads as a comparison."""
-    if i == 0 or toks[i - 1].kind != "id":
-        return None
-    depth = angle = 0
-    for j in range(i, len(toks)):
-        t = toks[j].text
-        if t in _OPEN:
-            depth += 1
-        elif t in _CLOSE:
-            depth -= 1
-            if depth < 0:
-                return None
-        elif depth == 0:
-            if t in (";", "&&", "||", "?"):
-                return None
-            angle += {"<": 1, ">": -1, ">>": -2}.get(t, 0)
-            if angle <= 0:
-                return j
-    return None
 
 
 def _operand_end(toks: list[_Tok], i: int, middle: bool) -> int | None:
@@ -282,35 +125,6 @@ def _cast_conditional_arms(toks: list[_Tok]) -> list[_Tok]:
     return out
 
 
-def _tokenize(text: str) -> list[_Tok]:
-    tokens: list[_Tok] = []
-    file, line, hint = "<unknown>", 1, ""
-    for raw in text.split("\n"):
-        stripped = raw.lstrip()
-        if stripped.startswith("#"):
-            m = _LINEMARKER.match(stripped)
-            if m:
-                line, file = int(m.group(1)), m.group(2).encode().decode("unicode_escape")
-                continue
-            if stripped.startswith("#pragma"):
-                if _LOOP_HINT.match(stripped):
-                    hint = stripped
-                line += 1
-                continue
-        pos = 0
-        while pos < len(raw):
-            m = _TOKEN.match(raw, pos)
-            if not m:
-                raise TranslateError(f"{file}:{line}: cannot tokenize {raw[pos:pos + 20]!r}")
-            pos = m.end()
-            kind = m.lastgroup
-            if kind != "ws":
-                tokens.append(_Tok(m.group(kind), kind, file, line, hint))
-                hint = ""
-        line += 1
-    return tokens
-
-
 class _Translator:
     def __init__(self, tokens: list[_Tok], standalone: bool = True, constants=None):
         self.t = tokens
@@ -318,6 +132,9 @@ class _Translator:
         self.constants = dict(constants or {})
         self.constants_used: set = set()
         self.function_constants: dict[str, bool] = {}  # name -> whether a value was given
+        self.function_values: dict[str, bool | int | float] = {}  # name -> the value given
+        self.builtins: dict[str, str] = {}  # program-scope built-in variable -> the C++ that reads it
+        self.constant_inits: set[int] = set()  # `constant` of program-scope variables to check (MSL 4.2)
         self.hosts: dict[str, str] = {}  # host name -> where its kernel is
         self.plain_kernels: dict[tuple[str, ...], dict] = {}  # kernels that are not templates
         self.cursor = 0
@@ -460,19 +277,31 @@ class _Translator:
                 i = self.function_constant(stmt_start, i)
                 stmt_start = i
                 continue
+            elif at_namespace_scope and self.is_attr_start(i) and not self.in_parentheses(stmt_start, i) and \
+                    _BUILTIN_ATTRIBUTES & dict(self.attributes(i)).keys():
+                i = self.program_builtin(stmt_start, i)
+                stmt_start = i
+                continue
             elif at_namespace_scope and self.is_kernel_keyword(i):
                 i = self.kernel_definition(stmt_start, i, scopes)
                 stmt_start = i
                 continue
+            elif at_namespace_scope and i == stmt_start and s in ("constant", "static"):
+                self.program_constant(i)
             elif s == "threadgroup" and not at_namespace_scope and self.starts_statement(i):
                 i = self.threadgroup_declaration(i)
                 stmt_start = i
                 continue
             i += 1
         self.member_address_spaces()
+        self.struct_copies()
         self.array_parameters()
         self.constant_objects()
         self.rewrite_tokens()
+
+    def in_parentheses(self, start: int, i: int) -> bool:
+        """Whether token i is inside parentheses opened since token ``start`` (a parameter list)."""
+        return sum((self.text(k) == "(") - (self.text(k) == ")") for k in range(start, i)) > 0
 
     def starts_statement(self, i: int) -> bool:
         """Whether token i begins a statement (possibly after an attribute)."""
@@ -514,7 +343,7 @@ class _Translator:
                 body = self.attr_end(body)
             else:
                 body += 1
-        binders = self.parameters(paren, close)
+        binders = self.parameters(paren, close, check=self.text(body) == "{")
         limit = attrs.get("max_total_threads_per_threadgroup")
         definition = {
             # Qualified, so no function that `using namespace metal` brings in can make it ambiguous.
@@ -523,6 +352,8 @@ class _Translator:
         }
         if self.text(body) == ";":
             return body + 1  # a declaration; the definition comes later
+        if templated and limit:
+            self.template_limit(start, definition, self.match(body, "{", "}"), scopes)
         key = (*_namespaces(scopes), name)
         if key in self.plain_kernels or (key in self.defs and not templated):
             first = self.plain_kernels.get(key) or self.defs[key][0]
@@ -536,6 +367,30 @@ class _Translator:
             host = _host_name(attrs.get("host_name")) or name
             self.add_entry(host, definition["name"], definition, at=name_at, insert_after=end, scopes=scopes)
         return body  # the main pass walks the body like any other block
+
+    def template_limit(self, start: int, definition: dict, end: int, scopes) -> None:
+        """``[[max_total_threads_per_threadgroup(N)]]`` of a kernel template: N may use the template's
+        parameters, so it becomes a variable template beside the kernel, which each instantiation's glue
+        names with its template arguments."""
+        close = self.matching_angle(start + 1)
+        header = " ".join(self.text(k) for k in range(start, close + 1))
+        var = f"mtlsim_max_threads_{definition['at']}"
+        kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+        self.out[end] = kept + self.code(f"{header} constexpr unsigned {var} = {definition['max_threads']};", end)
+        qualified = "::" + "::".join([*_namespaces(scopes), var])
+        definition["limit"] = (qualified, self.template_parameters(start + 1, close))
+
+    def template_parameters(self, open_: int, close: int) -> set[str]:
+        """The names declared by the template parameter list between ``open_`` and ``close``."""
+        names, depth, default = set(), 0, False
+        for k in range(open_ + 1, close + 1):
+            s = self.text(k)
+            if k == close or (depth == 0 and s in (",", "=")):
+                if not default and self.t[k - 1].kind == "id":
+                    names.add(self.text(k - 1))
+                default = s == "="
+            depth += (s in _OPEN or s == "<") - (s in _CLOSE or s == ">")
+        return names
 
     def check_kernel_return(self, start: int, name_at: int) -> None:
         """MSL: kernel functions return void."""
@@ -574,7 +429,7 @@ class _Translator:
             j += 1
         self.err(open_, "unbalanced '<'")
 
-    def parameters(self, paren: int, close: int) -> list[str]:
+    def parameters(self, paren: int, close: int, check: bool) -> list[str]:
         """C++ binder types for the kernel parameters between the parentheses."""
         params, depth, cur = [], 0, []
         for j in range(paren + 1, close):
@@ -593,7 +448,7 @@ class _Translator:
         if len(params) == 1 and [self.t[j].text for j in params[0]] == ["void"]:
             params = []
 
-        explicit, parsed, positions = {"buffer": set(), "threadgroup": set()}, [], {}
+        explicit, parsed, positions, types = {"buffer": set(), "threadgroup": set()}, [], {}, {}
         for p in params:
             binding = None
             for j in p:
@@ -609,19 +464,22 @@ class _Translator:
                             binding = (name, index)
                         elif name not in _STANDARD_ATTRIBUTES and name != "function_constant" and binding is None:
                             binding = ("attr", name)
+            if check:  # (a declaration's parameters may leave out the attributes of the definition)
+                self.check_argument(p, binding)
             if binding is None:
                 kind = "threadgroup" if any(self.t[j].text == "threadgroup" for j in p) else "buffer"
                 binding = (kind, None)
             elif binding[1] in _POSITION_ATTRIBUTES or binding[1] in _INDEX_ATTRIBUTES:
-                self.check_attribute_type(binding[1], p)
+                types[binding[1]] = (self.check_attribute_type(binding[1], p), p[0])
                 if binding[1] in _POSITION_ATTRIBUTES:
                     positions[binding[1]] = (_components(self.t[j].text for j in p), p[0])
             parsed.append(binding)
         if len({n for n, _ in positions.values()}) > 1:
             declared = ", ".join(f"[[{a}]] with {n}" for a, (n, _) in positions.items())
             self.err(next(iter(positions.values()))[1],
-                     f"Metal requires the grid and threadgroup position attributes of a kernel to have the same "
-                     f"number of components; this kernel declares {declared}")
+                     f"MSL rule 'attribute type': the grid and threadgroup position attributes of a kernel have the "
+                     f"same number of components; this kernel declares {declared}")
+        self.check_matching_attributes(types)
 
         binders = []
         for kind, value in parsed:
@@ -636,18 +494,71 @@ class _Translator:
             binders.append(f"::mtlsim::{'BufferArg' if kind == 'buffer' else 'ThreadgroupArg'}<{value}>")
         return binders
 
+    def check_argument(self, param: list[int], binding) -> None:
+        """MSL's rules for a kernel argument's address space and binding (MSL 4, 5.2.1)."""
+        words, depth = [], 0
+        for j in param:
+            depth += {"[": 1, "]": -1}.get(self.text(j), 0)
+            if depth == 0 and self.text(j) != "]":
+                words.append(self.text(j))
+        indirect = any(w in ("*", "&", "&&") for w in self.strip_angles(words)) or any(
+            self.text(j) == "[" and "[" not in (self.text(j - 1), self.text(j + 1)) for j in param)  # an array
+        space = "threadgroup" if "threadgroup" in words else "thread" if "thread" in words else None
+        at = param[0]
+        if binding is None and not indirect:
+            self.err(at, "MSL rule 'kernel argument attribute': a kernel argument passed by value needs an attribute "
+                         "([[buffer(n)]], or a built-in such as [[thread_position_in_grid]])")
+        if indirect and space == "thread":
+            self.err(at, "MSL rule 'kernel argument address space': a pointer or reference kernel argument is in the "
+                         "device, constant or threadgroup address space, not thread")
+        kind = binding[0] if binding else None
+        if kind == "buffer" and space == "threadgroup":
+            self.err(at, "MSL rule 'argument binding': a threadgroup pointer is bound with [[threadgroup(n)]], "
+                         "not [[buffer(n)]]")
+        if kind == "threadgroup" and space != "threadgroup":
+            self.err(at, "MSL rule 'argument binding': [[threadgroup(n)]] binds a pointer or reference in the "
+                         "threadgroup address space")
+
+    @staticmethod
+    def strip_angles(words: list[str]) -> list[str]:
+        """The words outside template argument lists."""
+        out, depth = [], 0
+        for w in words:
+            depth += {"<": 1, ">": -1, ">>": -2}.get(w, 0)
+            if depth <= 0 and w not in (">", ">>"):
+                out.append(w)
+        return out
+
+    def check_matching_attributes(self, types: dict) -> None:
+        """MSL 5.2.3.6: attributes that describe one another are declared with the same type."""
+        for group in _MATCHING_ATTRIBUTES:
+            declared = [(a, *types[a]) for a in group if a in types and types[a][0]]
+            if len({t for _, t, _ in declared}) > 1:
+                listed = ", ".join(f"[[{a}]] as {t}" for a, t, _ in declared)
+                self.err(declared[-1][2], f"MSL rule 'attribute type': these attributes are declared with the "
+                                          f"same type; this kernel declares {listed}")
+        position, index = types.get("thread_position_in_threadgroup"), types.get("thread_index_in_threadgroup")
+        if position and index and position[0] and index[0] and position[0].startswith("uint") and index[0] != "uint":
+            self.err(index[1], f"MSL rule 'attribute type': with [[thread_position_in_threadgroup]] a {position[0]}, "
+                               f"[[thread_index_in_threadgroup]] is a uint, not {index[0]}")
+
     def slot_index(self, at: int, name: str, args) -> int:
         text = "".join(t.text for t in args)
+        if text in self.function_values:  # MSL 5.8.1.4: a function constant as the index
+            text = str(self.function_values[text])
         try:
             index = int(text.rstrip("uU"), 0)
         except ValueError:
-            self.err(at, f"[[{name}({text})]]: the index must be an integer literal")
+            if text in self.function_constants:
+                self.err(at, f"[[{name}({text})]]: the function constant '{text}' has no value")
+            self.err(at, f"[[{name}({text})]]: the index must be an integer literal or a function constant")
         if not 0 <= index < _SLOTS:
             self.err(at, f"[[{name}({index})]]: Metal has {_SLOTS} {name} slots, 0 to {_SLOTS - 1}")
         return index
 
-    def check_attribute_type(self, attribute: str, param: list[int]) -> None:
-        """MSL: thread position attributes are uint/ushort scalars or 2-/3-vectors; index attributes scalars."""
+    def check_attribute_type(self, attribute: str, param: list[int]) -> str | None:
+        """MSL: thread position attributes are uint/ushort scalars or 2-/3-vectors; index attributes scalars.
+        Returns the type as uint/ushort[N], None for a type the translator cannot see through."""
         words, depth = [], 0
         for j in param:
             s = self.t[j].text
@@ -657,8 +568,10 @@ class _Translator:
         words = [w for w in words[:-1] if w not in ("const", "metal", "thread")]  # drop the parameter's name
         text = " ".join(words).replace("< ", "<").replace(" >", ">").replace(" , ", ",")
         allowed = _POSITION_TYPES if attribute in _POSITION_ATTRIBUTES else _INDEX_TYPES
-        if text in allowed or not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
-            return  # allowed, or a template parameter or typedef the translator cannot see through
+        if text in allowed:
+            return _normal_type(text)
+        if not _CONCRETE_TYPE.fullmatch(text.replace("unsigned ", "u").split("<")[0]):
+            return None  # a template parameter or typedef the translator cannot see through
         kinds = "uint or ushort, or a 2- or 3-vector of them" if allowed is _POSITION_TYPES else "uint or ushort"
         self.err(param[0], f"MSL rule 'attribute type': [[{attribute}]] must be {kinds}, not '{text}'")
 
@@ -677,6 +590,11 @@ class _Translator:
                 index = str(eval(index, {"__builtins__": {}}))  # digits and + - * ( ) only
             except (SyntaxError, ArithmeticError):
                 self.err(at, f"[[function_constant({index})]]: cannot evaluate the index")
+        if re.fullmatch(r"-?\d+", index) and not 0 <= int(index) <= 65535:
+            self.err(at, f"MSL rule 'function constant': [[function_constant({index})]]: the index is in 0..65535")
+        if not _FUNCTION_CONSTANT_TYPE.fullmatch(" ".join(w for w in type_src.split() if w not in ("metal", "::"))):
+            self.err(at, f"MSL rule 'function constant': '{name}' is a '{type_src}'; function constants are scalars "
+                         f"or vectors")
         key = next((k for k in (name, index) if k in self.constants), None)
         if key is None and index.isdigit() and int(index) in self.constants:
             key = int(index)
@@ -684,10 +602,76 @@ class _Translator:
             self.err(at, f"function constant '{name}': values are bool, int or float, "
                          f"got {type(self.constants[key]).__name__}")
         self.function_constants[name] = key is not None
+        if key is not None:
+            self.function_values[name] = self.constants[key]
         self.constants_used.add(key)
         value = _cpp_value(self.constants[key]) if key is not None else ""
         self.drop(start, end + 1)
         self.replace(start, self.code(f"constexpr {type_src} {name} = {type_src}({value});", start))
+        return end + 1
+
+    def program_constant(self, start: int) -> None:
+        """MSL 4.2: a program-scope variable in the constant address space is initialized by a constant
+        expression. Unless it is constexpr (which says as much), C++ checks it through MTLSIM_CONSTANT_INIT
+        (constinit), and mps_ext.sim.compiler names the rule in the compiler's error."""
+        depth, k, words, text = 0, start, [], False
+        while k < len(self.t) and not (depth == 0 and (self.text(k) == ";" or
+                                                       self.text(k) == "{" and "=" not in words)):
+            if depth == 0:
+                words.append(self.text(k))
+            depth += (self.text(k) in _OPEN) - (self.text(k) in _CLOSE)
+            text |= self.t[k].kind == "str"
+            k += 1
+        assigned = "=" in words and ("(" not in words or words.index("=") < words.index("("))
+        # Left unchecked: string literals, constant-space text that the simulator reaches through an
+        # address-space cast, which no C++ constant expression may contain (MLX's `constant os_log x("a", "b")`).
+        if "constant" in words[:2] and "constexpr" not in words and assigned and not text:
+            self.constant_inits.add(words.index("constant") + start)
+        if "constant" in words[:2] and assigned:
+            j = start + words.index("constant") + 1
+            while self.text(j) in ("const", "static", "metal", "::"):
+                j += 1
+            if self.text(j) in ("half", "bfloat") and self.t[j + 1].kind == "id":
+                eq = next(e for e in range(j, k) if self.text(e) == "=")
+                self.small_float_elements(self.text(j), eq, k)
+
+    def small_float_elements(self, kind: str, before: int, after: int) -> None:
+        """``constant half t[] = {1.0f, NAN};``: each initializer between tokens ``before`` and ``after`` is
+        converted to half explicitly, since C++ constructs no object in the constant address space through a
+        converting constructor (the cast goes around the tokens, which keep their own rewrites)."""
+        if self.text(before + 1) == "{" and before + 1 < after:
+            close = self.match(before + 1, "{", "}")
+            depth, element = 0, before + 1
+            for j in range(before + 2, close + 1):
+                depth += (self.text(j) in _OPEN) - (self.text(j) in _CLOSE)
+                if (depth == 0 and self.text(j) == ",") or j == close:
+                    if j > element + 1:
+                        self.small_float_elements(kind, element, j)
+                    element = j
+            return
+        for at, text in ((before, f"{kind} ("), (after, ")")):
+            kept = self.out[at] if self.out[at] is not None else [self.t[at]]
+            self.out[at] = kept + self.code(text, at) if at == before else self.code(text, at) + kept
+
+    def program_builtin(self, start: int, at: int) -> int:
+        """``uint2 gid [[thread_position_in_grid]];`` at program scope (MSL 3.1, 5.9): every use of the name
+        becomes the calling thread's value (mtlsim::builtin, glue.h)."""
+        end = self.find(at, (";",), "';' after the program-scope built-in")
+        decl, k = [], start
+        while k < end:
+            if self.is_attr_start(k):
+                k = self.attr_end(k)
+                continue
+            if self.text(k) not in ("const", "constant", "thread"):
+                decl.append(k)
+            k += 1
+        attribute = next(n for n, _ in self.attributes(at) if n in _BUILTIN_ATTRIBUTES)
+        if len(decl) < 2 or self.t[decl[-1]].kind != "id":
+            self.err(at, f"expected 'T name [[{attribute}]];'")
+        self.check_attribute_type(attribute, decl)
+        type_src = " ".join(self.text(k) for k in decl[:-1])
+        self.builtins[self.text(decl[-1])] = f"::mtlsim::builtin<{type_src}, ::mtlsim::Attr::{attribute}>()"
+        self.drop(start, end + 1)
         return end + 1
 
     def instantiation(self, i: int, scopes) -> int:
@@ -738,11 +722,27 @@ class _Translator:
             self.replace(i, self.code(f"using {alias} = void", i))
             self.drop(start, stop)
             self.add_entry(host, f"static_cast<{alias}*>(&{declarator})", definition, at=i, insert_after=end,
-                           scopes=scopes)
+                           scopes=scopes, max_threads=self.instance_limit(definition, None, i))
             return end + 1
         self.drop(i, end + 1)
-        self.add_entry(host, declarator, definition, at=i, insert_after=end, scopes=scopes)
+        args = declarator[declarator.index("<"):] if "<" in declarator else None
+        self.add_entry(host, declarator, definition, at=i, insert_after=end, scopes=scopes,
+                       max_threads=self.instance_limit(definition, args, i))
         return end + 1
+
+    def instance_limit(self, definition: dict, args: str | None, at: int) -> str:
+        """The thread limit of one instantiation of a kernel template (see template_limit)."""
+        if "limit" not in definition:
+            return definition["max_threads"]
+        var, params = definition["limit"]
+        if args is not None:
+            return f"{var} {args}"
+        used = params & set(re.findall(r"[A-Za-z_]\w*", definition["max_threads"]))
+        if used:
+            self.err(at, f"[[max_total_threads_per_threadgroup({definition['max_threads']})]] uses the template "
+                         f"parameters {', '.join(sorted(used))}: instantiate the kernel with explicit template "
+                         f"arguments")
+        return definition["max_threads"]
 
     def count_parameters(self, paren: int) -> int:
         close, depth, count = self.match(paren, "(", ")"), 0, 0
@@ -787,7 +787,8 @@ class _Translator:
                 return found
         return None
 
-    def add_entry(self, host: str, function: str, definition: dict, at: int, insert_after: int, scopes) -> None:
+    def add_entry(self, host: str, function: str, definition: dict, at: int, insert_after: int, scopes,
+                  max_threads: str | None = None) -> None:
         """Declares the kernel's entry point right after its definition or instantiation, in its namespace."""
         if host in self.hosts:
             self.err(at, f"two kernels have the host name '{host}' (the other is at {self.hosts[host]})")
@@ -805,7 +806,7 @@ class _Translator:
         qualified = "::".join([*_namespaces(scopes), f"mtlsim_entry_{n}"])
         ref = self.t[definition["at"]]
         self.kernels.append(Kernel(host, ref.file, ref.line))
-        self.glue.append((host, qualified, n, definition["max_threads"], definition["binders"]))
+        self.glue.append((host, qualified, n, max_threads or definition["max_threads"], definition["binders"]))
 
     def threadgroup_declaration(self, i: int) -> int:
         """``threadgroup T a[N], b;`` -> references to threadgroup-shared storage."""
@@ -874,9 +875,43 @@ class _Translator:
                 scope = all(enclosing)  # not a block: local classes have no member templates
                 if name is not None and scope:
                     self.class_members(i, self.match(i, "{", "}"))
+                elif name:
+                    self.local_class_assignment(i, self.match(i, "{", "}"), name)
                 enclosing.append(scope and (name is not None or self.opens_namespace(i)))
             elif tok.text == "}" and enclosing:
                 enclosing.pop()
+
+    def local_class_assignment(self, open_: int, close: int, name: str) -> None:
+        """A class local to a function gets its assignments in any address space without member templates
+        (MTLSIM_LOCAL_SPACE_ASSIGNMENT), unless it declares an assignment of its own."""
+        if any(self.text(k) == "operator" and self.text(k + 1) == "=" for k in range(open_, close)):
+            return
+        kept = self.out[close] if self.out[close] is not None else [self.t[close]]
+        self.out[close] = self.code(f"MTLSIM_LOCAL_SPACE_ASSIGNMENT({name})", close) + kept
+
+    def struct_copies(self) -> None:
+        """``S s = buf[i];`` for a struct S of the file -> ``S s = MTLSIM_COPY(buf[i]);`` (see
+        mtlsim/address_space.h): the initializer may be an object in any address space."""
+        structs = {self.text(k + 1) for k in range(len(self.t) - 1)
+                   if self.text(k) in ("struct", "class", "union") and self.t[k + 1].kind == "id"}
+        for i, tok in enumerate(self.t):
+            if tok.text not in structs or self.t[i + 1].kind != "id" or self.text(i + 2) != "=" or \
+                    self.text(i + 3) == "{" or self.text(i - 1) in ("::", ".", "->"):
+                continue
+            j = i - 1
+            while self.text(j) in ("const", "thread", "struct", "class", "union"):
+                j -= 1
+            if self.text(j) not in (";", "{", "}", ":"):
+                continue  # not a declaration statement, or a constant one (program scope, static)
+            end, depth = i + 3, 0
+            while end < len(self.t) and not (depth == 0 and self.text(end) in (";", ",")):
+                depth += (self.text(end) in _OPEN) - (self.text(end) in _CLOSE)
+                end += 1
+            if end == len(self.t) or self.out[i + 2] is not None:
+                continue
+            self.out[i + 2] = [self.t[i + 2], *self.code("MTLSIM_COPY (", i + 2)]
+            kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+            self.out[end] = [self.new(")", end), *kept]
 
     def opens_namespace(self, brace: int) -> bool:
         j = brace - 1
@@ -1114,11 +1149,14 @@ class _Translator:
                     self.replace(i, self.code("::mtlsim::aligned_cast", i))
                 elif tok.text == "kernel" and self.text(i - 1) not in (".", "->", "::"):
                     self.replace(i, [])
+                elif tok.text in self.builtins and self.text(i - 1) not in (".", "->", "::"):
+                    self.replace(i, self.code(self.builtins[tok.text], i))
                 elif tok.text in _ERASED_ADDRESS_SPACES:
                     self.replace(i, [])
                 elif tok.text == "constant":
                     # `constant const T`, `static constant constexpr const T`: no duplicate const in C++.
-                    self.replace(i, [tok] + ([] if self.const_nearby(i) else [self.new("const", i, "id")]))
+                    check = self.code("MTLSIM_CONSTANT_INIT", i) if i in self.constant_inits else []
+                    self.replace(i, check + [tok] + ([] if self.const_nearby(i) else [self.new("const", i, "id")]))
             elif tok.kind == "num":
                 self.replace(i, _number(tok))
             i += 1
@@ -1199,6 +1237,15 @@ class _Translator:
         return "\n".join(lines)
 
 
+def _normal_type(text: str) -> str:
+    """uint32_t -> uint, vec<uint16_t,2> -> ushort2: one spelling per attribute type."""
+    m = re.fullmatch(r"vec<(\w+),(\d)>", text)
+    base, n = (m.group(1), m.group(2)) if m else (text, "")
+    base = {"uint32_t": "uint", "unsigned int": "uint", "uint16_t": "ushort",
+            "unsigned short": "ushort"}.get(base, base)
+    return base + n
+
+
 def _components(tokens) -> int:
     """Components of a kernel parameter's type (uint3 -> 3, vec<uint, 2> -> 2, uint -> 1)."""
     text = " ".join(t for t in tokens if not t.startswith("["))
@@ -1258,388 +1305,3 @@ def _number(tok: _Tok) -> list[_Tok]:
     if not suffix:
         return [_Tok(body + "f", "num", tok.file, tok.line)]
     return [tok]
-
-
-def translate(source_path: Path, *, include_dirs=(), module_symbol: str = "mtlsim_module_init",
-              standalone: bool = True, cxx: str | None = None, defines=(), constants=None) -> Translation:
-    """Translate one .metal file into one C++ translation unit.
-
-    ``standalone`` modules are shared libraries loaded at run time (they get the
-    runtime's API table from their init function); others are compiled into the
-    extension itself, where the runtime defines it. ``constants`` gives the values
-    of ``[[function_constant(i)]]`` program-scope constants, by name or index, as
-    ``MTLFunctionConstantValues`` does. Every failure is a ``TranslateError`` that
-    names a ``.metal`` position.
-    """
-    text = preprocess(Path(source_path), include_dirs, cxx, defines)
-    return translate_text(text, module_symbol=module_symbol, standalone=standalone, constants=constants)
-
-
-def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", standalone: bool = True,
-                   constants=None) -> Translation:
-    """Translate preprocessed MSL (with line markers) into C++."""
-    tokens = _tokenize(text)
-    tr = _Translator(tokens, standalone, constants)
-    try:
-        check_rules(tokens)
-        tr = _Translator(_cast_conditional_arms(tokens), standalone, constants)
-        tr.run()
-        tr.check_constants()
-        cpp = tr.emit(module_symbol, standalone)
-    except TranslateError:
-        raise
-    except (IndexError, KeyError, ValueError, StopIteration, TypeError, AttributeError, RecursionError) as e:
-        raise TranslateError(f"{tr.where(tr.cursor)}: cannot translate this source "
-                             f"(translator error {type(e).__name__}: {e})") from None
-    return Translation(cpp, tr.kernels, tr.sites)
-
-
-# -- MSL's language rules -------------------------------------------------------------------------
-# What the MSL specification (chapter 1.4/2 "C++ features not supported", 4 "address spaces",
-# 5 "function and variable declarations") forbids and a C++ compiler would accept. Each error
-# names its rule and the .metal line; README "Supported MSL" lists what is deliberately left alone.
-
-_ADDRESS_SPACE_WORDS = _ERASED_ADDRESS_SPACES | {"device", "threadgroup", "constant"}
-_FORBIDDEN_KEYWORDS = {
-    "double": ("no double", "MSL has no double precision type"),
-    "new": ("no dynamic allocation", "MSL has no new/delete"),
-    "try": ("no exceptions", "MSL has no exception handling"),
-    "catch": ("no exceptions", "MSL has no exception handling"),
-    "throw": ("no exceptions", "MSL has no exception handling"),
-    "virtual": ("no virtual functions", "MSL has no virtual functions"),
-    "typeid": ("no RTTI", "MSL has no run-time type identification (typeid)"),
-    "dynamic_cast": ("no RTTI", "MSL has no dynamic_cast"),
-    "goto": ("no goto", "MSL has no goto"),
-    "thread_local": ("no thread_local", "MSL has no thread_local storage"),
-    "register": ("no register", "MSL has no register storage class"),
-}
-_C_LIBRARY = {"printf", "fprintf", "sprintf", "snprintf", "vprintf", "puts", "putchar", "fputs", "fopen", "fclose",
-              "fread", "fwrite", "malloc", "calloc", "realloc", "free", "aligned_alloc", "exit", "abort", "atexit",
-              "memcpy", "memmove", "memset", "memcmp", "strlen", "strcpy", "strncpy", "strcmp", "strcat", "atoi",
-              "atof", "strtol", "strtod", "rand", "srand", "qsort", "bsearch", "time", "clock", "getenv", "system",
-              "scanf", "sscanf", "setjmp", "longjmp", "raise", "signal"}
-# A user's overload of one of these (`half exp(half x) { return half(exp(float(x))); }`) calls metal's,
-# not itself: the recursion rule leaves them alone.
-_METAL_FUNCTIONS = set("""abs acos acosh asin asinh atan atan2 atanh cbrt ceil clamp clz copysign cos cosh cospi
-cross ctz degrees distance divide dot erf erfc exp exp10 exp2 expm1 extract_bits fabs fdim floor fma fmax fmax3
-fmedian3 fmin fmin3 fmod fract frexp hadd ilogb insert_bits isfinite isinf isnan isnormal ldexp length
-length_squared log log10 log1p log2 logb mad max max3 median3 min min3 mix modf mul24 mulhi nextafter normalize
-popcount pow powr radians reciprocal reverse_bits rhadd rint rotate round rsqrt select sign signbit sin sincos
-sinh sinpi smoothstep sqrt step tan tanh tanpi trunc""".split())
-# Built-in types (and `vec`): pointers and references to them must carry an address space, and the
-# attribute type rule judges them (template parameters and typedefs may carry a space or be anything,
-# so they are not judged).
-_CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|size_t|"
-                            r"ptrdiff_t|u?int(?:8|16|32|64)_t|(?:packed_)?(?:bool|char|uchar|short|ushort|int|uint|"
-                            r"long|ulong|half|bfloat|float)[234]|(?:half|float|bfloat)[234]x[234]|vec|"
-                            r"atomic_(?:int|uint|bool|float)|unsigned|signed")
-
-
-class _Rules:
-    """One pass over the tokens with a scope stack (namespace, class, function, block, initializer)."""
-
-    def __init__(self, tokens: list[_Tok]):
-        self.t = tokens
-        self.structs = {t2.text for t1, t2 in zip(tokens, tokens[1:])
-                        if t1.text in ("struct", "class", "union") and t2.kind == "id"}
-        self.functions: dict[str, list] = {}  # namespace-scope function name -> [(template?, body start, end)]
-
-    def text(self, i: int) -> str:
-        return self.t[i].text if 0 <= i < len(self.t) else ""
-
-    def fail(self, i: int, rule: str, msg: str):
-        tok = self.t[min(i, len(self.t) - 1)]
-        raise TranslateError(f"{tok.file}:{tok.line}: MSL rule '{rule}': {msg}")
-
-    def close_of(self, i: int, open_: str, close: str) -> int:
-        j = _closing(self.t, i, open_, close)
-        return len(self.t) if j is None else j  # unbalanced: the translator reports it
-
-    def run(self) -> None:
-        self.tokens()
-        kinds: list[str] = []  # "ns", "class", "func", "block", "init"
-        start, pending_ns = 0, False
-        for i, tok in enumerate(self.t):
-            s = tok.text
-            if s == "namespace":
-                pending_ns = True
-            elif s == "{":
-                kind = "ns" if pending_ns else self.brace_kind(start, i, kinds)
-                pending_ns = False
-                if kind == "func":
-                    self.parameters(start, i)
-                    if not kinds or all(k == "ns" for k in kinds):
-                        self.note_function(start, i)
-                kinds.append(kind)
-                start = i + 1
-            elif s == "}":
-                if kinds:
-                    kinds.pop()
-                start = i + 1
-            elif s == ";":
-                pending_ns = False
-                self.statement(start, i, kinds[-1] if kinds else "ns")
-                start = i + 1
-            elif s == ":" and kinds and kinds[-1] in ("class",) and self.text(i - 1) in ("public", "private",
-                                                                                       "protected"):
-                start = i + 1
-        self.recursion()
-
-    # token-level rules
-    def tokens(self) -> None:
-        declared = {self.t[k].text for k in range(1, len(self.t) - 1)
-                    if self.t[k].kind == "id" and self.text(k + 1) == "(" and
-                    (self.t[k - 1].kind == "id" or self.text(k - 1) in ("*", "&", ">"))}
-        for i, tok in enumerate(self.t):
-            s = tok.text
-            if tok.kind != "id":
-                if s == "[" and self.text(i + 1) != "[" and self.text(i - 1) != "[":
-                    self.lambda_at(i)
-                continue
-            prev = self.text(i - 1)
-            if prev in (".", "->"):
-                continue
-            if s in _FORBIDDEN_KEYWORDS and prev != "::":
-                rule, msg = _FORBIDDEN_KEYWORDS[s]
-                self.fail(i, rule, msg)
-            elif s == "long" and self.text(i + 1) == "double":
-                self.fail(i, "no double", "MSL has no long double")
-            elif s == "delete" and prev != "=":
-                self.fail(i, "no dynamic allocation", "MSL has no new/delete")
-            elif s == "std" and self.text(i + 1) == "::" and prev != "::":
-                self.fail(i, "no C/C++ standard library", "the C++ standard library (std::) is not available in MSL; "
-                                                           "use the metal:: equivalents")
-            elif s in _C_LIBRARY and self.text(i + 1) == "(" and prev != "::" and s not in declared:
-                self.fail(i, "no C/C++ standard library", f"{s}() is a C library function; MSL has no C library")
-
-    def lambda_at(self, i: int) -> None:
-        prev = self.t[i - 1] if i else None
-        if prev is not None and (prev.kind in ("id", "num", "str", "chr") and prev.text != "return"
-                                 or prev.text in (")", "]", ">", "operator")):
-            return  # a subscript, an array declarator or operator[]
-        close = self.close_of(i, "[", "]")
-        if self.text(close + 1) in ("(", "{", "mutable", "->", "<"):
-            self.fail(i, "no lambdas", "lambda expressions need MSL 4; this package targets MSL 3.1")
-
-    # scopes
-    def brace_kind(self, start: int, i: int, kinds: list[str]) -> str:
-        inside_function = any(k in ("func", "block") for k in kinds)
-        words = [self.t[k].text for k in range(start, i)]
-        prev = self.text(i - 1)
-        if prev in ("=", ",", "(", "return", "{", "?", ":") or (prev == "]" and not inside_function and "=" in words):
-            return "init"
-        if inside_function:
-            return "block" if prev in (")", "else", "do", ";", "{", "}", "try") or prev == "" or \
-                self.t[i - 1].kind != "id" else "init"
-        if any(w in ("struct", "class", "union") for w in words) and "(" not in words:
-            return "class"
-        if "enum" in words:
-            return "init"
-        if ")" in words:
-            return "func"
-        if words[:2] == ["extern", '"C"'] or (words and words[0] == "extern"):
-            return "ns"
-        return "init" if "=" in words else "class"
-
-    # statements
-    def decl_tokens(self, start: int, end: int) -> list[int]:
-        """Indices of the statement's tokens without attributes."""
-        out, k = [], start
-        while k < end:
-            if self.text(k) == "[" and self.text(k + 1) == "[":
-                k = self.close_of(k, "[", "]") + 1
-                continue
-            if self.text(k) == "__attribute__" and self.text(k + 1) == "(":
-                k = self.close_of(k + 1, "(", ")") + 1
-                continue
-            out.append(k)
-            k += 1
-        return out
-
-    def statement(self, start: int, end: int, kind: str) -> None:
-        idx = self.decl_tokens(start, end)
-        if not idx:
-            return
-        words = [self.t[k].text for k in idx]
-        if words[0] in ("typedef", "using", "template", "static_assert", "friend", "namespace", "return", "break",
-                        "continue", "case", "default", "struct", "class", "union", "enum", "if", "for", "while",
-                        "switch", "do", "else"):
-            return
-        top = self.top_level(idx)
-        is_function = "(" in top and ("=" not in top or top.index("(") < top.index("="))
-        if kind == "ns":
-            if is_function:
-                self.parameters(start, end)
-                return
-            if not any(w in words for w in ("constant", "constexpr")) and self.looks_like_variable(top):
-                self.fail(idx[0], "program scope variable",
-                          "variables at program scope must be declared in the constant address space "
-                          "('constant T name = ...;')")
-        elif kind == "class":
-            if is_function:
-                self.parameters(start, end)
-                return
-            if "static" in words and not any(w in words for w in ("constant", "constexpr")):
-                self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
-                                                     "space ('static constant T name = ...;')")
-            self.pointer_declaration(idx, "class member")
-        elif kind in ("func", "block"):
-            if "static" in words[:4] and not any(w in words for w in ("constant", "constexpr", "threadgroup")):
-                self.fail(idx[0], "static variable", "static variables must be declared in the constant address "
-                                                     "space ('static constant T name = ...;')")
-            self.local_declaration(idx)
-
-    def top_level(self, idx: list[int]) -> list[str]:
-        """The statement's tokens outside (), [], {} and <> (the brackets themselves kept)."""
-        out, depth = [], 0
-        for k in idx:
-            s = self.t[k].text
-            if depth == 0:
-                out.append(s)
-            if s in ("(", "[", "{"):
-                depth += 1
-            elif s in (")", "]", "}"):
-                depth -= 1
-                if depth == 0:
-                    out.append(s)
-        return out
-
-    def looks_like_variable(self, top: list[str]) -> bool:
-        names = [w for w in top if re.fullmatch(r"[A-Za-z_]\w*", w)]
-        return len(names) >= 2 and top[0] not in ("extern",) and "operator" not in top
-
-    def local_declaration(self, idx: list[int]) -> None:
-        """``float* p = ...;`` / ``const float& r = ...;`` inside a function: the address space is required."""
-        k = 0
-        while k < len(idx) and self.t[idx[k]].text in ("const", "constexpr", "static", "volatile"):
-            k += 1
-        if k >= len(idx):
-            return
-        base = self.t[idx[k]].text
-        if not (_CONCRETE_TYPE.fullmatch(base) or base in self.structs) or self.text(idx[k] + 1) in ("(", "{", "::"):
-            return
-        self.pointer_declaration(idx, "variable")
-
-    def pointer_declaration(self, idx: list[int], what: str) -> None:
-        depth = 0
-        for n, k in enumerate(idx):
-            s = self.t[k].text
-            if s in ("<", "(", "["):
-                depth += 1
-            elif s in (">", ")", "]"):
-                depth -= 1
-            elif s == ">>":
-                depth -= 2
-            elif s in ("=", ",", ";", "{"):
-                return
-            elif depth == 0 and s in ("*", "&", "&&"):
-                prefix = [self.t[j].text for j in idx[:n]]
-                if any(w in _ADDRESS_SPACE_WORDS for w in prefix):
-                    return
-                base = next((w for w in reversed(self.strip_template_args(prefix))
-                             if w not in ("const", "volatile", "metal", "::", "static", "constexpr", "inline")), "")
-                if _CONCRETE_TYPE.fullmatch(base) or base in self.structs:
-                    self.fail(k, "address space", f"a pointer or reference {what} needs an address space "
-                                                  f"(device, constant, threadgroup or thread): "
-                                                  f"'{' '.join(prefix)} {s}'")
-                return
-
-    @staticmethod
-    def strip_template_args(words: list[str]) -> list[str]:
-        out, depth = [], 0
-        for w in words:
-            if w == "<":
-                depth += 1
-            elif w in (">", ">>"):
-                depth -= len(w)
-            elif depth == 0:
-                out.append(w)
-        return out
-
-    def parameters(self, start: int, end: int) -> None:
-        """Pointer and reference parameters of a function declared or defined in [start, end)."""
-        idx = self.decl_tokens(start, end)
-        k = 0
-        if idx and self.t[idx[0]].text == "template" and self.text(idx[0] + 1) == "<":
-            depth = 0
-            for k, j in enumerate(idx):
-                s = self.t[j].text
-                depth += {"<": 1, ">": -1, ">>": -2}.get(s, 0)
-                if depth <= 0 and k > 0:
-                    k += 1
-                    break
-        paren = None
-        for n in range(k, len(idx)):
-            j = idx[n]
-            if self.t[j].text == "(":
-                if self.text(j - 1) == "operator":
-                    continue
-                if self.text(j - 1) == ")" and self.text(j - 2) == "(" and self.text(j - 3) == "operator":
-                    paren = j
-                    break
-                if self.t[j - 1].kind == "id" or self.text(j - 1) in (">", ">>"):
-                    if self.text(j - 1) in ("decltype", "sizeof", "alignof", "__attribute__"):
-                        return
-                    paren = j
-                    break
-                return
-        if paren is None:
-            return
-        close = self.close_of(paren, "(", ")")
-        params, cur, depth = [], [], 0
-        for j in self.decl_tokens(paren + 1, close):
-            s = self.t[j].text
-            if s in ("(", "[", "{", "<"):
-                depth += 1
-            elif s in (")", "]", "}", ">"):
-                depth -= 1
-            elif s == ">>":
-                depth -= 2
-            if s == "," and depth == 0:
-                params.append(cur)
-                cur = []
-            else:
-                cur.append(j)
-        params.append(cur)
-        for p in params:
-            if p:
-                self.pointer_declaration(p, "parameter")
-
-    # recursion
-    def note_function(self, start: int, brace: int) -> None:
-        idx = self.decl_tokens(start, brace)
-        words = [self.t[k].text for k in idx]
-        templated = bool(words) and words[0] == "template"
-        top = self.top_level(idx)
-        if "(" not in top:
-            return
-        name_at = top.index("(") - 1
-        if name_at < 0 or not re.fullmatch(r"[A-Za-z_]\w*", top[name_at]) or top[name_at] == "operator":
-            return
-        name = top[name_at]
-        self.functions.setdefault(name, []).append((templated, brace, self.close_of(brace, "{", "}")))
-
-    def recursion(self) -> None:
-        simple = {n: d[0] for n, d in self.functions.items()
-                  if len(d) == 1 and not d[0][0] and n not in self.structs and n not in _METAL_FUNCTIONS}
-        calls: dict[str, list[tuple[str, int]]] = {}
-        for name, (_, body, end) in simple.items():
-            calls[name] = [(self.t[k].text, k) for k in range(body + 1, end)
-                           if self.t[k].text in simple and self.text(k + 1) == "("
-                           and self.text(k - 1) not in (".", "->", "::")]
-        for root in calls:
-            stack, seen = [(root, [root])], set()
-            while stack:
-                name, path = stack.pop()
-                for callee, at in calls.get(name, ()):
-                    if callee == root:
-                        chain = " -> ".join(path + [root])
-                        self.fail(at, "no recursion", f"MSL does not allow recursive calls ({chain})")
-                    if callee not in seen:
-                        seen.add(callee)
-                        stack.append((callee, path + [callee]))
-
-
-def check_rules(tokens: list[_Tok]) -> None:
-    """Raises TranslateError naming the first MSL language rule the tokens break."""
-    _Rules(tokens).run()
