@@ -37,16 +37,15 @@ step() {  # step DESCRIPTION COMMAND...: runs it, output to $work/log, and print
 
 # PATH with every clang* taken out: a directory that holds one is replaced by links to its other programs.
 hide_clang() {
-  local dir name n=0 kept=()
+  local dir n=0 kept=()
   IFS=: read -r -a dirs <<<"$PATH"
   for dir in "${dirs[@]}"; do
     [ -d "$dir" ] || continue
     if compgen -G "$dir/clang*" >/dev/null; then
       n=$((n + 1))
       mkdir -p "$work/path/$n"
-      for name in "$dir"/*; do
-        case ${name##*/} in clang*) ;; *) ln -sf "$name" "$work/path/$n/" ;; esac
-      done
+      ln -sf "$dir"/* "$work/path/$n/"
+      rm -f "$work/path/$n"/clang*
       dir=$work/path/$n
     fi
     kept+=("$dir")
@@ -99,7 +98,7 @@ if [ -n "${OTHER_TORCH:-}" ]; then
   step "import mps_ext: the ImportError naming both torch versions and the fix" sh -c "
     ! '$py' -c 'import mps_ext' 2>'$work/mismatch' && cat '$work/mismatch' &&
     grep -q 'ImportError: mps_ext was built against torch .*, but torch .* is installed' '$work/mismatch' &&
-    grep -q 'pip install --no-build-isolation --force-reinstall' '$work/mismatch'"
-  cat "$work/mismatch" >&2
+    grep -q 'pip install --no-build-isolation \. ' '$work/mismatch'"
+  tail -n 1 "$work/mismatch" >&2
 fi
 echo "install_check: all steps passed" >&2
