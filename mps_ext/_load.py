@@ -16,7 +16,7 @@ def mismatch_message(built_with: str, installed: str) -> str:
     """What ``import mps_ext`` says when its compiled part and the installed torch differ."""
     return (f"mps_ext was built against torch {built_with}, but torch {installed} is installed: its compiled "
             f"part (mps_ext._C) loads only with the torch it was built against. Rebuild it against the installed "
-            f"torch, from the mps_ext source: pip install --no-build-isolation --force-reinstall . "
+            f"torch, from the mps_ext source: pip install --no-build-isolation . "
             f"(with build isolation pip may build against another torch)")
 
 

@@ -203,7 +203,8 @@ def _select(explicit: str | None, mode: str, cxx: str) -> Toolchain:
         if _keeps_address_spaces(cxx):
             return Toolchain(cxx, True, "")
     note = (f"{explicit} cannot keep address spaces (needs clang >= 18)" if explicit
-            else "no clang >= 18 found (set MPS_EXT_SIM_CXX, or install clang)")
+            else 'no clang >= 18 found (install clang, or zig\'s: pip install "mps_ext[strict]"; '
+                 "or set MPS_EXT_SIM_CXX)")
     if mode == "1":
         raise CompileError(f"MPS_EXT_SIM_ADDRESS_SPACES=1 but {note}")
     return Toolchain(explicit or cxx, False, note)
