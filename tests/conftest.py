@@ -114,32 +114,52 @@ def ran(t, device: str, *names: str):
     assert t.names == list(names) and all(k.backend == backend(device) for k in t.kernels), t.names
 
 
-def on(device: str, fn, *args, **kwargs):
-    """``fn`` with its tensor arguments moved to ``device`` and its results back on the CPU, for comparing with
-    torch's CPU results. A tensor keeps its layout there (strides, offset, stride-0 dimensions: ``Tensor.to``
-    would make a tensor with gaps contiguous); e4m3fn tensors travel as the bytes torch keeps on ``device``
-    (uint8 where it has no float8) and come back as e4m3fn."""
+def ran_kernels(t, device: str):
+    """The trace ``t`` holds at least one kernel, every one run on ``device``'s backend (for calls whose kernels
+    depend on the case)."""
+    assert t.kernels and all(k.backend == backend(device) for k in t.kernels), t.names
+
+
+def to_device(device: str, x):
+    """``x`` on ``device`` as it is here: its layout (strides, offset, stride-0 dimensions: ``Tensor.to`` would
+    make a tensor with gaps contiguous) and its lazy conjugate and negative bits (``Tensor.to`` resolves them);
+    e4m3fn tensors as the bytes torch keeps on ``device`` (uint8 where it has no float8). Anything that is not a
+    tensor is returned as it is."""
     from mps_ext import fp8
 
-    storage = fp8.storage_dtype(device)
+    if not isinstance(x, torch.Tensor):
+        return x
+    x = x.view(fp8.storage_dtype(device)) if x.dtype == torch.float8_e4m3fn else x
+    if x.device.type == device:
+        return x
+    if x.requires_grad:
+        return x.to(device)  # the autograd graph goes with a copy
+    if x.is_conj():  # x.conj() is the same memory without the bit
+        return to_device(device, x.conj()).conj()
+    if x.is_neg():
+        return torch._neg_view(to_device(device, torch._neg_view(x)))
+    whole = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
+    return whole.to(device).as_strided(x.shape, x.stride(), x.storage_offset())
 
-    def there(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        x = x.view(storage) if x.dtype == torch.float8_e4m3fn else x
-        if x.device.type == device or x.is_conj() or x.is_neg() or x.requires_grad:
-            return x.to(device)  # lazy bits and the autograd graph go with a copy
-        whole = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage())
-        return whole.to(device).as_strided(x.shape, x.stride(), x.storage_offset())
 
-    def back(x):
-        if not isinstance(x, torch.Tensor):
-            return x
-        x = x.cpu()
-        return x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 and storage == torch.uint8 else x
+def to_cpu(device: str, out):
+    """The results ``out`` of a call on ``device`` (a tensor, or a tuple of them) on the CPU; e4m3fn results
+    that travelled as uint8 come back as e4m3fn."""
+    from mps_ext import fp8
 
-    out = fn(*map(there, args), **{k: there(v) for k, v in kwargs.items()})
-    return tuple(map(back, out)) if isinstance(out, tuple) else back(out)
+    if isinstance(out, tuple):
+        return tuple(to_cpu(device, x) for x in out)
+    if not isinstance(out, torch.Tensor):
+        return out
+    x = out.cpu()
+    return x.view(torch.float8_e4m3fn) if x.dtype == torch.uint8 and fp8.storage_dtype(device) == torch.uint8 else x
+
+
+def on(device: str, fn, *args, **kwargs):
+    """``fn`` with its tensor arguments moved to ``device`` (``to_device``) and its results back on the CPU
+    (``to_cpu``), for comparing with torch's CPU results."""
+    out = fn(*(to_device(device, x) for x in args), **{k: to_device(device, v) for k, v in kwargs.items()})
+    return to_cpu(device, out)
 
 
 def run_python(code: str, env: dict | None = None, timeout: float = 120, **popen):

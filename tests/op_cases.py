@@ -25,7 +25,8 @@ def randn(*shape, dtype=torch.float32, seed=0):
 
 
 def well_conditioned(batch, n, dtype=torch.float32, seed=0):
-    """Condition number <= 10 (entries and pivots random): solutions compare at a fixed tolerance."""
+    """U diag(s) V^H with Gaussian-random orthogonal/unitary U, V and s in [1, 10]: condition number <= 10, so
+    solutions can be compared with a fixed tolerance; the entries (and so the pivots) are still random."""
     U, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed))
     V, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed + 1))
     s = 1 + 9 * torch.rand(batch, 1, n, generator=torch.Generator().manual_seed(seed + 2))

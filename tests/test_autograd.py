@@ -1,7 +1,8 @@
 """Autograd in both modes over every op: gradients (backward) and tangents
 (torch.autograd.forward_ad, torch.func.jvp, torch.func.jacfwd) of mps_ext's
-functions and of torch's ops with the cpu overrides on, against torch's with
-the overrides off; and backward for every bias form of every linear path."""
+functions and of torch's ops with the overrides on, on each device, against
+torch's on the CPU with the overrides off; and backward for every bias form of
+every linear path."""
 
 import contextlib
 
@@ -11,6 +12,7 @@ import torch.nn.functional as F
 from torch.autograd import forward_ad
 
 import mps_ext
+from conftest import on, ran_kernels
 from mps_ext import fp8
 from op_cases import CASES, randn
 from tolerances import assert_close
@@ -18,13 +20,13 @@ from tolerances import assert_close
 ROUTES = ["mps_ext", "overrides"]
 
 
-def route_of(case, route):
+def route_of(case, route, device):
     """The function to differentiate and the context to run it in."""
     if route == "mps_ext":
         return case.ours, contextlib.nullcontext()
     if not case.overridden:
         pytest.skip(f"torch has no op that the overrides route to {case.name}")
-    return case.theirs, mps_ext.overrides.enabled("cpu")
+    return case.theirs, mps_ext.overrides.enabled(device)
 
 
 def floating(outputs):
@@ -32,15 +34,11 @@ def floating(outputs):
     return [o for o in outputs if o.is_floating_point() or o.is_complex()]
 
 
-def kernels_ran(t):
-    assert t.kernels and all(k.backend == "simulator" for k in t.kernels), t.names
-
-
 def gradients(f, inputs, differentiable, seed=7):
     """d(<outputs, random cotangents>)/d(differentiable inputs)."""
     inputs = [x.detach().requires_grad_(i in differentiable) for i, x in enumerate(inputs)]
     outs = floating(f(*inputs))
-    cotangents = [randn(*o.shape, dtype=o.dtype, seed=seed + j) for j, o in enumerate(outs)]
+    cotangents = [randn(*o.shape, dtype=o.dtype, seed=seed + j).to(o.device) for j, o in enumerate(outs)]
     return torch.autograd.grad(outs, [inputs[i] for i in differentiable], cotangents)
 
 
@@ -77,29 +75,29 @@ def jvp(f, inputs, tangents, mode):
 
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_backward(case, route):
-    f, context = route_of(case, route)
+def test_backward(case, route, device):
+    f, context = route_of(case, route, device)
     inputs = case.make(0)
     if not case.backward:
         if route == "overrides":
             pytest.skip(f"torch has no derivative for {case.name} either")
         with pytest.raises(RuntimeError, match=f"mps_ext.{case.name} has no backward"):
-            gradients(f, inputs, case.differentiable)
+            on(device, lambda *xs: gradients(f, xs, case.differentiable), *inputs)
         return
     want = gradients(case.theirs, inputs, case.differentiable)
     with context, mps_ext.trace() as t:
-        got = gradients(f, inputs, case.differentiable)
-    kernels_ran(t)
+        got = on(device, lambda *xs: gradients(f, xs, case.differentiable), *inputs)
+    ran_kernels(t, device)
     case.check(tuple(got), tuple(want))
 
 
 @pytest.mark.parametrize("mode", ["forward_ad", "jvp", "jacfwd"])
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
-def test_forward_derivative(case, route, mode, request):
+def test_forward_derivative(case, route, mode, device, request):
     if route == "overrides" and mode == "jacfwd":  # vmap batches the tangents: more rows than the GEMV takes
         request.applymarker(pytest.mark.fallback("rows > 8|mat2 not a transposed", required=False))
-    f, context = route_of(case, route)
+    f, context = route_of(case, route, device)
     inputs = case.make(0)
     if mode == "jacfwd" and any(x.is_complex() for x in inputs):
         pytest.skip("torch.func.jacfwd takes real inputs only")
@@ -107,16 +105,21 @@ def test_forward_derivative(case, route, mode, request):
     if mode == "jacfwd":  # the Jacobian in one input (the first differentiable)
         first = case.differentiable[0]
         tangents = tuple(t if i == first else None for i, t in enumerate(tangents))
+    n = len(inputs)
+
+    def jvp_there(f, mode):  # the primals and tangents on the device, the outputs' tangents back on the CPU
+        return on(device, lambda *xs: jvp(f, xs[:n], xs[n:], mode), *inputs, *tangents)
+
     if route == "overrides" and case.reference_jvp:  # torch has no forward derivative: the same error with ours
         with pytest.raises(NotImplementedError, match="forward AD"):
             jvp(case.theirs, inputs, tangents, mode)
         with context, pytest.raises(NotImplementedError, match="forward AD"):
-            jvp(f, inputs, tangents, mode)
+            jvp_there(f, mode)
         return
     want = jvp(case.reference_jvp or case.theirs, inputs, tangents, "jvp")
     with context, mps_ext.trace() as t:
-        got = jvp(f, inputs, tangents, mode)
-    kernels_ran(t)
+        got = jvp_there(f, mode)
+    ran_kernels(t, device)
     assert all(g is not None for g in got)
     case.check(tuple(got), tuple(want))
 
@@ -144,7 +147,7 @@ BIASES = {"none": None, "1-D": (N,), "2-D": (1, N)}
 
 @pytest.mark.parametrize("bias_form", BIASES)
 @pytest.mark.parametrize("path", ["mps_ext.linear", "F.linear overrides", "fp8_linear", "FP8Linear"])
-def test_backward_every_bias_form(path, bias_form, request):
+def test_backward_every_bias_form(path, bias_form, device, request):
     if (path == "fp8_linear" and bias_form == "2-D") or (path == "FP8Linear" and bias_form != "none"):
         pytest.skip("fp8_linear takes a 1-D bias; FP8Linear's bias is a buffer, not a parameter")
     if bias_form == "2-D":  # the kernels add a 1-D bias; torch takes the others
@@ -154,24 +157,28 @@ def test_backward_every_bias_form(path, bias_form, request):
     if path.startswith("fp8") or path == "FP8Linear":
         layer, weight = fp8_layer(bias=False)
         weight = weight.requires_grad_(False)
+        layer = layer.to(device)
         if path == "FP8Linear":
-            ours = layer
+            ours = lambda x, weight, bias: layer(x)  # noqa: E731
         else:
-            ours = lambda x: mps_ext.fp8_linear(x, layer.weight, layer.weight_scale_inv, bias)  # noqa: E731
+            ours = lambda x, weight, bias: mps_ext.fp8_linear(  # noqa: E731
+                x, layer.weight, layer.weight_scale_inv, bias)
     else:
         weight = randn(N, K, seed=3).requires_grad_()
-        if path == "mps_ext.linear":
-            ours = lambda x: mps_ext.linear(x, weight, bias)  # noqa: E731
-        else:
-            ours = lambda x: F.linear(x, weight, bias)  # noqa: E731
+        ours = mps_ext.linear if path == "mps_ext.linear" else F.linear
     leaves = [v for v in (x, weight, bias) if v is not None and v.requires_grad]
     grad_out = randn(M, N, seed=4)
     want = torch.autograd.grad(F.linear(x, weight, bias), leaves, grad_out)
-    context = mps_ext.overrides.enabled("cpu") if path == "F.linear overrides" else contextlib.nullcontext()
+
+    def grads(x, weight, bias, grad_out):  # with respect to the leaves as the device has them
+        there = [v for v in (x, weight, bias) if v is not None and v.requires_grad]
+        return torch.autograd.grad(ours(x, weight, bias), there, grad_out)
+
+    context = mps_ext.overrides.enabled(device) if path == "F.linear overrides" else contextlib.nullcontext()
     with context, mps_ext.trace() as t:
-        got = torch.autograd.grad(ours(x), leaves, grad_out)
+        got = on(device, grads, x, weight, bias, grad_out)
     if not (path == "mps_ext.linear" and bias_form == "2-D"):  # the kernels take a 1-D bias; torch runs the rest
-        kernels_ran(t)
+        ran_kernels(t, device)
     for g, w in zip(got, want):
         assert g.shape == w.shape
         assert_close(g, w, scale=4)

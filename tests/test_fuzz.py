@@ -1,8 +1,8 @@
 """Seeded differential fuzzing: every op family on random views of its inputs
 (transposed, sliced, expanded, at a storage offset, with lazy negative and
-conjugate bits), called directly or through the cpu overrides, on the default
-stream or a side stream, from one or two threads at once, against torch on
-materialized copies with the overrides off."""
+conjugate bits), called directly or through the overrides, on each device, on
+the default stream or a side stream, from one or two threads at once, against
+torch on the CPU on materialized copies with the overrides off."""
 
 import random
 import threading
@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import mps_ext
+from conftest import backend, to_cpu, to_device
 from op_cases import CASES
 
 
@@ -115,21 +116,23 @@ SEEDS = range(96)
 @pytest.mark.fallback("invalid arguments|scaling recipe", required=False)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("side_stream", [False, True], ids=["default_stream", "side_stream"])
-def test_fuzz(side_stream, threads):
+def test_fuzz(side_stream, threads, device):
     jobs = [job(seed * threads + t) for seed in SEEDS for t in range(threads)]
     wants = [expected(case, inputs) for case, _, inputs in jobs]
+    jobs = [(case, route, [to_device(device, x) for x in inputs]) for case, route, inputs in jobs]
     # How many kernels each job dispatches alone: a job that fell back to torch would show as 0.
     counts = []
-    with mps_ext.overrides.enabled("cpu"):
+    with mps_ext.overrides.enabled(device):
         for (case, route, inputs), (error, _) in zip(jobs, wants):
             with mps_ext.trace() as t:
                 got = run_or_error(case, route, inputs, None, error)
             assert t.kernels or isinstance(got, Exception), f"{case.name} ({route}) ran no kernel on {describe(inputs)}"
+            assert all(k.backend == backend(device) for k in t.kernels), t.names
             counts.append(len(t.kernels))
         gots = [None] * len(jobs)
         for first in range(0, len(jobs), threads):
             group = range(first, first + threads)
-            streams = [mps_ext.Stream("cpu") if side_stream else None for _ in group]
+            streams = [mps_ext.Stream(device) if side_stream else None for _ in group]
 
             def work(i, stream):
                 case, route, inputs = jobs[i]
@@ -149,4 +152,4 @@ def test_fuzz(side_stream, threads):
         if isinstance(got, AssertionError):
             raise got
         if not isinstance(got, Exception):
-            case.check(got, want)
+            case.check(to_cpu(device, got), want)

@@ -8,6 +8,7 @@ import torch
 
 import mps_ext
 from conftest import on, ran
+from op_cases import randn, well_conditioned
 from tolerances import (assert_close, assert_close_conditioned, assert_lu_backward_stable, assert_solve_backward_stable,
                         assert_solves)
 
@@ -19,19 +20,6 @@ MTYPE = {torch.float32: "float", torch.complex64: "float2"}
 def batch_for(n: int) -> int:
     """Thousands of tiny systems, fewer large ones (sized for the simulator)."""
     return {1: 4096, 2: 4096, 3: 2048, 4: 2048, 5: 256, 8: 256, 16: 64, 17: 48, 32: 16, 64: 6}[n]
-
-
-def randn(*shape, dtype=torch.float32, seed=0):
-    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
-
-
-def well_conditioned(batch, n, dtype=torch.float32, seed=0):
-    """U diag(s) V^H with Gaussian-random orthogonal/unitary U, V and s in [1, 10]: condition number <= 10, so
-    solutions can be compared with a fixed tolerance; the entries (and so the pivots) are still random."""
-    U, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed))
-    V, _ = torch.linalg.qr(randn(batch, n, n, dtype=dtype, seed=seed + 1))
-    s = 1 + 9 * torch.rand(batch, 1, n, generator=torch.Generator().manual_seed(seed + 2))
-    return (U * s.to(dtype)) @ V.mH
 
 
 def triangle(batch, n, dtype, upper, unit, seed=0):

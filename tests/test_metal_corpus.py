@@ -11,8 +11,10 @@ when it is cached and are skipped, saying how to get it, when it is not."""
 import ctypes
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -42,36 +44,56 @@ elif not corpus.available():
 
 ENTRIES = corpus.entries()
 
-# Corpus files that do not compile in the simulator, and why (README "Supported MSL" has the same list).
-MSL4 = "MSL 4 (Metal Performance Primitives / <metal_tensor>, lambdas), beyond the MSL 3.1 the package targets"
+
+class Unsupported(NamedTuple):
+    """Why a corpus file does not compile in the simulator, and a regular expression its compile error matches
+    (with clang, as CI compiles)."""
+    why: str
+    error: str
+
+
+# Corpus files that do not compile in the simulator (README "Supported MSL" has the same list). Each is a strict
+# expected failure that must fail for its reason: a file that starts compiling, or fails for another reason,
+# fails the test.
+MPP = Unsupported("MSL 4: Metal Performance Primitives (tensor operations on <metal_tensor>), beyond the MSL 3.1 "
+                  "the package targets", r"'MetalPerformancePrimitives/MetalPerformancePrimitives\.h' file not found")
+LAMBDAS = Unsupported("MSL 4: lambda expressions, beyond the MSL 3.1 the package targets",
+                      r"MSL rule 'no lambdas': lambda expressions need MSL 4")
+NOT_SUPPORTED = {f"mlx/{name}": MPP for name in (
+    "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
+    "steel/attn/kernels/steel_attention_nax.h", "steel/attn/nax.h", "steel/gemm/gemm_nax.h", "steel/gemm/nax.h")}
+NOT_SUPPORTED.update({f"mlx/{name}": LAMBDAS for name in (
+    "fp_quantized_nax.h", "quantized_nax.h", "steel/gemm/kernels/steel_gemm_fused_nax.h",
+    "steel/gemm/kernels/steel_gemm_gather_nax.h", "steel/gemm/kernels/steel_gemm_segmented_nax.h",
+    "steel/gemm/kernels/steel_gemm_splitk_nax.h", "steel/gemm/kernels/steel_gemm_thin_nax.h")})
+NOT_SUPPORTED["late-interaction-kernels/_maxsim.metal"] = Unsupported(
+    "not MSL as shipped: a Python str.format template ({D_MAX} and doubled braces are filled in at run time)",
+    r"undeclared identifier 'D_MAX'")
 # MLX headers are compiled after utils.h and the other includes of the MLX .metal files that use them
 # (tools/metal_corpus.py MLX_PRELUDES).
 # Without clang the simulator erases address spaces, and overloads that differ only by them collide
 # (MLX's complex.h): the list above is for the toolchain CI uses.
 ERASED = "address spaces erased (no clang >= 18): overloads that differ only by address space collide"
-NOT_SUPPORTED = {}
-_MLX = {
-    MSL4: (
-        "fp_quantized_nax.h", "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
-        "quantized_nax.h", "steel/attn/kernels/steel_attention_nax.h", "steel/attn/nax.h", "steel/gemm/gemm_nax.h",
-        "steel/gemm/kernels/steel_gemm_fused_nax.h", "steel/gemm/kernels/steel_gemm_gather_nax.h",
-        "steel/gemm/kernels/steel_gemm_segmented_nax.h", "steel/gemm/kernels/steel_gemm_splitk_nax.h",
-        "steel/gemm/kernels/steel_gemm_thin_nax.h", "steel/gemm/nax.h"),
-}
-NOT_SUPPORTED.update({f"mlx/{name}": why for why, names in _MLX.items() for name in names})
-NOT_SUPPORTED["late-interaction-kernels/_maxsim.metal"] = (
-    "not MSL as shipped: a Python str.format template ({D_MAX} and doubled braces are filled in at run time)")
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[e.name for e in ENTRIES])
+def corpus_params():
+    """Every corpus file, the unsupported ones marked as strict expected failures."""
+    for entry in ENTRIES:
+        expected = NOT_SUPPORTED.get(entry.name)
+        marks = [pytest.mark.xfail(raises=CompileError, strict=True, reason=expected.why)] if expected else []
+        yield pytest.param(entry, marks=marks, id=entry.name)
+
+
+@pytest.mark.parametrize("entry", list(corpus_params()))
 def test_corpus_file_compiles(entry):
     try:
         corpus.compile_entry(entry)
-    except CompileError:
-        if entry.name in NOT_SUPPORTED:
-            pytest.xfail(NOT_SUPPORTED[entry.name])
+    except CompileError as e:
         if not mps_ext.sim.compiler.toolchain().address_spaces:
             pytest.xfail(ERASED)
+        expected = NOT_SUPPORTED.get(entry.name)
+        if expected and not re.search(expected.error, str(e)):
+            pytest.fail(f"expected to fail with {expected.error!r} ({expected.why}), failed with:\n{e}")
         raise
 
 

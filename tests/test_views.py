@@ -1,11 +1,12 @@
 """Every op on inputs carrying torch's lazy conjugate and negative bits, called
-directly and through the aten overrides: the kernels run on the resolved
-values and match torch on plain inputs."""
+directly and through the aten overrides, on each device: the kernels run on
+the resolved values and match torch on plain inputs."""
 
 import pytest
 import torch
 
 import mps_ext
+from conftest import on, ran_kernels
 from op_cases import CASES
 
 # Each gives a tensor equal to x that carries lazy bits.
@@ -38,17 +39,21 @@ def lazy_inputs():
 
 @pytest.mark.parametrize("route", ["mps_ext", "overrides"])
 @pytest.mark.parametrize("case, index, kind", list(lazy_inputs()))
-def test_lazy_bits_are_resolved(case, index, kind, route):
+def test_lazy_bits_are_resolved(case, index, kind, route, device):
     if route == "overrides" and not case.overridden:
         pytest.skip(f"torch has no op that the overrides route to {case.name}")
     inputs = case.make(0)
     want = case.theirs(*inputs)
     inputs = tuple(flagged(x, kind) if i == index else x for i, x in enumerate(inputs))
-    with mps_ext.trace() as t:
+
+    def call(*inputs):
+        assert inputs[index].is_neg() or inputs[index].is_conj()  # the bit went with it to the device
         if route == "mps_ext":
-            got = case.ours(*inputs)
-        else:
-            with mps_ext.overrides.enabled("cpu"):
-                got = case.theirs(*inputs)
-    assert t.kernels and all(k.backend == "simulator" for k in t.kernels), t.names
+            return case.ours(*inputs)
+        with mps_ext.overrides.enabled(device):
+            return case.theirs(*inputs)
+
+    with mps_ext.trace() as t:
+        got = on(device, call, *inputs)
+    ran_kernels(t, device)
     case.check(got, want)
