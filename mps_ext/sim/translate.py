@@ -878,7 +878,7 @@ class _Translator:
         for k in range(body + 1, last):
             s = self.text(k)
             depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(s, 0)
-            if depth == 0 and s in (";", "{", "}"):
+            if depth == 0 and s in (";", "}"):  # the end of a statement of the body itself
                 words = [self.text(j) for j in range(start, min(start + 2, k))]
                 if s == ";" and "constexpr" in words:
                     locals_.append(" ".join(self.text(j) for j in range(start, k + 1)))
