@@ -86,7 +86,7 @@ struct Gate {
 // blocks on the stream's queue, which serializes them.
 struct StreamState {
   std::vector<Gate> gates;
-  id<MTLCommandBuffer> watched = nil;  // retained: the last buffer whose completion reports its errors
+  id<MTLCommandBuffer> watched = nil;  // retained: the last buffer whose completion is reported
   std::atomic<int64_t> outstanding{0};  // watched buffers not yet completed
 #if !MPS_EXT_TORCH_AT_LEAST(15)
   std::mutex mu;
@@ -147,8 +147,8 @@ void hold_until_completed(MPSStream* stream, id object) {
 }
 
 // Inside a block on stream->queue(): the current command buffer, which holds
-// work of ours, reports its completion and its failure to the stream (once
-// per buffer).
+// work of ours, reports its completion and its failure (record_failure) to
+// the stream (once per buffer).
 void watch(MPSStream* stream) {
   StreamState& state = state_of(stream);
   id<MTLCommandBuffer> buffer = underlying(stream);
