@@ -193,7 +193,9 @@ struct Bind {
 // The function a GPU thread runs; `site` is the kernel's definition.
 template <auto Kernel, class B, const Site* site>
 void entry(const ThreadCtx* c) {
-  half_subnormals_flushed = c->dispatch->flush_half_subnormals;
+  const bool flush = c->dispatch->flush_half_subnormals;
+  if (__atomic_load_n(&half_subnormals_flushed, __ATOMIC_RELAXED) != flush)
+    __atomic_store_n(&half_subnormals_flushed, flush, __ATOMIC_RELAXED);
   B::call(Kernel, c, *site);
 }
 

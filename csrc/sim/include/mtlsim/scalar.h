@@ -38,8 +38,11 @@ typedef unsigned long ulong;
 
 #ifndef __CUDACC__
 namespace mtlsim {
-// Set for the GPU threads of a dispatch from DispatchView::flush_half_subnormals.
-inline thread_local bool half_subnormals_flushed = false;
+// DispatchView::flush_half_subnormals of the dispatches running, copied by
+// their GPU threads (the setting is process-wide), read and written with
+// relaxed atomic builtins (<atomic> here would change which abs kernels
+// call). Not thread-local: that would double the cost of a half conversion.
+inline bool half_subnormals_flushed = false;
 }  // namespace mtlsim
 #endif
 
@@ -121,7 +124,8 @@ template <class T> MTLSIM_HD constexpr uint16_t float_to_bfloat16(T v) {
 // A subnormal half as the zero of its sign where the dispatch flushes them.
 MTLSIM_HD constexpr uint16_t flushed_binary16(uint16_t h) {
 #ifndef __CUDACC__
-  if (!__builtin_is_constant_evaluated() && mtlsim::half_subnormals_flushed && (h & 0x7C00) == 0)
+  if ((h & 0x7C00) == 0 && !__builtin_is_constant_evaluated() &&
+      __atomic_load_n(&mtlsim::half_subnormals_flushed, __ATOMIC_RELAXED))
     return uint16_t(h & 0x8000);
 #endif
   return h;
