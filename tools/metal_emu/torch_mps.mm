@@ -107,6 +107,7 @@ void MPSStream::synchronize(SyncType syncType) {
 
 void MPSStream::commit() {
   if (_enableCommitAndContinue) {
+    commandBuffer();
     commitAndContinue();
   } else {
     flush();
@@ -132,7 +133,8 @@ void MPSStream::commitAndWait() {
 }
 
 void MPSStream::commitAndContinue() {
-  [commandBuffer() commitAndContinue];
+  TORCH_INTERNAL_ASSERT(_commandBuffer);
+  [_commandBuffer commitAndContinue];
 #if MPS_EXT_TORCH_AT_LEAST(15)
   addErrorHandler();  // on the new underlying buffer
 #endif
