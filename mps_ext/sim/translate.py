@@ -463,13 +463,13 @@ class _Translator:
                 stmt_start = i
                 continue
             i += 1
-        for kernel in self.kernel_bodies:
-            if kernel.get("sized"):
-                self.threadgroup_sizer(kernel)
         self.member_address_spaces()
         self.array_parameters()
         self.constant_objects()
         self.rewrite_tokens()
+        for kernel in self.kernel_bodies:
+            if kernel.get("sized"):
+                self.threadgroup_sizer(kernel)
 
     def starts_statement(self, i: int) -> bool:
         """Whether token i begins a statement (possibly after an attribute)."""
@@ -517,7 +517,7 @@ class _Translator:
             # Qualified, so no function that `using namespace metal` brings in can make it ambiguous.
             "name": "::" + "::".join([*_namespaces(scopes), name]), "binders": binders, "at": name_at,
             "max_threads": "".join(t.text for t in limit) if limit else "0",
-            "header": " ".join(t.text for t in self.t[start:self.matching_angle(start + 1) + 1]) if templated else "",
+            "header": (start, self.matching_angle(start + 1) + 1) if templated else (start, start),
             "threadgroup": [],  # type-ids of its threadgroup variables
         }
         if self.text(body) == ";":
@@ -868,25 +868,37 @@ class _Translator:
         self.replace(i, self.code(" ".join(src), i))
         return end + 1
 
+    def translated(self, start: int, stop: int) -> str:
+        """Tokens start..stop as the translation emits them (after every rewrite)."""
+        return " ".join(t.text for k in range(start, stop) for t in (self.out[k] if self.out[k] is not None
+                                                                       else [self.t[k]]))
+
     def threadgroup_sizer(self, kernel: dict) -> None:
         """After a kernel's body: a constexpr function of its template parameters that gives the bytes of
         threadgroup memory its variables take, as Metal's staticThreadgroupMemoryLength does. The
-        ``constexpr`` locals declared before them come along, since array sizes may use them."""
+        ``constexpr`` locals declared before them come along, since array sizes may use them; a size that
+        uses another local (``const uint n = 64;``) is not computed (0). Emitted after every rewrite, from
+        the header and locals as translated."""
         body, end = kernel["body"]
         last = max((at for at, _ in kernel["threadgroup"]), default=body)
-        locals_, depth, start = [], 0, body + 1
+        locals_, others, depth, start = [], set(), 0, body + 1
         for k in range(body + 1, last):
             s = self.text(k)
             depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(s, 0)
             if depth == 0 and s in (";", "}"):  # the end of a statement of the body itself
                 words = [self.text(j) for j in range(start, min(start + 2, k))]
                 if s == ";" and "constexpr" in words:
-                    locals_.append(" ".join(self.text(j) for j in range(start, k + 1)))
+                    locals_.append(self.translated(start, k + 1))
+                elif s == ";":  # the name it declares (or assigns), if any: before its first '=', '[' or '('
+                    stop = next((j for j in range(start, k) if self.text(j) in ("=", "[", "(")), k)
+                    others.add(self.text(stop - 1))
                 start = k + 1
+        used = {w for _, t in kernel["threadgroup"] for w in re.findall(r"[A-Za-z_]\w*", t)}
         sizes = ", ".join(f"{{sizeof(threadgroup {t}), alignof(threadgroup {t})}}" for _, t in kernel["threadgroup"])
+        bytes_ = "0" if used & others else f"::mtlsim::threadgroup_bytes({{{sizes}}})"
         name = kernel["sizer"].split("::")[-1]
-        src = (f"{kernel['header']} constexpr uint32_t {name}() {{ {' '.join(locals_)} "
-               f"return ::mtlsim::threadgroup_bytes({{{sizes}}}); }}")
+        src = (f"{self.translated(*kernel['header'])} constexpr uint32_t {name}() {{ "
+               f"{'' if bytes_ == '0' else ' '.join(locals_)} return {bytes_}; }}")
         # Right after the '}', before the entry a kernel that is not a template has there, which uses it.
         kept = self.out[end] if self.out[end] is not None else [self.t[end]]
         self.out[end] = kept[:1] + self.code(src, end) + kept[1:]

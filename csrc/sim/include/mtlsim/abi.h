@@ -126,7 +126,8 @@ struct KernelInfo {
   uint32_t num_args;
   const KernelArg* args;
   // Bytes of its threadgroup variables, as Metal's staticThreadgroupMemoryLength
-  // (0 for instantiations with deduced template arguments: not computed).
+  // (0 where not computed: instantiations with deduced template arguments, sizes
+  // that use a local other than a constexpr one).
   uint32_t threadgroup_memory;
 };
 
