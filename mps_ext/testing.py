@@ -260,3 +260,25 @@ def mps_usable() -> tuple[bool, str]:
     if got != 4096 * 4095:
         return False, f"MPS is reported but computes wrong results ({got} != {4096 * 4095})"
     return True, "usable"
+
+
+def assert_fp8_linear_decodes_every_e4m3_code(device: str):
+    """Checks that ``fp8_linear`` on ``device`` decodes every e4m3fn code as torch does, subnormal codes included
+    and NaN codes to NaN, through its kernel: row i of the weight holds code i in its first column, which x picks
+    out, so output i is code i's value."""
+    import mps_ext
+    from mps_ext import fp8
+
+    codes = torch.zeros(256, 32, dtype=torch.uint8)
+    codes[:, 0] = torch.arange(256, dtype=torch.uint8)
+    want = codes[:, 0].view(torch.float8_e4m3fn).float()
+    x = torch.zeros(1, 32)
+    x[0, 0] = 1.0
+    weight = codes.view(fp8.storage_dtype(device)).to(device)
+    with mps_ext.trace() as t:
+        got = mps_ext.fp8_linear(x.to(device), weight, torch.tensor(1.0, device=device)).cpu()[0]
+    backend = "metal" if torch.device(device).type == "mps" else "sim"
+    assert [(k.name, k.backend) for k in t.kernels] == [("fp8_linear_gemv_m1_float", backend)]
+    finite = ~want.isnan()
+    assert torch.equal(got[finite], want[finite])  # -0's row too: a dot product's sum starts at +0
+    assert got[~finite].isnan().all()

@@ -65,6 +65,22 @@ def test_fast_decode_all_256_codes(codec):
     assert torch.equal(subnormals == 0x80, ((words & 0x78) == 0) & ((words & 0x07) != 0))
 
 
+def test_a_gpu_that_flushes_half_denormals_loses_only_the_half_decodes_subnormal_codes(codec):
+    want = ALL_CODES.view(F8).float().view(64, 4)
+    codes = ALL_CODES.view(64, 4)
+    subnormal = ((codes & 0x78) == 0) & ((codes & 0x07) != 0)
+    with mps_ext.sim.flush_half_subnormals():
+        out, out_half, _, _ = decode_fast(codec, codes)
+    nan = want.isnan()
+    assert torch.equal(out[~nan], want[~nan]) and torch.equal(out.signbit()[~nan], want.signbit()[~nan])
+    # Through halves, each subnormal code becomes the zero of its sign; every other code stays exact.
+    assert torch.equal(out_half[subnormal], torch.zeros(14)) and torch.equal(out_half.signbit(), want.signbit())
+    exact = ~nan & ~subnormal
+    assert torch.equal(out_half[exact], want[exact])
+    _, out_half, _, _ = decode_fast(codec, codes)  # the setting ends with the block
+    assert torch.equal(out_half[subnormal], want[subnormal])
+
+
 def encode_cases() -> torch.Tensor:
     finite = ALL_CODES.view(F8).float()
     finite = finite[~finite.isnan()].double().unique()

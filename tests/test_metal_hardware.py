@@ -5,28 +5,15 @@ import pytest
 import torch
 
 import mps_ext
-from mps_ext import fp8
-from mps_ext.testing import assert_close, mps_usable
+from mps_ext.testing import assert_close, assert_fp8_linear_decodes_every_e4m3_code, mps_usable
 
 usable, why = mps_usable()
 pytestmark = pytest.mark.skipif(not usable, reason=why)
 
 
 def test_every_e4m3_code_through_the_fp8_gemv():
-    # Row i of the weight holds code i in its first column: y[i] is its decoding,
-    # subnormal codes included, whatever the GPU does with denormals.
-    codes = torch.zeros(256, 32, dtype=torch.uint8)
-    codes[:, 0] = torch.arange(256, dtype=torch.uint8)
-    want = codes[:, 0].view(torch.float8_e4m3fn).float()
-    x = torch.zeros(1, 32)
-    x[0, 0] = 1.0
-    weight = codes.view(fp8.storage_dtype("mps")).to("mps")
-    with mps_ext.trace() as t:
-        got = mps_ext.fp8_linear(x.to("mps"), weight, torch.tensor(1.0, device="mps")).cpu()[0]
-    assert t.kernels and {k.backend for k in t.kernels} == {"metal"}
-    finite = ~want.isnan()
-    assert torch.equal(got[finite], want[finite])
-    assert got[~finite].isnan().all()
+    # Subnormal codes included, whatever the GPU does with half denormals.
+    assert_fp8_linear_decodes_every_e4m3_code("mps")
 
 
 def test_a_wait_holds_work_committed_after_it():

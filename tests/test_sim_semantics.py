@@ -85,8 +85,8 @@ kernel void attrs(device uint* out [[buffer(0)]], uint2 gid [[thread_position_in
                   uint2 tpt [[threads_per_threadgroup]], uint2 dtpt [[dispatch_threads_per_threadgroup]],
                   uint2 groups [[threadgroups_per_grid]], uint2 grid [[threads_per_grid]],
                   uint index [[thread_index_in_threadgroup]], ushort lane [[thread_index_in_simdgroup]],
-                  ushort sg [[simdgroup_index_in_threadgroup]], uint sgs [[simdgroups_per_threadgroup]],
-                  uint width [[threads_per_simdgroup]], uint quad_lane [[thread_index_in_quadgroup]]) {
+                  ushort sg [[simdgroup_index_in_threadgroup]], ushort sgs [[simdgroups_per_threadgroup]],
+                  ushort width [[threads_per_simdgroup]], uint quad_lane [[thread_index_in_quadgroup]]) {
   device uint* o = out + (gid.y * grid.x + gid.x) * 16;
   const uint v[16] = {gid.x, gid.y, tid.x, tid.y, group.x, group.y, tpt.x, tpt.y, dtpt.x, dtpt.y,
                       groups.x, groups.y, index, uint(lane) | uint(sg) << 8, sgs, width | quad_lane << 8};

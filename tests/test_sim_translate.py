@@ -69,6 +69,30 @@ template [[host_name("add_int_x3")]] [[kernel]] decltype(unary<int, Add, 3>) una
     assert yi.tolist() == list(range(5))
 
 
+def test_static_threadgroup_memory_length_as_metal_counts_it(shader):
+    # Each variable at its alignment, in declaration order, the total rounded up to 16 bytes; array sizes may
+    # use template parameters and the kernel's constexpr locals.
+    lib = shader(HEADER + """
+template <typename T, uint N>
+kernel void k(device T* y [[buffer(0)]], uint i [[thread_index_in_threadgroup]]) {
+  constexpr uint M = N * 2;
+  threadgroup char c[3];
+  threadgroup T a[M], b;
+  c[i % 3] = 1;
+  a[i % M] = y[i];
+  b = y[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  y[i] = a[(i + 1) % M] + b + T(c[0]);
+}
+template [[host_name("k_float4_8")]] kernel void k<float4, 8>(device float4*, uint);
+template [[host_name("k_half_1")]] kernel void k<half, 1>(device half*, uint);
+kernel void none(device float* y [[buffer(0)]], uint i [[thread_position_in_grid]]) { y[i] = 0; }""",
+                 name="threadgroup_sizes")
+    assert lib.k_float4_8.static_thread_group_memory_length == 16 + 16 * 16 + 16  # c padded to a's 16 bytes
+    assert lib.k_half_1.static_thread_group_memory_length == 16  # 3 + 1 + 2 * 2 + 2 = 10
+    assert lib.none.static_thread_group_memory_length == 0
+
+
 def test_implicit_buffer_indices_follow_metal(shader):
     # Unattributed buffers take the lowest free index, in order, as Metal assigns them.
     lib = shader(HEADER + """

@@ -2,7 +2,6 @@
 
 #include <ATen/mps/MPSDevice.h>
 #include <ATen/mps/MPSEvent.h>
-#include <torch/headeronly/version.h>
 
 #include <array>
 #include <atomic>
@@ -11,10 +10,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "metal/torch_version.h"
 #include "wait.h"
-
-#define MPS_EXT_TORCH_AT_LEAST(minor) \
-  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= (minor)))
 
 namespace mps_ext::metal_streams {
 
@@ -74,11 +71,6 @@ MPSStream* by_id(int64_t stream_id) {
 
 #endif
 
-std::string describe(id<MTLCommandBuffer> buffer) {
-  NSError* error = buffer.error;
-  return error ? std::string(error.localizedDescription.UTF8String) : std::string("no details");
-}
-
 // Work on a stream waits for (event, value) from the gate on. A wait gates
 // only later work of the command buffer it is encoded into, and torch commits
 // a stream's buffer and goes on in a new one at its sync points: the wait is
@@ -94,10 +86,12 @@ struct Gate {
 // blocks on the stream's queue, which serializes them.
 struct StreamState {
   std::vector<Gate> gates;
-  id<MTLCommandBuffer> watched = nil;  // retained: the last buffer whose completion reports its errors
+  id<MTLCommandBuffer> watched = nil;  // retained: the last buffer whose completion is reported
   std::atomic<int64_t> outstanding{0};  // watched buffers not yet completed
+#if !MPS_EXT_TORCH_AT_LEAST(15)
   std::mutex mu;
   std::string error;  // guarded by mu: the first GPU error not yet raised
+#endif
 };
 
 // Streams live as long as the process, and so do their states.
@@ -108,6 +102,38 @@ StreamState& state_of(MPSStream* stream) {
   if (!state) state = new StreamState;
   return *state;
 }
+
+#if MPS_EXT_TORCH_AT_LEAST(15)
+
+// Torch keeps the first failure of a stream's command buffers since 2.15 and
+// rethrows it at its next sync (checkLastError): raised from there, a failure
+// is raised once, by whichever sync comes first.
+void record_failure(StreamState&, id<MTLCommandBuffer>) {}
+void raise_error(MPSStream* stream) { stream->checkLastError(); }
+
+#else
+
+// Torch reads no command buffer's status: the stream keeps its first failure.
+void record_failure(StreamState& state, id<MTLCommandBuffer> done) {
+  if (done.status != MTLCommandBufferStatusError) return;
+  NSError* error = done.error;
+  std::lock_guard<std::mutex> lock(state.mu);
+  if (state.error.empty())
+    state.error = error ? std::string(error.localizedDescription.UTF8String) : std::string("no details");
+}
+
+// Raises the stream's first GPU error not yet raised.
+void raise_error(MPSStream* stream) {
+  StreamState& state = state_of(stream);
+  std::string error;
+  {
+    std::lock_guard<std::mutex> lock(state.mu);
+    error.swap(state.error);
+  }
+  TORCH_CHECK(error.empty(), "mps_ext: a command buffer failed on the GPU: ", error);
+}
+
+#endif
 
 id<MTLCommandBuffer> underlying(MPSStream* stream) { return stream->commandBuffer().commandBuffer; }
 
@@ -121,8 +147,8 @@ void hold_until_completed(MPSStream* stream, id object) {
 }
 
 // Inside a block on stream->queue(): the current command buffer, which holds
-// work of ours, reports its completion and its failure to the stream (once
-// per buffer).
+// work of ours, reports its completion and its failure (record_failure) to
+// the stream (once per buffer).
 void watch(MPSStream* stream) {
   StreamState& state = state_of(stream);
   id<MTLCommandBuffer> buffer = underlying(stream);
@@ -132,10 +158,7 @@ void watch(MPSStream* stream) {
   StreamState* s = &state;
   ++s->outstanding;
   [stream->commandBuffer() addCompletedHandler:^(id<MTLCommandBuffer> done) {
-    if (done.status == MTLCommandBufferStatusError) {
-      std::lock_guard<std::mutex> lock(s->mu);
-      if (s->error.empty()) s->error = describe(done);
-    }
+    record_failure(*s, done);
     --s->outstanding;
   }];
 }
@@ -162,17 +185,6 @@ void apply_gates(MPSStream* stream) {
     open.push_back(gate);
   }
   state.gates.swap(open);
-}
-
-// Raises the stream's first GPU error not yet raised.
-void raise_error(MPSStream* stream) {
-  StreamState& state = state_of(stream);
-  std::string error;
-  {
-    std::lock_guard<std::mutex> lock(state.mu);
-    error.swap(state.error);
-  }
-  TORCH_CHECK(error.empty(), "mps_ext: a command buffer failed on the GPU: ", error);
 }
 
 // Where an event's signals have got to, updated by command buffer completion
@@ -307,8 +319,8 @@ void synchronize(int64_t stream_id) {
   MPSStream* stream = by_id(stream_id);
   // torch's wait below cannot be interrupted: wait for a signal after the
   // work so far first, where Ctrl-C can stop the wait; torch's then returns
-  // at once. Torch reads no command buffer's status before 2.15: the failures
-  // the stream's buffers reported are raised here.
+  // at once. The first failure of the stream's buffers not yet raised is
+  // raised here (raise_error: torch's record from 2.15, ours before).
   MetalEvent done(at::mps::MPSDevice::getInstance()->device());
   done.record(stream_id);
   done.synchronize();

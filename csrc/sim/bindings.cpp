@@ -4,6 +4,7 @@
 #include <torch/extension.h>
 
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gpu_fill.h"
@@ -104,9 +105,11 @@ void register_sim_bindings(py::module_& m) {
   m.def("_sim_load_module", &mtlsim::load_module, py::return_value_policy::reference, py::arg("path"),
         py::call_guard<py::gil_scoped_release>());
   m.def("_sim_kernels", [](const mtlsim::Module& module) {
-    std::vector<std::pair<std::string, uint32_t>> out;
-    for (uint32_t i = 0; i < module.info->num_kernels; ++i)
-      out.emplace_back(module.info->kernels[i].host_name, module.info->kernels[i].max_total_threads_per_threadgroup);
+    std::vector<std::tuple<std::string, uint32_t, uint32_t>> out;
+    for (uint32_t i = 0; i < module.info->num_kernels; ++i) {
+      const mtlsim::KernelInfo& k = module.info->kernels[i];
+      out.emplace_back(k.host_name, k.max_total_threads_per_threadgroup, k.threadgroup_memory);
+    }
     return out;
   });
   m.def("_sim_dispatch", &dispatch);
@@ -120,6 +123,7 @@ void register_sim_bindings(py::module_& m) {
   });
   m.def("_sim_push_checked", &mtlsim::push_checked, py::arg("compare_schedules"), py::arg("timeout"));
   m.def("_sim_pop_checked", &mtlsim::pop_checked, py::arg("token"));
+  m.def("_sim_set_flush_half_subnormals", &mtlsim::set_flush_half_subnormals, py::arg("flush"));
   m.def("_sim_gpu_cores", &mps_ext::sim_gpu_cores);
   m.def("_sim_set_gpu_cores", &mps_ext::set_sim_gpu_cores, py::arg("cores"));
   m.def("_apple_gpu_cores_of_architecture", &mps_ext::cores_of_architecture, py::arg("name"));

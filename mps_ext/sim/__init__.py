@@ -29,7 +29,7 @@ from .compiler import CompileError
 
 __all__ = [
     "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
-    "compile_file", "dispatch", "gpu_cores",
+    "compile_file", "dispatch", "flush_half_subnormals", "gpu_cores",
 ]
 
 SimulatorError = _C.SimulatorError
@@ -77,6 +77,24 @@ def checked(compare_schedules: bool = True, timeout: float | None = None):
         yield
     finally:
         _C._sim_pop_checked(token)
+
+
+@contextlib.contextmanager
+def flush_half_subnormals():
+    """Run every kernel dispatched inside the block on a GPU that flushes half denormals.
+
+    MSL leaves it to the GPU whether a half subnormal survives: inside the
+    block the simulator reads and writes every subnormal half value (a
+    conversion's result, a bit pattern reinterpreted as half) as the zero of
+    its sign, so a kernel whose results depend on half subnormals shows it.
+    Float subnormals are kept. The setting is process-wide (every stream and
+    thread); the previous one comes back at the end.
+    """
+    previous = _C._sim_set_flush_half_subnormals(True)
+    try:
+        yield
+    finally:
+        _C._sim_set_flush_half_subnormals(previous)
 
 
 @contextlib.contextmanager
@@ -165,11 +183,14 @@ class Kernel:
 
     max_threads_per_threadgroup: int
     thread_execution_width = THREAD_EXECUTION_WIDTH
+    # Bytes of threadgroup memory its threadgroup variables take (Metal's staticThreadgroupMemoryLength).
+    static_thread_group_memory_length: int
 
-    def __init__(self, library: Library, name: str, max_threads: int):
+    def __init__(self, library: Library, name: str, max_threads: int, threadgroup_memory: int):
         self._library = library
         self.name = name
         self.max_threads_per_threadgroup = max_threads or MAX_THREADS_PER_THREADGROUP
+        self.static_thread_group_memory_length = threadgroup_memory
 
     def __repr__(self) -> str:
         return f"<mps_ext.sim.Kernel {self.name!r}>"
@@ -234,7 +255,7 @@ class Library:
 
     def __init__(self, path):
         self._handle = _C._sim_load_module(str(path))
-        self._kernels = {name: Kernel(self, name, limit) for name, limit in _C._sim_kernels(self._handle)}
+        self._kernels = {name: Kernel(self, name, *info) for name, *info in _C._sim_kernels(self._handle)}
         self.path = path
 
     def __getattr__(self, name: str) -> Kernel:

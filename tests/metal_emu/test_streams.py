@@ -23,10 +23,10 @@ def assert_softmax(got, x):
 def test_a_kernel_on_a_stream_sees_torchs_work_before_it(emu):
     x = rows()
     gpu = x.to("mps")
-    gpu.select(1, 0).fill_(30.0)  # torch's own work, on torch's default stream
     x.select(1, 0).fill_(30.0)
     s = mps_ext.Stream("mps")
     with mps_ext.trace() as t, mps_ext.stream(s):
+        gpu.select(1, 0).fill_(30.0)  # torch's own work: on torch 2.13 on its default stream, else on s
         y = mps_ext.softmax(gpu, -1)
     s.synchronize()
     assert [k.backend for k in t.kernels] == ["metal"]

@@ -10,7 +10,12 @@
 // A command buffer retains the buffers its passes bind, not the events it
 // signals or waits for: one released before the GPU reached it fails the
 // buffer. Opening an encoder, signalling, waiting or committing while an
-// encoder is still encoding aborts, as Metal's validation does.
+// encoder is still encoding aborts, as Metal's validation does. The device
+// has Apple silicon's limits (32 KiB of threadgroup memory, 1024 threads per
+// threadgroup); a pipeline reports the threadgroup memory its kernel declares
+// (as the translator sizes it) and the threads its kernel's attribute allows,
+// and a dispatch whose pipeline needs more threadgroup memory than the device
+// has fails its command buffer.
 #import "emu.h"
 
 #include <Block.h>
@@ -19,6 +24,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -38,6 +44,18 @@ std::string fail_next;  // guarded by gpu_mu
 std::atomic<int64_t> released_uses{0};
 
 constexpr auto kLaunchLatency = std::chrono::microseconds(500);
+
+// The threadgroup memory Metal's shader validation adds to every pipeline
+// (MPS_EXT_METAL_EMU_VALIDATION_THREADGROUP_BYTES, read once; default 0: no
+// validation), which a pipeline that declares all of the device's leaves no
+// room for.
+NSUInteger validation_threadgroup_bytes() {
+  static const NSUInteger bytes = [] {
+    const char* value = std::getenv("MPS_EXT_METAL_EMU_VALIDATION_THREADGROUP_BYTES");
+    return value ? NSUInteger(std::strtoul(value, nullptr, 10)) : NSUInteger(0);
+  }();
+  return bytes;
+}
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -138,9 +156,9 @@ bool done(const BufferState& s) { return s.status >= MTLCommandBufferStatusCompl
   return kernel_->max_total_threads_per_threadgroup ? kernel_->max_total_threads_per_threadgroup
                                                     : mtlsim::kMaxThreadsPerThreadgroup;
 }
-// The simulator sizes threadgroup memory when a kernel runs, not before.
+// What the kernel's threadgroup variables take, plus what shader validation adds.
 - (NSUInteger)staticThreadgroupMemoryLength {
-  return 0;
+  return kernel_->threadgroup_memory + validation_threadgroup_bytes();
 }
 @end
 
@@ -254,12 +272,17 @@ bool done(const BufferState& s) { return s.status >= MTLCommandBufferStatusCompl
   }
   std::vector<NSUInteger> offsets(offsets_, offsets_ + mtlsim::kMaxBufferSlots);
   std::vector<id<MTLBuffer>> slots(buffers_, buffers_ + mtlsim::kMaxBufferSlots);
-  emu::encode(buffer_, [launch, bytes, slots, offsets, retained]() mutable {
+  const NSUInteger threadgroup_memory = pipeline_.staticThreadgroupMemoryLength;
+  emu::encode(buffer_, [launch, bytes, slots, offsets, retained, threadgroup_memory]() mutable {
     std::string error;
     {
       std::lock_guard<std::mutex> lock(gpu_mu);
       error.swap(fail_next);
     }
+    if (threadgroup_memory > emu::device().maxThreadgroupMemoryLength)
+      error = "kernel '" + std::string(launch.kernel->host_name) + "' needs " + std::to_string(threadgroup_memory) +
+              " bytes of threadgroup memory; the GPU has " +
+              std::to_string(emu::device().maxThreadgroupMemoryLength);
     for (uint32_t i = 0; i < mtlsim::kMaxBufferSlots; ++i) {
       if (slots[i]) {
         char* base = static_cast<char*>([slots[i] contents]);

@@ -1,11 +1,17 @@
-// The emulated torch MPS runtime: what torch 2.13's libtorch_cpu does on a
-// Mac for the symbols csrc/metal uses (MPSDevice, MPSStream as torch 2.13's
-// MPSStream.mm implements it, dispatch_sync_with_rethrow), and the mps device
-// itself: tensors whose storage is an MTLBuffer, and torch's ops on them.
-// Torch's copies and fills go to the default stream's command buffer without
-// a commit, as torch's do, so they run later, on the GPU; a copy to the host
-// commits and waits first. Every other op runs on the CPU after the default
-// stream has run (torch's CPU fallback).
+// The emulated torch MPS runtime: what libtorch_cpu does on a Mac for the
+// symbols csrc/metal uses (MPSDevice, MPSStream, dispatch_sync_with_rethrow),
+// as torch 2.13's MPSStream.mm implements them, with what the headers of 2.14
+// and 2.15 add where the build is for those (build.py: their ATen/mps headers):
+// - 2.14: a per-thread current stream (setCurrentMPSStream) and a pool of 32
+//   streams (getStreamFromPool), ids 1 to 32, made on first use;
+// - 2.15: getStreamByID; every command buffer reports its failure to its
+//   stream (addErrorHandler) and the next commitAndWait rethrows the first
+//   (checkLastError), as the 2.15 header describes them.
+// And the mps device itself: tensors whose storage is an MTLBuffer, and
+// torch's ops on them. Torch's copies and fills go to the current stream's
+// command buffer without a commit, as torch's do, so they run later, on the
+// GPU; a copy to the host commits and waits first. Every other op runs on the
+// CPU after the current stream has run (torch's CPU fallback).
 #import "emu.h"
 
 #include <ATen/EmptyTensor.h>
@@ -21,12 +27,16 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/library.h>
 
+#include <array>
+#include <atomic>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <optional>
 
 #include "backend.h"
 #include "hooks.h"
+#include "metal/torch_version.h"
 
 namespace at::mps {
 
@@ -55,7 +65,12 @@ MPSStream::~MPSStream() {
 }
 
 MPSCommandBuffer* MPSStream::commandBuffer() {
-  if (!_commandBuffer) _commandBuffer = [MPSCommandBuffer commandBufferFromCommandQueue:_commandQueue].retain;
+  if (!_commandBuffer) {
+    _commandBuffer = [MPSCommandBuffer commandBufferFromCommandQueue:_commandQueue].retain;
+#if MPS_EXT_TORCH_AT_LEAST(15)
+    addErrorHandler();
+#endif
+  }
   return _commandBuffer;
 }
 
@@ -92,13 +107,14 @@ void MPSStream::synchronize(SyncType syncType) {
 
 void MPSStream::commit() {
   if (_enableCommitAndContinue) {
-    [commandBuffer() commitAndContinue];
+    commandBuffer();
+    commitAndContinue();
   } else {
     flush();
   }
 }
 
-// As torch 2.13's: neither the status nor the error of the buffers is read.
+// Torch 2.13 and 2.14 read neither the status nor the error of the buffers.
 void MPSStream::commitAndWait() {
   if (_prevCommandBuffer) {
     [_prevCommandBuffer waitUntilCompleted];
@@ -111,12 +127,42 @@ void MPSStream::commitAndWait() {
     [_commandBuffer release];
     _commandBuffer = nil;
   }
+#if MPS_EXT_TORCH_AT_LEAST(15)
+  checkLastError();
+#endif
 }
 
 void MPSStream::commitAndContinue() {
   TORCH_INTERNAL_ASSERT(_commandBuffer);
   [_commandBuffer commitAndContinue];
+#if MPS_EXT_TORCH_AT_LEAST(15)
+  addErrorHandler();  // on the new underlying buffer
+#endif
 }
+
+#if MPS_EXT_TORCH_AT_LEAST(15)
+void MPSStream::addErrorHandler() {
+  MPSStream* stream = this;
+  [_commandBuffer addCompletedHandler:^(id<MTLCommandBuffer> buffer) {
+    if (buffer.status == MTLCommandBufferStatusError)
+      stream->recordCommandBufferError({false, 0, buffer.error.localizedDescription.UTF8String});
+  }];
+}
+
+void MPSStream::recordCommandBufferError(CommandBufferError error) {
+  std::lock_guard<std::mutex> lock(_commandBufferErrorMutex);
+  if (!_commandBufferError) _commandBufferError = std::move(error);
+}
+
+void MPSStream::checkLastError() {
+  std::optional<CommandBufferError> error;
+  {
+    std::lock_guard<std::mutex> lock(_commandBufferErrorMutex);
+    error.swap(_commandBufferError);
+  }
+  TORCH_CHECK(!error, "Command buffer execution failed: ", error->message);
+}
+#endif
 
 void MPSStream::flush() {
   if (_commandBuffer) {
@@ -136,7 +182,40 @@ MPSStream* getDefaultMPSStream() {
   return stream;
 }
 
+#if MPS_EXT_TORCH_AT_LEAST(14)
+namespace {
+thread_local MPSStream* current_stream = nullptr;
+constexpr int64_t kPoolSize = 32;
+
+MPSStream* pool_stream(int64_t id) {
+  static std::mutex mu;
+  static std::array<MPSStream*, kPoolSize> pool{};  // live as long as the process, as torch's
+  std::lock_guard<std::mutex> lock(mu);
+  MPSStream*& stream = pool[id - 1];
+  if (!stream) stream = new MPSStream(c10::Stream(c10::Stream::UNSAFE, c10::Device(c10::DeviceType::MPS, 0), id));
+  return stream;
+}
+}  // namespace
+
+MPSStream* getCurrentMPSStream() { return current_stream ? current_stream : getDefaultMPSStream(); }
+
+void setCurrentMPSStream(MPSStream* stream) { current_stream = stream; }
+
+MPSStream* getStreamFromPool() {
+  static std::atomic<int64_t> next{0};
+  return pool_stream(next++ % kPoolSize + 1);
+}
+#else
 MPSStream* getCurrentMPSStream() { return getDefaultMPSStream(); }
+#endif
+
+#if MPS_EXT_TORCH_AT_LEAST(15)
+MPSStream* getStreamByID(int64_t stream_id) {
+  if (stream_id == 0) return getDefaultMPSStream();
+  TORCH_CHECK(stream_id >= 1 && stream_id <= kPoolSize, "Invalid MPS stream id ", stream_id);
+  return pool_stream(stream_id);
+}
+#endif
 
 void dispatch_sync_with_rethrow(dispatch_queue_t queue, void (^block)()) {
   __block std::exception_ptr error;
@@ -154,7 +233,11 @@ std::shared_ptr<MPSEventPool> getMPSEventPool() {
   TORCH_CHECK(false, "metal_emu: torch.mps.Event (torch's event pool) is not emulated");
 }
 
+#if MPS_EXT_TORCH_AT_LEAST(15)
+void MPSEventPool::waitForEvent(id_t, bool, MPSStream*) {
+#else
 void MPSEventPool::waitForEvent(id_t, bool) {
+#endif
   TORCH_CHECK(false, "metal_emu: torch.mps.Event (torch's event pool) is not emulated");
 }
 
@@ -191,9 +274,9 @@ class Allocator final : public c10::Allocator {
 
 Allocator allocator;
 
-// Torch's work on its default stream: encoded now, run when the GPU gets there.
+// Torch's work on its current stream: encoded now, run when the GPU gets there.
 void enqueue(std::function<void()> work) {
-  MPSStream* stream = at::mps::getDefaultMPSStream();
+  MPSStream* stream = at::mps::getCurrentMPSStream();
   emu::Command command = [work]() -> std::string {
     try {
       work();
@@ -208,8 +291,8 @@ void enqueue(std::function<void()> work) {
   });
 }
 
-void wait_default_stream() {
-  MPSStream* stream = at::mps::getDefaultMPSStream();
+void wait_current_stream() {
+  MPSStream* stream = at::mps::getCurrentMPSStream();
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
     stream->synchronize(SyncType::COMMIT_AND_WAIT);
   });
@@ -231,9 +314,9 @@ at::Tensor& mps_copy_(at::Tensor& self, const at::Tensor& src, bool) {
   if (!src.is_mps()) {  // from the host: torch stages it, copies on the stream and waits
     at::Tensor staged = src.clone();
     enqueue([self, staged] { host_view(self).copy_(staged); });
-    wait_default_stream();
+    wait_current_stream();
   } else if (!self.is_mps()) {  // to the host: after the stream's work
-    wait_default_stream();
+    wait_current_stream();
     self.copy_(host_view(src));
   } else {
     enqueue([self, src] { host_view(self).copy_(host_view(src)); });
@@ -248,11 +331,16 @@ at::Tensor& mps_fill_(at::Tensor& self, const at::Scalar& value) {
 
 at::Tensor& mps_zero_(at::Tensor& self) { return mps_fill_(self, 0); }
 
+// Torch 2.15's allocator defers reusing a block until the streams recorded on
+// it have run; the emulated one frees a buffer when its last reference goes,
+// and the GPU references what its commands bind: nothing to defer.
+void mps_record_stream(at::Tensor&, c10::Stream) {}
+
 const at::Tensor& mps_resize_(const at::Tensor& self, c10::IntArrayRef size, std::optional<at::MemoryFormat>) {
   const size_t bytes = at::detail::computeStorageNbytesContiguous(size, self.element_size(), self.storage_offset());
   c10::StorageImpl* storage = self.storage().unsafeGetStorageImpl();
   if (bytes > storage->nbytes()) {
-    wait_default_stream();  // what the old memory holds is final
+    wait_current_stream();  // what the old memory holds is final
     c10::DataPtr grown = allocator.allocate(bytes);
     std::memcpy([__builtin_bit_cast(id<MTLBuffer>, grown.get()) contents], [buffer_of(self) contents],
                 storage->nbytes());
@@ -284,6 +372,7 @@ TORCH_LIBRARY_IMPL(aten, MPS, m) {
   m.impl("copy_", TORCH_FN(mps_copy_));
   m.impl("fill_.Scalar", TORCH_FN(mps_fill_));
   m.impl("zero_", TORCH_FN(mps_zero_));
+  m.impl("record_stream", TORCH_FN(mps_record_stream));
   m.impl("resize_", TORCH_FN(mps_resize_));
   m.impl("_copy_from_and_resize", TORCH_FN(mps_copy_from_and_resize));
   m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));

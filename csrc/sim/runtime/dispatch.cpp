@@ -270,7 +270,7 @@ void validate(const Launch& l) {
   if (groups > (uint64_t(1) << 31)) throw SimError(k + "grid " + str(l.grid) + " has too many threadgroups");
 }
 
-void prepare(Job& job, const GuardedBuffers& guards) {
+void prepare(Job& job, const GuardedBuffers& guards, const Options& options) {
   const Launch& l = job.launch;
   for (uint32_t i = 0; i < kMaxBufferSlots; ++i) {
     job.buffers[i] = l.buffers[i].data ? guards.data(i) : nullptr;
@@ -282,6 +282,7 @@ void prepare(Job& job, const GuardedBuffers& guards) {
   job.view.buffer_sizes = job.sizes.data();
   job.view.dispatch_threads_per_threadgroup = t;
   job.view.dispatch_simdgroups_per_threadgroup = ceil_div(uint32_t(product(t)), kSimdWidth);
+  job.view.flush_half_subnormals = options.flush_half_subnormals;
   if (l.grid_in_threads) {
     job.view.threads_per_grid = l.grid;
     job.view.threadgroups_per_grid = Dim3{ceil_div(l.grid.x, t.x), ceil_div(l.grid.y, t.y), ceil_div(l.grid.z, t.z)};
@@ -372,7 +373,7 @@ Report dispatch(const Launch& l, const Options& options) {
   for (Schedule s : schedules) {
     guards.load();
     Job job(l, s, options.seed);
-    prepare(job, guards);
+    prepare(job, guards, options);
     try {
       append(report.warnings, run(job, options));
     } catch (const SimError& e) {
@@ -416,6 +417,10 @@ void pop_checked(uint64_t token) {
   }
 }
 
+std::atomic<bool> flush_half_subnormals{false};
+
+bool set_flush_half_subnormals(bool flush) { return flush_half_subnormals.exchange(flush); }
+
 Options default_options() {
   static const bool env = [] {
     const char* v = std::getenv("MPS_EXT_SIM_CHECK");
@@ -424,6 +429,7 @@ Options default_options() {
   Options o;
   o.timeout_s = env_timeout();
   o.timeout_source = "MPS_EXT_SIM_TIMEOUT";
+  o.flush_half_subnormals = flush_half_subnormals.load();
   std::lock_guard<std::mutex> lock(checked_mu);
   const CheckedBlock* block = nullptr;
   for (auto it = checked_blocks.rbegin(); it != checked_blocks.rend() && !block; ++it)

@@ -75,6 +75,9 @@ struct Options {
   // where the limit came from, for the error message.
   double timeout_s = 0;
   const char* timeout_source = "";
+  // Half subnormals read and written as zeros, as a GPU that flushes half
+  // denormals does (set_flush_half_subnormals).
+  bool flush_half_subnormals = false;
 };
 
 // The simulator's resource limits, from the environment when the worker pool
@@ -112,5 +115,9 @@ std::exception_ptr poll_interrupt();
 uint64_t push_checked(bool compare_schedules, double timeout_s);
 void pop_checked(uint64_t token);
 Options default_options();
+
+// Whether dispatches from now on flush half subnormals (default_options);
+// returns the previous setting. Off until set.
+bool set_flush_half_subnormals(bool flush);
 
 }  // namespace mtlsim

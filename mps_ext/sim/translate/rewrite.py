@@ -140,7 +140,8 @@ class _Translator:
         self.cursor = 0
         self.out: list[list[_Tok] | None] = [None] * len(tokens)  # replacement per token; None keeps it
         self.kernels: list[Kernel] = []
-        self.glue: list[tuple] = []  # (host name, entry pointer, number, max threads, binders)
+        self.glue: list[tuple] = []  # (host name, entry pointer, number, max threads, binders, threadgroup bytes)
+        self.kernel_bodies: list[dict] = []  # kernel definitions with a body, in source order
         self.defs: dict[tuple[str, ...], list[dict]] = {}  # (namespaces..., name) -> kernel definitions
         self.sites = 0
         self.entries = 0
@@ -298,6 +299,9 @@ class _Translator:
         self.array_parameters()
         self.constant_objects()
         self.rewrite_tokens()
+        for kernel in self.kernel_bodies:
+            if kernel.get("sized"):
+                self.threadgroup_sizer(kernel)
 
     def in_parentheses(self, start: int, i: int) -> bool:
         """Whether token i is inside parentheses opened since token ``start`` (a parameter list)."""
@@ -349,11 +353,16 @@ class _Translator:
             # Qualified, so no function that `using namespace metal` brings in can make it ambiguous.
             "name": "::" + "::".join([*_namespaces(scopes), name]), "binders": binders, "at": name_at,
             "max_threads": "".join(t.text for t in limit) if limit else "0",
+            "header": (start, self.matching_angle(start + 1) + 1) if templated else (start, start),
+            "threadgroup": [],  # type-ids of its threadgroup variables
         }
         if self.text(body) == ";":
             return body + 1  # a declaration; the definition comes later
         if templated and limit:
             self.template_limit(start, definition, self.match(body, "{", "}"), scopes)
+        definition["body"] = (body, self.match(body, "{", "}"))
+        definition["sizer"] = "::".join([*_namespaces(scopes), f"mtlsim_threadgroup_bytes_{len(self.kernel_bodies)}"])
+        self.kernel_bodies.append(definition)
         key = (*_namespaces(scopes), name)
         if key in self.plain_kernels or (key in self.defs and not templated):
             first = self.plain_kernels.get(key) or self.defs[key][0]
@@ -799,14 +808,20 @@ class _Translator:
         src = (f"constexpr ::mtlsim::Site mtlsim_site_{n} = {self.site(definition['at'])}; "
                f"constexpr void (*mtlsim_entry_{n})(const ::mtlsim::ThreadCtx*) = "
                f"&::mtlsim::entry<{function}, ::mtlsim::Bind<{binders}>, &mtlsim_site_{n}>; ")
+        threadgroup = "0"  # deduced template arguments: not computed
         if not function.startswith("static_cast"):
             src = src.replace(f"entry<{function},", f"entry<&{function},")
+            args = function[function.index("<"):] if "<" in function else ""
+            src += f"constexpr uint32_t mtlsim_threadgroup_memory_{n} = {definition['sizer']} {args} (); "
+            threadgroup = "::".join([*_namespaces(scopes), f"mtlsim_threadgroup_memory_{n}"])
+            definition["sized"] = True
         kept = self.out[insert_after] if self.out[insert_after] is not None else [self.t[insert_after]]
         self.out[insert_after] = kept + self.code(src, at)
         qualified = "::".join([*_namespaces(scopes), f"mtlsim_entry_{n}"])
         ref = self.t[definition["at"]]
         self.kernels.append(Kernel(host, ref.file, ref.line))
-        self.glue.append((host, qualified, n, max_threads or definition["max_threads"], definition["binders"]))
+        self.glue.append((host, qualified, n, max_threads or definition["max_threads"], definition["binders"],
+                          threadgroup))
 
     def threadgroup_declaration(self, i: int) -> int:
         """``threadgroup T a[N], b;`` -> references to threadgroup-shared storage."""
@@ -845,11 +860,14 @@ class _Translator:
                 cur.append(k)
         declarators.append(cur)
         src = []
+        kernel = next((d for d in self.kernel_bodies if d["body"][0] < i < d["body"][1]), None)
         for d in declarators:
             name = self.t[d[0]].text
             if any(self.t[k].text == "=" for k in d):
                 self.err(d[0], "threadgroup variables cannot have initializers")
             dims = " ".join(self.t[k].text for k in d[1:])
+            if kernel:
+                kernel["threadgroup"].append((i, f"{type_src} {dims}"))
             # Declared with its own type (not auto), so compiler messages spell it as written.
             src.append(f"threadgroup {type_src} ( & {name} ) {dims} = "
                        f"::mtlsim::threadgroup_var < threadgroup {type_src} {dims} > "
@@ -858,6 +876,41 @@ class _Translator:
         self.drop(i, end + 1)
         self.replace(i, self.code(" ".join(src), i))
         return end + 1
+
+    def translated(self, start: int, stop: int) -> str:
+        """Tokens start..stop as the translation emits them (after every rewrite)."""
+        return " ".join(t.text for k in range(start, stop) for t in (self.out[k] if self.out[k] is not None
+                                                                       else [self.t[k]]))
+
+    def threadgroup_sizer(self, kernel: dict) -> None:
+        """After a kernel's body: a constexpr function of its template parameters that gives the bytes of
+        threadgroup memory its variables take, as Metal's staticThreadgroupMemoryLength does. The
+        ``constexpr`` locals declared before them come along, since array sizes may use them; a size that
+        uses another local (``const uint n = 64;``) is not computed (0). Emitted after every rewrite, from
+        the header and locals as translated."""
+        body, end = kernel["body"]
+        last = max((at for at, _ in kernel["threadgroup"]), default=body)
+        locals_, others, depth, start = [], set(), 0, body + 1
+        for k in range(body + 1, last):
+            s = self.text(k)
+            depth += {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}.get(s, 0)
+            if depth == 0 and s in (";", "}"):  # the end of a statement of the body itself
+                words = [self.text(j) for j in range(start, min(start + 2, k))]
+                if s == ";" and "constexpr" in words:
+                    locals_.append(self.translated(start, k + 1))
+                elif s == ";":  # the name it declares (or assigns), if any: before its first '=', '[' or '('
+                    stop = next((j for j in range(start, k) if self.text(j) in ("=", "[", "(")), k)
+                    others.add(self.text(stop - 1))
+                start = k + 1
+        used = {w for _, t in kernel["threadgroup"] for w in re.findall(r"[A-Za-z_]\w*", t)}
+        sizes = ", ".join(f"{{sizeof(threadgroup {t}), alignof(threadgroup {t})}}" for _, t in kernel["threadgroup"])
+        bytes_ = "0" if used & others else f"::mtlsim::threadgroup_bytes({{{sizes}}})"
+        name = kernel["sizer"].split("::")[-1]
+        src = (f"{self.translated(*kernel['header'])} constexpr uint32_t {name}() {{ "
+               f"{'' if bytes_ == '0' else ' '.join(locals_)} return {bytes_}; }}")
+        # Right after the '}', before the entry a kernel that is not a template has there, which uses it.
+        kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+        self.out[end] = kept[:1] + self.code(src, end) + kept[1:]
 
     # -- member functions qualified with an address space ----------------------------------------
     # MSL qualifies a member function with the address space of the object it is called on
@@ -1213,12 +1266,12 @@ class _Translator:
         if standalone:
             lines.append("namespace {")
         infos = []
-        for host, qualified, n, max_threads, binders in self.glue:
+        for host, qualified, n, max_threads, binders, threadgroup in self.glue:
             args = ", ".join(_kernel_arg(b) for b in binders)
             lines.append(f"constexpr ::mtlsim::KernelArg mtlsim_args_{n}[] = {{{args or '{}'}}};")
             site = self.kernels[len(infos)]
             infos.append(f"{{{_c_string(host)}, {qualified}, {_c_string(site.file)}, {site.line}, "
-                         f"uint32_t({max_threads}), {len(binders)}, mtlsim_args_{n}}}")
+                         f"uint32_t({max_threads}), {len(binders)}, mtlsim_args_{n}, {threadgroup}}}")
         if infos:
             lines.append("const ::mtlsim::KernelInfo mtlsim_kernels[] = {\n  " + ",\n  ".join(infos) + "\n};")
         kernels = "mtlsim_kernels" if infos else "nullptr"

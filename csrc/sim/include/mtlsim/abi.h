@@ -12,7 +12,7 @@
 
 namespace mtlsim {
 
-constexpr uint32_t kAbiVersion = 1;
+constexpr uint32_t kAbiVersion = 2;
 constexpr uint32_t kSimdWidth = 32;
 constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
 constexpr uint32_t kMaxThreadgroupMemory = 32 * 1024;
@@ -40,6 +40,7 @@ struct DispatchView {
   Dim3 threads_per_grid;
   Dim3 dispatch_threads_per_threadgroup;
   uint32_t dispatch_simdgroups_per_threadgroup;
+  uint32_t flush_half_subnormals;  // 1: half subnormals read and written as zeros, as a GPU may
 };
 
 struct ThreadgroupView {
@@ -124,6 +125,10 @@ struct KernelInfo {
   uint32_t max_total_threads_per_threadgroup;  // 0: no [[max_total_threads_per_threadgroup]]
   uint32_t num_args;
   const KernelArg* args;
+  // Bytes of its threadgroup variables, as Metal's staticThreadgroupMemoryLength
+  // (0 where not computed: instantiations with deduced template arguments, sizes
+  // that use a local other than a constexpr one).
+  uint32_t threadgroup_memory;
 };
 
 struct ModuleInfo {

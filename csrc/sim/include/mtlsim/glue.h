@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <initializer_list>
 #include <type_traits>
 
 #include "mtlsim/abi.h"
@@ -42,6 +43,18 @@ inline T& threadgroup_var(uint32_t id, const Site& site) {
   static_assert(std::is_trivially_destructible_v<value_type_t<std::remove_all_extents_t<T>>>,
                 "threadgroup variables are raw memory");
   return *(T*)mtlsim_rt->threadgroup_alloc(id, sizeof(T), alignof(T), &site);
+}
+
+// The bytes of threadgroup memory a kernel's variables take, laid out as the
+// runtime lays them out (each at its alignment) and rounded up to Metal's
+// 16-byte granule: the emulated Metal's staticThreadgroupMemoryLength.
+struct ThreadgroupVariable {
+  size_t size, align;
+};
+constexpr uint32_t threadgroup_bytes(std::initializer_list<ThreadgroupVariable> variables) {
+  size_t total = 0;
+  for (const ThreadgroupVariable& v : variables) total = (total + v.align - 1) / v.align * v.align + v.size;
+  return uint32_t((total + 15) / 16 * 16);
 }
 
 // reinterpret_cast in kernels (the translator routes them here): a pointer
@@ -186,6 +199,9 @@ struct Bind {
 // The function a GPU thread runs; `site` is the kernel's definition.
 template <auto Kernel, class B, const Site* site>
 void entry(const ThreadCtx* c) {
+  const bool flush = c->dispatch->flush_half_subnormals;
+  if (__atomic_load_n(&half_subnormals_flushed, __ATOMIC_RELAXED) != flush)
+    __atomic_store_n(&half_subnormals_flushed, flush, __ATOMIC_RELAXED);
   B::call(Kernel, c, *site);
 }
 

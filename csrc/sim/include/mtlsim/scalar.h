@@ -36,6 +36,16 @@ typedef unsigned short ushort;
 typedef unsigned int uint;
 typedef unsigned long ulong;
 
+#ifndef __CUDACC__
+namespace mtlsim {
+// DispatchView::flush_half_subnormals of the dispatches running, copied by
+// their GPU threads (the setting is process-wide), read and written with
+// relaxed atomic builtins (<atomic> here would change which abs kernels
+// call). Not thread-local: that would double the cost of a half conversion.
+inline bool half_subnormals_flushed = false;
+}  // namespace mtlsim
+#endif
+
 namespace metal {
 
 template <class Format> struct small_float;
@@ -111,11 +121,21 @@ template <class T> MTLSIM_HD constexpr uint16_t float_to_bfloat16(T v) {
   return uint16_t((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
 }
 
-MTLSIM_HD constexpr uint16_t to_bits(binary16, float f) { return float_to_binary16(f); }
-MTLSIM_HD constexpr uint16_t to_bits(binary16, double d) { return float_to_binary16(d); }
-MTLSIM_HD constexpr uint16_t to_bits(binary16, long double d) { return float_to_binary16(d); }
+// A subnormal half as the zero of its sign where the dispatch flushes them.
+MTLSIM_HD constexpr uint16_t flushed_binary16(uint16_t h) {
+#ifndef __CUDACC__
+  if ((h & 0x7C00) == 0 && !__builtin_is_constant_evaluated() &&
+      __atomic_load_n(&mtlsim::half_subnormals_flushed, __ATOMIC_RELAXED))
+    return uint16_t(h & 0x8000);
+#endif
+  return h;
+}
+
+MTLSIM_HD constexpr uint16_t to_bits(binary16, float f) { return flushed_binary16(float_to_binary16(f)); }
+MTLSIM_HD constexpr uint16_t to_bits(binary16, double d) { return flushed_binary16(float_to_binary16(d)); }
+MTLSIM_HD constexpr uint16_t to_bits(binary16, long double d) { return flushed_binary16(float_to_binary16(d)); }
 MTLSIM_HD constexpr uint16_t to_bits(bfloat16, float f) { return float_to_bfloat16(f); }
-MTLSIM_HD constexpr float from_bits(binary16, uint16_t h) { return binary16_to_float(h); }
+MTLSIM_HD constexpr float from_bits(binary16, uint16_t h) { return binary16_to_float(flushed_binary16(h)); }
 MTLSIM_HD constexpr float from_bits(bfloat16, uint16_t b) { return __builtin_bit_cast(float, uint32_t(b) << 16); }
 
 // Result type of a binary operation involving half/bfloat: the 16-bit type

@@ -1,0 +1,50 @@
+"""A Mac's limits on the emulated device and pipelines: 32 KiB of threadgroup
+memory, and a pipeline's staticThreadgroupMemoryLength as its kernel declares
+it plus what shader validation adds (MPS_EXT_METAL_EMU_VALIDATION_THREADGROUP_BYTES,
+read once per process: each case runs in a process of its own)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mps_ext.testing import assert_close
+
+# lu_factor_ex of a complex64 matrix through lu_factor_simd_float2, whose
+# threadgroup memory is exactly 32 KiB.
+FACTOR = """
+import json, sys, torch, emulation
+emulation.load()
+import mps_ext
+with mps_ext.trace() as t:
+    factors = [r.cpu() for r in mps_ext.lu_factor_ex(torch.load(sys.argv[1], weights_only=True).to("mps"))]
+torch.save(factors, sys.argv[2])
+reasons = [r for s in mps_ext.overrides.stats().values() for r in s["reasons"]]
+print(json.dumps({"kernels": [k.name for k in t.kernels], "fallbacks": reasons}))
+"""
+
+
+@pytest.mark.parametrize("validation_bytes, runs", [(0, True), (16, False)])
+def test_a_pipeline_over_the_gpus_threadgroup_memory_is_left_to_torch(tmp_path, validation_bytes, runs):
+    a = torch.randn(40, 40, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    torch.save(a, tmp_path / "a.pt")
+    env = {**os.environ, "MPS_EXT_METAL_EMU_VALIDATION_THREADGROUP_BYTES": str(validation_bytes),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", FACTOR, str(tmp_path / "a.pt"), str(tmp_path / "out.pt")],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    lu, pivots, info = torch.load(tmp_path / "out.pt", weights_only=True)
+    want_lu, want_pivots, _ = torch.linalg.lu_factor_ex(a)
+    assert_close(lu, want_lu, scale=40)
+    assert torch.equal(pivots, want_pivots) and int(info) == 0
+    if runs:
+        assert report == {"kernels": ["lu_factor_simd_float2"], "fallbacks": []}
+    else:
+        assert report["kernels"] == []
+        assert report["fallbacks"] == ["kernel 'lu_factor_simd_float2' needs 32784 bytes of threadgroup memory; "
+                                       "this GPU has 32768"], report
