@@ -26,6 +26,9 @@ DEV = os.environ.get("CUDA_CHECK_DEVICE", "cuda")
 # Metal's argument table, as mtlcuda.h's Args (kBufferSlots): the launch passes it whole.
 BUFFER_SLOTS = 31
 NVCC_FLAGS = ["-cubin", "-arch=sm_90", "-std=c++17", "-use_fast_math", "-lineinfo", "-I", str(HERE / "include")]
+# Whether a translation compiles, in seconds: nvcc's front end and unoptimized PTX, no ptxas (a full build
+# of fp8.metal takes minutes, nearly all of it optimizing).
+NVCC_CHECK_FLAGS = ["-ptx", "-arch=sm_90", "-std=c++17", "-use_fast_math", "-Xcicc", "-O0", "-I", str(HERE / "include")]
 
 
 def nvcc_path() -> str:
@@ -35,21 +38,23 @@ def nvcc_path() -> str:
     raise RuntimeError("nvcc not found")
 
 
-def build(sources: list[Path], out: Path, log=print) -> dict[str, Path]:
-    """Translates and compiles each .metal file; returns {stem: cubin}. Reuses a cubin newer than its inputs."""
+def build(sources: list[Path], out: Path, log=print, check_only: bool = False) -> dict[str, Path]:
+    """Translates and compiles each .metal file; returns {stem: cubin}. Reuses a cubin newer than its inputs.
+    check_only: unoptimized PTX instead of a cubin (NVCC_CHECK_FLAGS), for tests that the translation compiles."""
     out.mkdir(parents=True, exist_ok=True)
+    flags, suffix = (NVCC_CHECK_FLAGS, ".ptx") if check_only else (NVCC_FLAGS, ".cubin")
     nvcc = nvcc_path()
     header = HERE / "include" / "mtlcuda.h"
     deps = [header, HERE / "translate_cuda.py", *sorted((ROOT / "metal" / "include").rglob("*.h"))]
 
     def one(src: Path):
-        cu, cubin = out / f"{src.stem}.cu", out / f"{src.stem}.cubin"
+        cu, cubin = out / f"{src.stem}.cu", out / f"{src.stem}{suffix}"
         newest = max(p.stat().st_mtime for p in [src, *deps])
         if cubin.exists() and cubin.stat().st_mtime > newest:
             return src.stem, cubin, "cached"
         text, _ = translate(src, [ROOT / "metal" / "include"])
         cu.write_text(text)
-        proc = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(cubin), str(cu)], capture_output=True, text=True)
+        proc = subprocess.run([nvcc, *flags, "-o", str(cubin), str(cu)], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"nvcc failed for {src}:\n{proc.stderr[-4000:]}")
         return src.stem, cubin, "built"

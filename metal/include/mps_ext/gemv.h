@@ -59,10 +59,10 @@ inline void load_floats(device const T* p, uint k, uint end, bool vectorized, th
     device const uint4* chunks = reinterpret_cast<device const uint4*>(p + k);
     MPS_EXT_UNROLL
     for (uint c = 0; c < Count / kPer16; ++c) unpack16(chunks[c], out + c * (kPer16 / 4), T());
-    return;
+  } else {
+    MPS_EXT_UNROLL
+    for (uint j = 0; j < Count; ++j) out[j / 4][j % 4] = k + j < end ? float(p[k + j]) : 0.0f;
   }
-  MPS_EXT_UNROLL
-  for (uint j = 0; j < Count; ++j) out[j / 4][j % 4] = k + j < end ? float(p[k + j]) : 0.0f;
 }
 
 // Dense row-major weights of type T with any row stride.
