@@ -28,7 +28,6 @@ instantiations, and changes what CUDA needs differently:
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -36,17 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_translator():
-    package = ROOT / "mps_ext" / "sim" / "translate"
-    spec = importlib.util.spec_from_file_location("mtlsim_translate", package / "__init__.py",
-                                                  submodule_search_locations=[str(package)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # for its own modules' relative imports, and dataclasses
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(ROOT / "tools"))
+from generate_sources import load_translator  # noqa: E402 (the simulator's translator, by file path)
 
-
-T = _load_translator()
+T = load_translator()
 
 _SCALARS = ("float", "half", "bfloat", "int", "uint", "short", "ushort", "char", "uchar", "bool")
 _RENAMED = {"half": "mtl_half", "bfloat": "mtl_bfloat"}
