@@ -8,6 +8,8 @@ named by their Metal host names, launched with cuLaunchKernel.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import inspect
 import os
 import re
 import shutil
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from translate_cuda import ROOT, SYMBOL_PREFIX, translate
+from translate_cuda import ROOT, SYMBOL_PREFIX, CudaTranslator, translate
 
 HERE = Path(__file__).resolve().parent
 # Where tensors live: "cpu" exercises the Python side (cases, plans, checks) on a machine without a GPU.
@@ -38,32 +40,61 @@ def nvcc_path() -> str:
     raise RuntimeError("nvcc not found")
 
 
-def build(sources: list[Path], out: Path, log=print, check_only: bool = False) -> dict[str, Path]:
-    """Translates and compiles each .metal file; returns {stem: cubin}. Reuses a cubin newer than its inputs.
-    check_only: unoptimized PTX instead of a cubin (NVCC_CHECK_FLAGS), for tests that the translation compiles."""
+@dataclasses.dataclass
+class Module:
+    """One .metal file and how to translate it; its cubin is named after `name`."""
+
+    name: str
+    source: Path
+    include_dirs: list[Path]
+    constants: dict | None = None  # [[function_constant]] values
+    defines: tuple = ()
+    translator: type = CudaTranslator
+
+    @classmethod
+    def of(cls, source: Path) -> "Module":
+        """One of the project's .metal files."""
+        return cls(source.stem, source, [ROOT / "metal" / "include"])
+
+    def hosts(self) -> list[str]:
+        return [e.host for e in self.translate()[1]]
+
+    def translate(self):
+        return translate(self.source, self.include_dirs, self.constants, self.defines, self.translator)
+
+    def inputs(self) -> list[Path]:
+        """Every file its translation and compilation read."""
+        headers = [p for d in self.include_dirs for p in Path(d).rglob("*") if p.suffix in (".h", ".metal")]
+        return [self.source, *(HERE / "include").glob("*.h"), HERE / "translate_cuda.py",
+                Path(inspect.getfile(self.translator)), *headers]
+
+
+def build(sources: list, out: Path, log=print, check_only: bool = False) -> dict[str, Path]:
+    """Translates and compiles each .metal file (a path, or a Module); returns {name: cubin}. Reuses a cubin
+    newer than its inputs. check_only: unoptimized PTX instead of a cubin (NVCC_CHECK_FLAGS), for tests that
+    the translation compiles."""
     out.mkdir(parents=True, exist_ok=True)
     flags, suffix = (NVCC_CHECK_FLAGS, ".ptx") if check_only else (NVCC_FLAGS, ".cubin")
     nvcc = nvcc_path()
-    header = HERE / "include" / "mtlcuda.h"
-    deps = [header, HERE / "translate_cuda.py", *sorted((ROOT / "metal" / "include").rglob("*.h"))]
+    modules = [s if isinstance(s, Module) else Module.of(s) for s in sources]
 
-    def one(src: Path):
-        cu, cubin = out / f"{src.stem}.cu", out / f"{src.stem}{suffix}"
-        newest = max(p.stat().st_mtime for p in [src, *deps])
+    def one(module: Module):
+        cu, cubin = out / f"{module.name}.cu", out / f"{module.name}{suffix}"
+        newest = max(p.stat().st_mtime for p in module.inputs())
         if cubin.exists() and cubin.stat().st_mtime > newest:
-            return src.stem, cubin, "cached"
-        text, _ = translate(src, [ROOT / "metal" / "include"])
+            return module.name, cubin, "cached"
+        text, _ = module.translate()
         cu.write_text(text)
         proc = subprocess.run([nvcc, *flags, "-o", str(cubin), str(cu)], capture_output=True, text=True)
         if proc.returncode:
-            raise RuntimeError(f"nvcc failed for {src}:\n{proc.stderr[-4000:]}")
-        return src.stem, cubin, "built"
+            raise RuntimeError(f"nvcc failed for {module.source}:\n{proc.stderr[-4000:]}")
+        return module.name, cubin, "built"
 
-    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
-        results = list(pool.map(one, sources))
-    for stem, _, how in results:
-        log(f"  {stem}: {how}")
-    return {stem: cubin for stem, cubin, _ in results}
+    with ThreadPoolExecutor(max_workers=len(modules)) as pool:
+        results = list(pool.map(one, modules))
+    for name, _, how in results:
+        log(f"  {name}: {how}")
+    return {name: cubin for name, cubin, _ in results}
 
 
 class Driver:
@@ -82,7 +113,9 @@ class Driver:
             self.lib.cuGetErrorName(rc, ctypes.byref(name))
             raise RuntimeError(f"{what}: CUDA error {rc} ({name.value.decode() if name.value else '?'})")
 
-    def load(self, stem: str, cubin: Path, names: list[str]):
+    def load(self, stem: str, cubin: Path, names: list[str], prefix: str = ""):
+        """Loads a cubin; its kernels are launched as prefix + host name (two modules may hold one host name
+        built with other function constants)."""
         data = cubin.read_bytes()
         module = ctypes.c_void_p()
         self.check(self.lib.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(data)), f"loading {cubin}")
@@ -90,16 +123,16 @@ class Driver:
         for name in names:
             fn = ctypes.c_void_p()
             self.check(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, (SYMBOL_PREFIX + name).encode()), f"kernel {name}")
-            self.functions[name] = fn
+            self.functions[prefix + name] = fn
             limit = ctypes.c_int()
             self.check(self.lib.cuFuncGetAttribute(ctypes.byref(limit), 0, fn), f"attributes of {name}")
-            self.max_threads[name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
+            self.max_threads[prefix + name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 
-    def resident(self, name: str, threads: int) -> int:
+    def resident(self, name: str, threads: int, smem: int = 0) -> int:
         """Threadgroups of this size one SM holds at once (registers, shared memory, thread limits)."""
         n = ctypes.c_int()
         self.check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.functions[name],
-                                                                         ctypes.c_int(threads), ctypes.c_size_t(0)),
+                                                                         ctypes.c_int(threads), ctypes.c_size_t(smem)),
                    f"occupancy of {name}")
         return n.value
 
@@ -109,7 +142,7 @@ class Driver:
         self.check(self.lib.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(nbytes)), "cuMemAlloc")
         return Raw(ptr.value)
 
-    def launch(self, name: str, grid, block, addresses: list[int]):
+    def launch(self, name: str, grid, block, addresses: list[int], smem: int = 0):
         args = (ctypes.c_uint64 * BUFFER_SLOTS)(*addresses, *([0] * (BUFFER_SLOTS - len(addresses))))
         params = (ctypes.c_void_p * 1)(ctypes.addressof(args))
         stream = torch.cuda.current_stream().cuda_stream
@@ -120,7 +153,7 @@ class Driver:
                                f"(LAUNCH_BOUNDS in translate_cuda.py)")
         rc = self.lib.cuLaunchKernel(self.functions[name], ctypes.c_uint(g[0]), ctypes.c_uint(g[1]),
                                      ctypes.c_uint(g[2]), ctypes.c_uint(b[0]), ctypes.c_uint(b[1]),
-                                     ctypes.c_uint(b[2]), ctypes.c_uint(0), ctypes.c_void_p(stream), params, None)
+                                     ctypes.c_uint(b[2]), ctypes.c_uint(smem), ctypes.c_void_p(stream), params, None)
         self.check(rc, f"launching {name} grid {g} block {b}")
 
 
@@ -159,10 +192,12 @@ def u32s(*values) -> torch.Tensor:
 
 
 class Launch:
-    """One dispatch: host name, threadgroups, threads per threadgroup, buffers by slot."""
+    """One dispatch: host name, threadgroups, threads per threadgroup, buffers by slot, and the bytes of
+    threadgroup memory the host sets (setThreadgroupMemoryLength) for [[threadgroup(0)]]."""
 
-    def __init__(self, kernel: str, grid, threads, buffers: list[torch.Tensor]):
+    def __init__(self, kernel: str, grid, threads, buffers: list[torch.Tensor], smem: int = 0):
         self.kernel, self.grid, self.threads, self.buffers = kernel, tuple(grid), tuple(threads), buffers
+        self.smem = smem
         self.addresses = [b.data_ptr() for b in buffers]
 
     @property
@@ -184,7 +219,7 @@ class Launcher:
             if self.trace:
                 self.trace(l.kernel)
             self.launched.add(l.kernel)
-            self.driver.launch(l.kernel, l.grid, l.threads, l.addresses)
+            self.driver.launch(l.kernel, l.grid, l.threads, l.addresses, l.smem)
             if self.trace:
                 torch.cuda.synchronize()
 

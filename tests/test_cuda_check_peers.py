@@ -1,0 +1,180 @@
+"""tools/cuda_check/peers.py without a GPU: its case list, the plans it launches (ours from our host's
+plan, the peers' from theirs), the references it checks against, and the tables it writes from the
+times of two passes (a fake timing source here). With nvcc on PATH and the peers' sources at hand
+(MPS_EXT_PEERS, or ../shared/peer_proxy/sources beside the checkout), the peers' translation compiles.
+"""
+
+import dataclasses
+import importlib
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from mps_ext.testing import assert_close_normwise
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "cuda_check"
+PEERS = Path(os.environ.get("MPS_EXT_PEERS", ROOT.parent / "shared" / "peer_proxy" / "sources"))
+needs_peers = pytest.mark.skipif(not (PEERS / "ggml").is_dir(), reason="no peer sources (MPS_EXT_PEERS)")
+
+
+def _tool(name: str):
+    if str(TOOL) not in sys.path:
+        sys.path.insert(0, str(TOOL))
+    return importlib.import_module(name)
+
+
+@pytest.fixture
+def tool(monkeypatch):
+    """The peers tool's modules with their buffers on the CPU."""
+    monkeypatch.setattr(_tool("cuda"), "DEV", "cpu")
+    return _tool("peer_cases"), _tool("peers"), _tool("peer_report")
+
+
+def _small(case):
+    """The case at a size the CPU builds in milliseconds, keeping what decides each host's plan: the number
+    of rows of x, tokens and top-k, K a multiple of 128 (ggml's wide kernels) and at least 384 (its four
+    SIMD groups), softmax columns on both sides of 4096."""
+    dims = {"gemv": lambda n, k, m: (96, 512, m), "fp8": lambda n, k, m: (96, 512, m),
+            "moe": lambda e, topk, op, n, k, t: (8, 2, op, 48, 384, min(t, 4)),
+            "moe_fp8": lambda e, topk, op, n, k, t: (8, 2, op, 48, 384, min(t, 4)),
+            "moe_kn": lambda e, topk, op, n, k, t: (8, 2, op, 40, 64, t),
+            "softmax": lambda rows, cols: (min(rows, 3), cols)}[case.family](*case.dims)
+    return dataclasses.replace(case, dims=dims)
+
+
+def test_case_list_is_the_reports(tool):
+    peer_cases, _, peer_report = tool
+    cases = peer_cases.cases()
+    counts = {f: sum(c.family == f for c in cases) for f in peer_report.TABLES}
+    # 4 Llama-3-8B shapes x m=1,4 (x bf16, fp16 for GEMV); 2 expert shapes x 5 token counts; 6 gpt-oss cases;
+    # 5 softmax shapes x fp32, bf16.
+    assert counts == {"gemv": 16, "fp8": 8, "moe": 10, "moe_fp8": 10, "moe_kn": 6, "softmax": 10}
+    assert len({(c.family, c.name) for c in cases}) == len(cases)
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Every case, small, with our_plan recorded: {(family, case name): (implementations, our plans)}."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(_tool("cuda"), "DEV", "cpu")
+        return _build_all(_tool("peer_cases"), monkeypatch)
+
+
+def _build_all(peer_cases, monkeypatch):
+    ggml = _tool("peer_plans").Ggml(PEERS)
+    planned = []
+    real = peer_cases.our_plan
+
+    def recorded(*args, **kwargs):
+        planned.append(real(*args, **kwargs))
+        return planned[-1]
+
+    monkeypatch.setattr(peer_cases, "our_plan", recorded)
+    built = {}
+    for case in peer_cases.cases():
+        if case.family in ("gemv", "moe", "softmax") and not (PEERS / "ggml").is_dir():
+            continue  # ggml's argument structs come from its sources
+        planned.clear()
+        built[case.family, case.name] = (peer_cases.implementations(_small(case), ggml, rotate=1 << 16),
+                                          list(planned))
+    return built
+
+
+def test_ours_come_from_our_plan(built):
+    # Ours (and our bf16 beside FP8) launch exactly what our_plan returns, for every input set: the one place
+    # where the tool takes our host's plans.
+    assert {f for f, _ in built} >= {"fp8", "moe_fp8", "moe_kn"}
+    for (family, name), (impls, planned) in built.items():
+        ours = [i for i in impls if i.name in ("ours", "bf16")]
+        assert [launches for i in ours for launches in i.runs] == [launches for launches, _ in planned], name
+        kernels = {l.kernel.split("_")[0] for i in ours for l in i.runs[0]}
+        assert kernels <= {"gemv", "fp8", "grouped", "softmax"}, (name, kernels)
+
+
+@needs_peers
+def test_peer_kernels_are_built(built, tmp_path):
+    hosts = {m.name: set(m.hosts()) for m in _tool("peer_sources").modules(PEERS, tmp_path)}
+    used = set()
+    for (family, name), (impls, _) in built.items():
+        for impl in impls:
+            if impl.name in ("ggml", "mlx"):
+                for l in impl.runs[0]:
+                    module, host = l.kernel.split("/")
+                    assert host in hosts[module], (name, l.kernel)
+                    used.add(module)
+    assert used == set(hosts)
+
+
+def test_references_are_what_torch_computes(built):
+    # torch's own op on each case's inputs (set 0) matches the reference every implementation is checked
+    # against, in the reference's row order (MoE rows sorted by expert are put back).
+    for (family, name), (impls, _) in built.items():
+        for impl in impls:
+            if impl.name == "torch":
+                impl.runs[0]()
+                out = impl.output()
+                assert out.shape == impl.ref.shape, name
+                assert_close_normwise(out, impl.ref)
+
+
+def _fake_measure(times: dict, wrong: set, cases: int):
+    """measure(impl) for run_passes over `cases` cases: µs by implementation, 1% more in pass 2; an
+    implementation in `wrong` fails its check."""
+    seen = {}
+
+    def measure(impl):
+        seen[impl.name] = seen.get(impl.name, 0) + 1
+        if impl.name in wrong:
+            return {"ok": False, "rel_err": 0.5}
+        return {"ok": True, "rel_err": 1e-4, "us": times[impl.name] * (1.01 if seen[impl.name] > cases else 1.0)}
+    return measure
+
+
+def _row(markdown: str, heading: str, case: str) -> list[str]:
+    table = markdown.split(f"### {heading}")[1].split("###")[0]
+    line = next(l for l in table.splitlines() if l.startswith(f"| {case} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_tables_from_two_passes(tool):
+    peer_cases, peers, peer_report = tool
+    cases = [c for c in peer_cases.cases() if c.name in ("q_proj m=1 bf16", "q_proj m=1", "1x151936 bf16")]
+    Impl = peer_cases.Impl
+    names = {"gemv": ["ours", "ggml", "mlx", "torch"], "fp8": ["ours", "bf16", "torch"],
+             "softmax": ["ours", "mlx", "torch"]}
+    nbytes = 20_000_000  # 2000 GB/s in 10 µs: half the copy bandwidth below
+
+    def implementations(case):
+        return [Impl(n, [lambda: None], None, None, torch.bfloat16, nbytes) for n in names[case.family]]
+
+    times = {"ours": 10.0, "ggml": 12.0, "mlx": 11.0, "torch": 9.0, "bf16": 8.0}
+    rows = peers.run_passes(cases, implementations, _fake_measure(times, set(), len(cases)), log=lambda *a: None)
+    result = {"info": {"device": "H200", "sms": 132, "torch": "2.13", "cuda": "13.0", "copy_gbs": 4000.0,
+                       "commit": "abc1234"}, "cases": rows}
+    md = peer_report.render(result)
+    assert _row(md, "Decode GEMV", "q_proj m=1 bf16") == [
+        "q_proj m=1 bf16", "10.0 (50%)", "12.0 (42%)", "11.0 (45%)", "9.0 (56%)", "0.91 (MLX)", "10.1"]
+    assert _row(md, "FP8 decode", "q_proj m=1")[4:] == ["1.25", "10.1"]  # ÷ our bf16 GEMV: no peer named
+    assert _row(md, "Softmax", "1x151936 bf16")[2] == "n/a"  # ggml has no bf16 softmax
+    assert "differ between the passes by 1.0% at the median, 1.0% at most" in md
+    assert "MoE" not in md  # families the run did not hold make no table
+
+    # A peer whose output was wrong is shown so and never counts as the best one.
+    rows = peers.run_passes(cases[:1], implementations, _fake_measure({**times, "ggml": 5.0}, {"mlx"}, 1),
+                            log=lambda *a: None)
+    row = _row(peer_report.render({**result, "cases": rows}), "Decode GEMV", "q_proj m=1 bf16")
+    assert row[3] == "wrong (rel err 5.0e-01)" and row[5] == "2.00 (ggml)"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@needs_peers
+def test_nvcc_compiles_peer_translation(tmp_path):
+    modules = _tool("peer_sources").modules(PEERS, tmp_path / "gen")
+    built = _tool("cuda").build(modules, tmp_path, log=lambda *_: None, check_only=True)
+    assert sorted(built) == sorted(m.name for m in modules)
+    assert all(p.stat().st_size > 0 for p in built.values())

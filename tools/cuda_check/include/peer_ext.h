@@ -1,0 +1,97 @@
+// What the peers' kernels (ggml-metal, MLX) use of Metal beyond what mtlcuda.h gives the project's
+// (tools/cuda_check/peers.py). Only additions: the peers' translations include it after mtlcuda.h, so
+// every code base runs on the same shim.
+//
+// - [[threadgroup(n)]] kernel parameters (ggml's shmem, MLX's tgp_memory): dynamic shared
+//   memory, slot 0 at offset 0 (the launcher passes the size, as setThreadgroupMemoryLength);
+// - simd_shuffle_down, fmax, fast::exp, numeric_limits, uniform/make_uniform, the
+//   long/ulong vectors MLX's index helpers return, and the type names that ggml's headers
+//   declare (matrix, packed_char4) but these kernels never use.
+#pragma once
+
+#include <limits>
+
+namespace metal {
+
+// Metal: lane i gets lane i + delta's value; the top delta lanes keep their own (as CUDA's).
+template <class T>
+MTLCUDA_FN T simd_shuffle_down(T v, ushort delta) {
+  const unsigned mask = __activemask();
+  constexpr int kWords = (sizeof(T) + 3) / 4;
+  unsigned w[kWords] = {};
+  __builtin_memcpy(w, &v, sizeof(T));
+  for (int i = 0; i < kWords; ++i) w[i] = __shfl_down_sync(mask, w[i], delta);
+  T r;
+  __builtin_memcpy(&r, w, sizeof(T));
+  return r;
+}
+
+template <class T>
+MTLCUDA_FN T simd_shuffle_up(T v, ushort delta) {
+  const unsigned mask = __activemask();
+  constexpr int kWords = (sizeof(T) + 3) / 4;
+  unsigned w[kWords] = {};
+  __builtin_memcpy(w, &v, sizeof(T));
+  for (int i = 0; i < kWords; ++i) w[i] = __shfl_up_sync(mask, w[i], delta);
+  T r;
+  __builtin_memcpy(&r, w, sizeof(T));
+  return r;
+}
+
+MTLCUDA_FN float fmax(float a, float b) { return fmaxf(a, b); }
+template <class T, int N>
+MTLCUDA_FN vec<T, N> fmax(vec<T, N> a, vec<T, N> b) {  // by value, as mtlcuda.h's operators
+  vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = T(fmaxf(float(a[i]), float(b[i])));
+  return r;
+}
+
+namespace fast {
+MTLCUDA_FN float exp(float x) { return __expf(x); }
+template <class T, int N>
+MTLCUDA_FN vec<T, N> exp(vec<T, N> v) { return ::metal::exp(v); }
+}  // namespace fast
+
+// <metal_uniform>
+template <class T>
+using uniform = T;
+template <class T>
+__host__ __device__ constexpr T make_uniform(T v) {
+  return v;
+}
+
+// <metal_limits> for arithmetic types (MLX's Limits<float>).
+template <class T>
+struct numeric_limits : std::numeric_limits<T> {};
+
+// <metal_matrix>: ggml's headers name matrix types; these kernels never use them.
+template <class T, int C, int R = C>
+struct matrix {
+  vec<T, R> columns[C];
+};
+
+}  // namespace metal
+
+typedef metal::vec<long, 2> mtl_long2;
+typedef metal::vec<long, 3> mtl_long3;
+typedef metal::vec<long, 4> mtl_long4;
+typedef metal::vec<unsigned long, 2> mtl_ulong2;
+typedef metal::vec<unsigned long, 3> mtl_ulong3;
+typedef metal::vec<unsigned long, 4> mtl_ulong4;
+typedef metal::vec<signed char, 4> packed_char4;
+
+namespace mtlcuda {
+
+// [[threadgroup(n)]]: dynamic shared memory; one slot (0), at offset 0.
+extern __shared__ __align__(16) unsigned char mtlcuda_dynamic_threadgroup[];
+
+template <int Slot>
+struct ThreadgroupArg {
+  static_assert(Slot == 0, "the proxy binds threadgroup slot 0 only");
+  template <class P>
+  static MTLCUDA_FN P get(const Args&) {
+    return reinterpret_cast<P>(mtlcuda_dynamic_threadgroup);
+  }
+};
+
+}  // namespace mtlcuda

@@ -1,0 +1,254 @@
+"""The cases of tools/cuda_check/peers.py and, for each, its implementations: ours (our host's plan), the
+peers' (peer_plans.py), torch CUDA's, each with its inputs, a float64 reference and the bytes it must move.
+
+Inputs rotate: an implementation holds several input sets, enough to exceed ROTATE_BYTES (4x an H200's L2),
+so a timed call reads its weights from memory, not from the cache of the call before.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import ops
+import peer_plans
+import cuda
+
+ROTATE_BYTES, MAX_SETS = 256 << 20, 16
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
+DTYPE_NAME = {BF16: "bf16", F16: "fp16", F32: "fp32"}
+
+# Llama-3-8B: (label, n, k)
+GEMV_SHAPES = [("q_proj", 4096, 4096), ("gate/up", 14336, 4096), ("down", 4096, 14336), ("lm_head", 128256, 4096)]
+# Qwen3-30B-A3B's experts (128, top-8): (op, n, k)
+MOE_SHAPES = [("gate_up", 1536, 2048), ("down", 2048, 768)]
+MOE_TOKENS = (1, 4, 8, 16, 32)
+# gpt-oss-20b (32 experts) and 120b (128), top-4, experts stored (E, K, N): (E, op, n, k, tokens)
+MOE_KN = [(32, "gate_up", 5760, 2880, (1, 4)), (32, "down", 2880, 2880, (1, 4)),
+          (128, "gate_up", 5760, 2880, (1,)), (128, "down", 2880, 2880, (1,))]
+SOFTMAX_SHAPES = [(1, 151936), (64, 151936), (4096, 128), (16384, 64), (256, 4096)]
+
+
+def our_plan(op: str, *args, **kwargs):
+    """(launches, output) of our host for `op` (an mps_ext op): the one place this tool takes our plans from
+    (ops.py's mirror of csrc/ops)."""
+    return getattr(ops, op)(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    family: str  # gemv, fp8, moe, moe_fp8, moe_kn, softmax: one table each
+    name: str
+    dims: tuple
+    dtype: torch.dtype
+
+
+def cases() -> list[Case]:
+    out = [Case("gemv", f"{label} m={m} {DTYPE_NAME[dt]}", (n, k, m), dt)
+           for dt in (BF16, F16) for m in (1, 4) for label, n, k in GEMV_SHAPES]
+    out += [Case("fp8", f"{label} m={m}", (n, k, m), BF16) for m in (1, 4) for label, n, k in GEMV_SHAPES]
+    for family in ("moe", "moe_fp8"):
+        out += [Case(family, f"{op} T={t}", (128, 8, op, n, k, t), BF16) for op, n, k in MOE_SHAPES
+                for t in MOE_TOKENS]
+    out += [Case("moe_kn", f"{op} E={e} T={t}", (e, 4, op, n, k, t), BF16) for e, op, n, k, tokens in MOE_KN
+            for t in tokens]
+    out += [Case("softmax", f"{rows}x{cols} {DTYPE_NAME[dt]}", (rows, cols), dt)
+            for dt in (F32, BF16) for rows, cols in SOFTMAX_SHAPES]
+    return out
+
+
+@dataclasses.dataclass
+class Impl:
+    """One implementation of a case. runs: per input set, the launches of a kernel or a function (torch's);
+    output(): set 0's output after its run, in the reference's row order; poison: what output() reads,
+    filled with NaN before the check so that an unwritten element fails it."""
+
+    name: str
+    runs: list
+    output: Callable[[], torch.Tensor]
+    ref: torch.Tensor
+    dtype: torch.dtype
+    bytes: int
+    note: str = ""
+    poison: list = dataclasses.field(default_factory=list)
+
+
+def kernel_impl(name, planned: list[tuple], ref, nbytes, note="", order=None) -> Impl:
+    """From (launches, output) per input set; order: the reference's row of each output row."""
+    out = planned[0][1]
+    output = (lambda: out) if order is None else (lambda: torch.empty_like(out).index_copy_(0, order, out))
+    return Impl(name, [launches for launches, _ in planned], output, ref, out.dtype, nbytes, note, [out])
+
+
+def torch_impl(fns: list[Callable], ref, dtype, nbytes, note, order=None) -> Impl:
+    last = {}
+
+    def run(s):
+        def call():
+            last[s] = fns[s]()
+        return call
+
+    def output():
+        out = last[0]
+        return out if order is None else torch.empty_like(out).index_copy_(0, order, out)
+    return Impl("torch", [run(s) for s in range(len(fns))], output, ref, dtype, nbytes, note)
+
+
+def randn(*shape, dtype=F32, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, device=cuda.DEV) * scale).to(dtype)
+
+
+def input_sets(bytes_per_call: int, rotate: int) -> range:
+    return range(max(1, min(MAX_SETS, -(-rotate // bytes_per_call))))
+
+
+def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    (n, k, m), dtype = case.dims, case.dtype
+    sets = input_sets(n * k * 2, rotate)
+    W = [randn(n, k, dtype=dtype, scale=0.02) for _ in sets]
+    X = [randn(m, k, dtype=dtype) for _ in sets]
+    X32 = [x.float() for x in X]
+    ref = X[0].double() @ W[0].double().T
+    nbytes = (n * k + m * k + m * n) * 2
+    Y32 = [torch.empty(m, n, device=cuda.DEV) for _ in sets]
+    Ym = [torch.empty(m, n, device=cuda.DEV, dtype=dtype) for _ in sets]
+    return [kernel_impl("ours", [our_plan("gemv", X[s], W[s]) for s in sets], ref, nbytes),
+            kernel_impl("ggml", [(ggml.gemv(W[s], X32[s], Y32[s]), Y32[s]) for s in sets], ref,
+                        n * k * 2 + (m * k + m * n) * 4, "f32 activations and output"),
+            kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets], ref, nbytes,
+                        "gemv" if m == 1 else "gemv_wide (2-5 rows on M3 and later)"),
+            torch_impl([lambda s=s: F.linear(X[s], W[s]) for s in sets], ref, dtype, nbytes, "F.linear")]
+
+
+def fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """fp8_linear (bf16 activations, e4m3fn weights with one scale per row, as FP8 checkpoints converted per
+    channel) beside our bf16 GEMV and torch's on the same weights dequantized."""
+    n, k, m = case.dims
+    sets = input_sets(n * k, rotate)
+    W8 = [randn(n, k, scale=64).clamp(-448, 448).to(torch.float8_e4m3fn) for _ in sets]
+    S = [torch.rand(n, device=cuda.DEV) * 0.01 + 0.001 for _ in sets]
+    Wd = [(w.float() * sc[:, None]).to(BF16) for w, sc in zip(W8, S)]
+    X = [randn(m, k, dtype=BF16) for _ in sets]
+    ref = X[0].double() @ (W8[0].double() * S[0].double()[:, None]).T
+    bf16_bytes = (n * k + m * k + m * n) * 2
+    return [kernel_impl("ours", [our_plan("fp8_linear", X[s], W8[s], S[s]) for s in sets], ref,
+                        n * k + n * 4 + (m * k + m * n) * 2, "fp8_linear, per-row scales"),
+            kernel_impl("bf16", [our_plan("gemv", X[s], Wd[s]) for s in sets], ref, bf16_bytes,
+                        "our bf16 GEMV on the dequantized weights"),
+            torch_impl([lambda s=s: F.linear(X[s], Wd[s]) for s in sets], ref, BF16, bf16_bytes,
+                       "F.linear on the dequantized weights")]
+
+
+ROUTINGS = 8  # MoE: the expert weights stay; what rotates is the routing and the activations
+
+
+def routing(e: int, topk: int, tokens: int, seed: int) -> torch.Tensor:
+    """(tokens, topk) distinct experts per token, int32."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.stack([torch.randperm(e, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32).to(cuda.DEV)
+
+
+def sorted_rows(ids: torch.Tensor, e: int):
+    """The order that sorts routed rows by expert (stable), and offs (cumulative rows per expert)."""
+    flat = ids.reshape(-1).long()
+    return torch.argsort(flat, stable=True), torch.cumsum(torch.bincount(flat, minlength=e), 0).to(torch.int32)
+
+
+def moe(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """Ours and torch's on rows sorted by expert (as transformers calls torch._grouped_mm); ggml's mul_mv_id
+    and MLX's gemv_gather on the routing as it comes. gate_up reads each token's row top-k times, down one
+    row per (token, expert)."""
+    (e, topk, op, n, k, tokens), dtype = case.dims, case.dtype
+    rows = tokens * topk
+    W = randn(e, n, k, dtype=dtype, scale=0.02)
+    ids = [routing(e, topk, tokens, seed=1234 + tokens + n + s) for s in range(ROUTINGS)]
+    inputs = [randn(tokens, *(() if op == "gate_up" else (topk,)), k, dtype=dtype) for _ in ids]
+    token_of_row = torch.arange(tokens, device=cuda.DEV).repeat_interleave(topk)
+    routed = [x[token_of_row] if op == "gate_up" else x.reshape(rows, k) for x in inputs]  # (token, j) order
+    ref = torch.einsum("pnk,pk->pn", W[ids[0].reshape(-1).long()].double(), routed[0].double())
+    weights = int(torch.unique(ids[0]).numel()) * n * k * 2
+    nbytes = weights + rows * (k + n) * 2
+    order, offs = zip(*(sorted_rows(i, e) for i in ids))
+    A = [r[o].contiguous() for r, o in zip(routed, order)]
+    x32 = [x.float().reshape(tokens, -1, k) for x in inputs]
+    Yg = [torch.empty(tokens, topk, n, device=cuda.DEV) for _ in ids]
+    Ym = [torch.empty(rows, n, device=cuda.DEV, dtype=dtype) for _ in ids]
+    vectors = inputs if op == "gate_up" else routed
+    vector_ids = (token_of_row if op == "gate_up" else torch.arange(rows, device=cuda.DEV)).to(torch.int32)
+    return [kernel_impl("ours", [our_plan("grouped_mm", A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
+                        ref, nbytes, "grouped_mm decode, rows sorted by expert", order[0]),
+            kernel_impl("ggml", [(ggml.moe(W, x32[s], ids[s], Yg[s]), Yg[s].view(rows, n)) for s in range(ROUTINGS)],
+                        ref, weights + x32[0].numel() * 4 + rows * n * 4, "mul_mv_id; f32 activations and output"),
+            kernel_impl("mlx", [(peer_plans.mlx_gather(W, vectors[s], vector_ids, ids[s].reshape(-1), Ym[s]), Ym[s])
+                                for s in range(ROUTINGS)], ref, weights + (vectors[0].numel() + rows * n) * 2,
+                        "gemv_gather"),
+            torch_impl([lambda s=s: torch._grouped_mm(A[s], W.transpose(-2, -1), offs=offs[s])
+                        for s in range(ROUTINGS)], ref, dtype, nbytes, "torch._grouped_mm", order[0])]
+
+
+def moe_fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """fp8_grouped_mm on the experts in e4m3fn with one scale per row, beside our bf16 decode of the same
+    experts, on the same routing (rows sorted by expert)."""
+    e, topk, op, n, k, tokens = case.dims
+    rows = tokens * topk
+    W = randn(e, n, k, dtype=BF16, scale=0.02)
+    scale = (W.float().abs().amax(-1) / 448).clamp_min(1e-12)
+    W8 = (W.float() / scale[..., None]).to(torch.float8_e4m3fn)
+    ids = [routing(e, topk, tokens, seed=1234 + tokens + n + s) for s in range(ROUTINGS)]
+    order, offs = zip(*(sorted_rows(i, e) for i in ids))
+    A = [randn(rows, k, dtype=BF16) for _ in ids]  # already in expert order
+    experts = ids[0].reshape(-1).long()[order[0]]
+    ref = torch.einsum("pnk,pk->pn", W[experts].double(), A[0].double())
+    ref8 = torch.einsum("pnk,pk->pn", (W8.double() * scale.double()[..., None])[experts], A[0].double())
+    distinct = int(torch.unique(ids[0]).numel())
+    return [kernel_impl("ours", [our_plan("fp8_grouped_mm", A[s], W8, scale, offs[s]) for s in range(ROUTINGS)],
+                        ref8, distinct * n * k + rows * (k + n) * 2, "fp8_grouped_mm, per-row scales"),
+            kernel_impl("bf16", [our_plan("grouped_mm", A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
+                        ref, distinct * n * k * 2 + rows * (k + n) * 2, "grouped_mm on the bf16 experts")]
+
+
+def moe_kn(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """Experts stored (E, K, N), passed to torch._grouped_mm as they are (transformers' gpt-oss). No peer
+    runs this layout: llama.cpp converts the experts to (E, N, K) when it writes a GGUF."""
+    e, topk, op, n, k, tokens = case.dims
+    rows = tokens * topk
+    W = randn(e, k, n, dtype=BF16, scale=0.02)
+    ids = [routing(e, topk, tokens, seed=4321 + tokens + n + s) for s in range(ROUTINGS)]
+    order, offs = zip(*(sorted_rows(i, e) for i in ids))
+    A = [randn(rows, k, dtype=BF16) for _ in ids]
+    experts = ids[0].reshape(-1).long()[order[0]]
+    ref = torch.einsum("pkn,pk->pn", W[experts].double(), A[0].double())
+    nbytes = int(torch.unique(ids[0]).numel()) * n * k * 2 + rows * (k + n) * 2
+    return [kernel_impl("ours", [our_plan("grouped_mm", A[s], W, offs[s]) for s in range(ROUTINGS)], ref, nbytes,
+                        "grouped_mm decode along N"),
+            torch_impl([lambda s=s: torch._grouped_mm(A[s], W, offs=offs[s]) for s in range(ROUTINGS)], ref, BF16,
+                       nbytes, "torch._grouped_mm")]
+
+
+def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    (rows, cols), dtype = case.dims, case.dtype
+    nbytes = 2 * rows * cols * dtype.itemsize
+    sets = input_sets(nbytes // 2, rotate)
+    X = [randn(rows, cols, dtype=dtype, scale=3.0) for _ in sets]
+    ref = torch.softmax(X[0].double(), -1)
+    Y = [torch.empty_like(x) for x in X]
+    impls = [kernel_impl("ours", [our_plan("softmax", X[s], -1, False) for s in sets], ref, nbytes)]
+    if dtype == F32:  # ggml's softmax takes float32 only
+        Yg = [torch.empty_like(x) for x in X]
+        impls.append(kernel_impl("ggml", [(ggml.softmax(X[s], Yg[s]), Yg[s]) for s in sets], ref, nbytes))
+    impls.append(kernel_impl("mlx", [(peer_plans.mlx_softmax(X[s], Y[s]), Y[s]) for s in sets], ref, nbytes,
+                             "" if dtype == F32 else "precise (float accumulation)"))
+    impls.append(torch_impl([lambda s=s: torch.softmax(X[s], -1) for s in sets], ref, dtype, nbytes,
+                            "torch.softmax"))
+    return impls
+
+
+IMPLEMENTATIONS = {"gemv": gemv, "fp8": fp8, "moe": moe, "moe_fp8": moe_fp8, "moe_kn": moe_kn, "softmax": softmax}
+
+
+def implementations(case: Case, ggml: peer_plans.Ggml, rotate: int = ROTATE_BYTES) -> list[Impl]:
+    """Every implementation of a case, on fresh inputs."""
+    return IMPLEMENTATIONS[case.family](case, ggml, rotate)

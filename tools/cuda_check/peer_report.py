@@ -1,0 +1,119 @@
+"""The tables of docs/performance.md from a run of tools/cuda_check/peers.py (its peers.json).
+
+    python3 tools/cuda_check/peer_report.py OUT/peers.json -o OUT/peers.md
+"""
+
+from __future__ import annotations
+
+import statistics
+
+PEERS = [("ggml", "ggml"), ("mlx", "MLX")]
+# family: (heading, what the table holds, columns (implementation, title), the ratio's title and its
+# denominators; ours over the fastest of them)
+TABLES = {
+    "gemv": ("Decode GEMV (Llama-3-8B shapes)", "",
+             [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+    "fp8": ("FP8 decode (`fp8_linear`, Llama-3-8B shapes)",
+            "e4m3fn weights with one scale per output row, bf16 activations and output, beside our bf16 GEMV "
+            "and cuBLAS on the same weights dequantized; GB/s counts one byte per weight. ggml-metal and MLX "
+            "have no e4m3 GEMV to compare with.",
+            [("ours", "fp8_linear"), ("bf16", "bf16 GEMV"), ("torch", "torch CUDA bf16")],
+            ("÷ bf16 GEMV", ["bf16"])),
+    "moe": ("MoE decode (Qwen3-30B-A3B experts: 128, top-8, bf16)",
+            "T tokens route T × 8 rows; GB/s counts the distinct active experts' weights once.",
+            [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+    "moe_fp8": ("FP8 MoE decode (`fp8_grouped_mm`, the same experts in e4m3fn)",
+                "One scale per row, bf16 activations, beside our bf16 decode on the same routing.",
+                [("ours", "fp8_grouped_mm"), ("bf16", "bf16 decode")], ("÷ bf16", ["bf16"])),
+    "moe_kn": ("MoE decode, experts stored (E, K, N) (gpt-oss, top-4, bf16)",
+               "gate_up (E, 2880, 5760), down (E, 2880, 2880), passed to `torch._grouped_mm` as they are. No "
+               "peer runs this layout (llama.cpp converts the experts to (E, N, K) when it writes a GGUF).",
+               [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
+    "softmax": ("Softmax", "ggml's softmax takes float32 only.",
+                [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+}
+
+
+def _first(rec) -> float | None:
+    """The implementation's time in pass 1, if it was correct in every pass and timed."""
+    return rec["us"][0] if rec and rec.get("ok") and rec["us"] and rec["us"][0] else None
+
+
+def cell(rec, copy_gbs: float) -> str:
+    if rec is None:
+        return "n/a"
+    if "error" in rec:
+        return "error"
+    if not rec["ok"]:
+        return f"wrong (rel err {max(rec['rel_err']):.1e})"
+    us = rec["us"][0]
+    return f"{us:.1f} ({100 * rec['bytes'] / (us * 1e3) / copy_gbs:.0f}%)"
+
+
+def ratio(impls: dict, over: list[str], titles: dict) -> str:
+    ours = _first(impls.get("ours"))
+    times = {name: _first(impls.get(name)) for name in over}
+    times = {name: t for name, t in times.items() if t}
+    if not ours or not times:
+        return "n/a"
+    best = min(times, key=times.get)
+    return f"{ours / times[best]:.2f}" + (f" ({titles[best]})" if len(over) > 1 else "")
+
+
+def table(rows: list[dict], family: str, copy_gbs: float) -> list[str]:
+    heading, text, columns, (ratio_title, over) = TABLES[family]
+    titles = dict(columns)
+    lines = [f"### {heading}", ""] + ([text, ""] if text else [])
+    head = ["case", *(f"{t} µs (% copy)" for _, t in columns), ratio_title, f"{titles['ours']}, pass 2"]
+    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in rows:
+        impls = r["impls"]
+        second = impls.get("ours", {}).get("us", [None, None])
+        second = f"{second[1]:.1f}" if len(second) > 1 and second[1] else "n/a"
+        lines.append("| " + " | ".join([r["name"], *(cell(impls.get(name), copy_gbs) for name, _ in columns),
+                                         ratio(impls, over, titles), second]) + " |")
+    return lines + [""]
+
+
+def spread(rows: list[dict]) -> tuple[float, float] | None:
+    """Median and largest relative difference of our times between passes 1 and 2."""
+    diffs = [abs(r["impls"]["ours"]["us"][1] / r["impls"]["ours"]["us"][0] - 1) for r in rows
+             if _first(r["impls"].get("ours")) and len(r["impls"]["ours"]["us"]) > 1 and r["impls"]["ours"]["us"][1]]
+    return (statistics.median(diffs), max(diffs)) if diffs else None
+
+
+def render(result: dict) -> str:
+    """Markdown: a line on the run, then one table per family that the run holds."""
+    info, rows = result["info"], result["cases"]
+    between = spread(rows)
+    lines = [f"Run: {info['device']} ({info['sms']} SMs), torch {info['torch']} (CUDA {info['cuda']}), at "
+             f"{info.get('commit') or 'an uncommitted tree'}; copy bandwidth {info['copy_gbs']:.0f} GB/s (read + "
+             f"write); {info.get('seconds', '?')} s. Cells: median µs per call in pass 1 (% of copy bandwidth)."
+             + (f" Our times differ between the passes by {100 * between[0]:.1f}% at the median, "
+                f"{100 * between[1]:.1f}% at most." if between else ""), ""]
+    for family in TABLES:
+        mine = [r for r in rows if r["family"] == family]
+        if mine:
+            lines += table(mine, family, info["copy_gbs"])
+    failed = [f"{r['family']} {r['name']}: {r['error']}" for r in rows if "error" in r]
+    failed += [f"{r['family']} {r['name']} / {n}: {rec['error']}" for r in rows for n, rec in r["impls"].items()
+               if "error" in rec]
+    if failed:
+        lines += ["Errors:", "", *(f"- {f}" for f in failed), ""]
+    return "\n".join(lines)
+
+
+def main():
+    import argparse
+    import json
+    from pathlib import Path
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", type=Path)
+    ap.add_argument("-o", "--out", type=Path, required=True)
+    args = ap.parse_args()
+    args.out.write_text(render(json.loads(args.json.read_text())))
+
+
+if __name__ == "__main__":
+    main()
