@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import inspect
+import hashlib
 import os
 import re
 import shutil
@@ -62,32 +62,29 @@ class Module:
     def translate(self):
         return translate(self.source, self.include_dirs, self.constants, self.defines, self.translator)
 
-    def inputs(self) -> list[Path]:
-        """Every file its translation and compilation read."""
-        headers = [p for d in self.include_dirs for p in Path(d).rglob("*") if p.suffix in (".h", ".metal")]
-        return [self.source, *(HERE / "include").glob("*.h"), HERE / "translate_cuda.py",
-                Path(inspect.getfile(self.translator)), *headers]
-
 
 def build(sources: list, out: Path, log=print, check_only: bool = False) -> dict[str, Path]:
     """Translates and compiles each .metal file (a path, or a Module); returns {name: cubin}. Reuses a cubin
-    newer than its inputs. check_only: unoptimized PTX instead of a cubin (NVCC_CHECK_FLAGS), for tests that
-    the translation compiles."""
+    built from the same translation, shim and flags (by content: a copied checkout has new file times).
+    check_only: unoptimized PTX instead of a cubin (NVCC_CHECK_FLAGS), for tests that the translation compiles."""
     out.mkdir(parents=True, exist_ok=True)
     flags, suffix = (NVCC_CHECK_FLAGS, ".ptx") if check_only else (NVCC_FLAGS, ".cubin")
     nvcc = nvcc_path()
     modules = [s if isinstance(s, Module) else Module.of(s) for s in sources]
+    shim = "".join(p.read_text() for p in sorted((HERE / "include").glob("*.h")))
 
     def one(module: Module):
         cu, cubin = out / f"{module.name}.cu", out / f"{module.name}{suffix}"
-        newest = max(p.stat().st_mtime for p in module.inputs())
-        if cubin.exists() and cubin.stat().st_mtime > newest:
-            return module.name, cubin, "cached"
         text, _ = module.translate()
+        key = out / f"{module.name}{suffix}.key"
+        digest = hashlib.sha256("\0".join([text, shim, *flags]).encode()).hexdigest()
+        if cubin.exists() and key.exists() and key.read_text() == digest:
+            return module.name, cubin, "cached"
         cu.write_text(text)
         proc = subprocess.run([nvcc, *flags, "-o", str(cubin), str(cu)], capture_output=True, text=True)
         if proc.returncode:
             raise RuntimeError(f"nvcc failed for {module.source}:\n{proc.stderr[-4000:]}")
+        key.write_text(digest)
         return module.name, cubin, "built"
 
     with ThreadPoolExecutor(max_workers=len(modules)) as pool:

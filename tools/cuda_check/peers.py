@@ -1,8 +1,10 @@
-"""Our decode kernels beside llama.cpp's ggml-metal and MLX's, on one CUDA GPU: every code base's Metal
-translated by tools/cuda_check/translate_cuda.py, launched with its own host's plan (ours: ops.py; the
-peers': peer_plans.py), checked against a float64 reference and timed with torch CUDA beside it, every
-case twice (two whole passes). Writes the tables of docs/performance.md. Needs nvcc, a CUDA GPU and torch
-with CUDA, and the peers' sources (see tools/cuda_check/README.md).
+"""Times our decode kernels beside llama.cpp's ggml-metal and MLX's on one CUDA GPU.
+
+Every code base's Metal is translated by tools/cuda_check/translate_cuda.py and launched with its own
+host's plan (ours: peer_cases.our_plan; the peers': peer_plans.py), checked against a float64 reference
+and timed with torch CUDA beside it, every case twice (two whole passes). Writes the tables of
+docs/performance.md. Needs nvcc, a CUDA GPU, torch with CUDA and the peers' sources (see
+tools/cuda_check/README.md).
 
     python3 tools/cuda_check/peers.py --peers DIR --out OUT
 """
@@ -25,8 +27,11 @@ import torch  # noqa: E402
 
 import peer_cases  # noqa: E402
 import peer_report  # noqa: E402
+import peer_sources  # noqa: E402
 from cases import TOL, rel_err  # noqa: E402
+from cuda import Launcher, build  # noqa: E402
 from peer_plans import Ggml  # noqa: E402
+from run import copy_bandwidth, load_all  # noqa: E402
 from translate_cuda import ROOT  # noqa: E402
 
 PASSES = 2
@@ -128,15 +133,11 @@ def commit() -> str | None:
     return proc.stdout.strip() or None
 
 
-def load(build: Path, peers: Path):
+def load(build_dir: Path, peers: Path):
     """Builds ours (run.load_all, which also fills ops.py's plans for this GPU) and the peers' modules."""
-    import peer_sources
-    from cuda import build as nvcc_build
-    from run import load_all
-
-    driver, _, _ = load_all(build)
-    modules = peer_sources.modules(peers, build / "peers")
-    for module, cubin in zip(modules, nvcc_build(modules, build, log=log).values()):
+    driver, _, _ = load_all(build_dir)
+    modules = peer_sources.modules(peers, build_dir / "peers")
+    for module, cubin in zip(modules, build(modules, build_dir, log=log).values()):
         driver.load(module.name, cubin, module.hosts(), prefix=module.name + "/")
     return driver
 
@@ -144,15 +145,13 @@ def load(build: Path, peers: Path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", type=Path, required=True, help="the peers' sources: DIR/ggml, DIR/mlx")
-    ap.add_argument("--out", type=Path, default=Path("peers_out"))
-    ap.add_argument("--build", type=Path, default=Path("/tmp/cuda_check_build"))
+    ap.add_argument("--out", type=Path, default=Path("peers_out"), help="for peers.json and peers.md")
+    ap.add_argument("--build", type=Path, default=Path("/tmp/cuda_check_build"),
+                    help="translations and cubins (reused while they are the same)")
     ap.add_argument("--families", default=",".join(peer_cases.IMPLEMENTATIONS),
                     help="tables to make (default: all)")
     ap.add_argument("--reps", type=int, default=25, help="timed replays of each graph")
     args = ap.parse_args()
-    from cuda import Launcher
-    from run import copy_bandwidth
-
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     launcher = Launcher(load(args.build, args.peers))

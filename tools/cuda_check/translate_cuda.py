@@ -234,7 +234,8 @@ class CudaTranslator(T._Translator):
         for e in self.entries_cuda:
             function = re.sub(r"\b\w+\b", lambda m: self.renamed.get(m.group(0), m.group(0)), e.function)
             lines.append(f"#line {e.line} {T._c_string(e.file)}")
-            lines.append(f'extern "C" __global__ void __launch_bounds__({self.launch_bound(e.host)}) {SYMBOL_PREFIX}{e.host}(::mtlcuda::Args a) {{ '
+            lines.append(f'extern "C" __global__ void __launch_bounds__({self.launch_bound(e.host)}) '
+                         f"{SYMBOL_PREFIX}{e.host}(::mtlcuda::Args a) {{ "
                          f"::mtlcuda::Entry<&{function}>::run<{', '.join(e.binders)}>(a); }}")
         return "\n".join(lines) + "\n"
 
