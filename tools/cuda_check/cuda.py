@@ -57,9 +57,11 @@ class Module:
         return cls(source.stem, source, [ROOT / "metal" / "include"])
 
     def hosts(self) -> list[str]:
+        """The host names of its kernels."""
         return [e.host for e in self.translate()[1]]
 
     def translate(self):
+        """(CUDA source, kernels), as translate_cuda.translate."""
         return translate(self.source, self.include_dirs, self.constants, self.defines, self.translator)
 
 
@@ -125,11 +127,11 @@ class Driver:
             self.check(self.lib.cuFuncGetAttribute(ctypes.byref(limit), 0, fn), f"attributes of {name}")
             self.max_threads[prefix + name] = limit.value  # CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK
 
-    def resident(self, name: str, threads: int, smem: int = 0) -> int:
+    def resident(self, name: str, threads: int) -> int:
         """Threadgroups of this size one SM holds at once (registers, shared memory, thread limits)."""
         n = ctypes.c_int()
         self.check(self.lib.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(n), self.functions[name],
-                                                                         ctypes.c_int(threads), ctypes.c_size_t(smem)),
+                                                                         ctypes.c_int(threads), ctypes.c_size_t(0)),
                    f"occupancy of {name}")
         return n.value
 

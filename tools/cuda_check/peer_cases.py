@@ -47,6 +47,7 @@ class Case:
 
 
 def cases() -> list[Case]:
+    """Every case of docs/performance.md's tables, in the tables' order."""
     out = [Case("gemv", f"{label} m={m} {DTYPE_NAME[dt]}", (n, k, m), dt)
            for dt in (BF16, F16) for m in (1, 4) for label, n, k in GEMV_SHAPES]
     out += [Case("fp8", f"{label} m={m}", (n, k, m), BF16) for m in (1, 4) for label, n, k in GEMV_SHAPES]
@@ -84,6 +85,7 @@ def kernel_impl(name, planned: list[tuple], ref, nbytes, note="", order=None) ->
 
 
 def torch_impl(fns: list[Callable], ref, dtype, nbytes, note, order=None) -> Impl:
+    """From torch's op per input set (functions returning the output)."""
     last = {}
 
     def run(s):
@@ -98,14 +100,17 @@ def torch_impl(fns: list[Callable], ref, dtype, nbytes, note, order=None) -> Imp
 
 
 def randn(*shape, dtype=F32, scale=1.0) -> torch.Tensor:
+    """Normal values times scale, rounded to dtype, where the tool's buffers live."""
     return (torch.randn(*shape, device=cuda.DEV) * scale).to(dtype)
 
 
 def input_sets(bytes_per_call: int, rotate: int) -> range:
+    """As many input sets as exceed `rotate` bytes together (at most MAX_SETS)."""
     return range(max(1, min(MAX_SETS, -(-rotate // bytes_per_call))))
 
 
 def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """x (m, k) @ W.T, W (n, k) row-major: F.linear without bias."""
     (n, k, m), dtype = case.dims, case.dtype
     sets = input_sets(n * k * 2, rotate)
     W = [randn(n, k, dtype=dtype, scale=0.02) for _ in sets]
@@ -229,6 +234,7 @@ def moe_kn(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
 
 
 def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """Softmax over the last dimension of a contiguous (rows, cols)."""
     (rows, cols), dtype = case.dims, case.dtype
     nbytes = 2 * rows * cols * dtype.itemsize
     sets = input_sets(nbytes // 2, rotate)

@@ -40,6 +40,7 @@ def _first(rec) -> float | None:
 
 
 def cell(rec, copy_gbs: float) -> str:
+    """`µs (% copy)` of pass 1, or why there is none."""
     if rec is None:
         return "n/a"
     if "error" in rec:
@@ -51,6 +52,7 @@ def cell(rec, copy_gbs: float) -> str:
 
 
 def ratio(impls: dict, over: list[str], titles: dict) -> str:
+    """Our time over the fastest correct one of `over`, naming it when there are several: `0.93 (MLX)`."""
     ours = _first(impls.get("ours"))
     times = {name: _first(impls.get(name)) for name in over}
     times = {name: t for name, t in times.items() if t}
@@ -61,6 +63,7 @@ def ratio(impls: dict, over: list[str], titles: dict) -> str:
 
 
 def table(rows: list[dict], family: str, copy_gbs: float) -> list[str]:
+    """One family's heading, note and table, as lines."""
     heading, text, columns, (ratio_title, over) = TABLES[family]
     titles = dict(columns)
     lines = [f"### {heading}", ""] + ([text, ""] if text else [])

@@ -120,6 +120,7 @@ class PeerTranslator(CudaTranslator):
 
 
 def ggml_mv_source(peers: Path) -> str:
+    """ggml's f16/bf16 mat-vec kernels: excerpts of ggml-common.h, dequantize.h and mul_mv.metal."""
     ggml = peers / "ggml"
 
     def keep_mv(text: str) -> bool:
@@ -148,6 +149,7 @@ def ggml_mv_source(peers: Path) -> str:
 
 
 def mlx_utils(peers: Path) -> str:
+    """MLX's utils.h reduced to MLX_UTILS_KEEP (the whole one needs headers these kernels do not)."""
     def keep(text: str) -> bool:
         return any(re.search(p, extract.head(text).strip(), re.M) for p in MLX_UTILS_KEEP)
 

@@ -129,6 +129,7 @@ def run_passes(cases, implementations, measure, passes=PASSES, log=log) -> list[
 
 
 def commit() -> str | None:
+    """The checkout's commit, when it is a git checkout."""
     proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return proc.stdout.strip() or None
 
