@@ -33,15 +33,17 @@ inline bool fp8_load16(device const uchar* row, uint k, uint end, bool vectorize
     for (uint c = 0; c < 4; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
     return false;
   }
-  // Subnormal codes are rare in real weights (below 2^-6 of the scale): the
-  // lanes holding one take the float decode, the others the half one.
-  if ((fp8x4_subnormals(u.x) | fp8x4_subnormals(u.y) | fp8x4_subnormals(u.z) | fp8x4_subnormals(u.w)) == 0) {
+  // Subnormal and NaN codes are rare in real weights (subnormals lie below
+  // 2^-6 of the scale): 16 bytes without one take the half decode, the
+  // others the float one.
+  if ((fp8x4_half_inexact(u.x) | fp8x4_half_inexact(u.y) | fp8x4_half_inexact(u.z) | fp8x4_half_inexact(u.w)) ==
+      0) {
     MPS_EXT_UNROLL
     for (uint c = 0; c < 4; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
-  } else {
-    MPS_EXT_UNROLL
-    for (uint c = 0; c < 4; ++c) out[c] = fp8x4_to_float4_div256(u[c]);
+    return false;
   }
+  MPS_EXT_UNROLL
+  for (uint c = 0; c < 4; ++c) out[c] = fp8x4_to_float4_div256(u[c]);
   return fp8x4_has_nan(u.x) || fp8x4_has_nan(u.y) || fp8x4_has_nan(u.z) || fp8x4_has_nan(u.w);
 }
 
