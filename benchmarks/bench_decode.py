@@ -76,7 +76,7 @@ def moe_fp8(case: Case, device: str) -> Calls:
     b = mps_ext.fp8.dequantize(q, scale, BF16).transpose(-2, -1)
     a, offs, touched = routed(tokens, e, top_k, k, device)
     return Calls(lambda: torch._grouped_mm(a, b, offs=offs), lambda: mps_ext.fp8_grouped_mm(a, q, scale, offs),
-                 touched * n * (k + 4) + a.shape[0] * (k + n) * 2, bf16=lambda: mps_ext.grouped_mm(a, b, offs))
+                 touched * n * k + a.shape[0] * (k + n) * 2, bf16=lambda: mps_ext.grouped_mm(a, b, offs))
 
 
 def moe_kn(case: Case, device: str) -> Calls:
