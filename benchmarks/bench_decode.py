@@ -46,6 +46,7 @@ class Calls:
 
 
 def gemv(case: Case, device: str) -> Calls:
+    """x (m, k) @ W.T, W (n, k): F.linear without bias."""
     (n, k, m), dtype = case.dims, case.dtype
     w = torch.randn(n, k, device=device, dtype=dtype) / math.sqrt(k)
     x = torch.randn(m, k, device=device, dtype=dtype)
@@ -53,6 +54,7 @@ def gemv(case: Case, device: str) -> Calls:
 
 
 def fp8(case: Case, device: str) -> Calls:
+    """fp8_linear on e4m3fn weights with one scale per row, beside F.linear on them dequantized to bf16."""
     n, k, m = case.dims
     q, scale = mps_ext.fp8.quantize(torch.randn(n, k, device=device, dtype=BF16) / math.sqrt(k), dim=1)
     w = mps_ext.fp8.dequantize(q, scale, BF16)
@@ -71,6 +73,7 @@ def moe(case: Case, device: str) -> Calls:
 
 
 def moe_fp8(case: Case, device: str) -> Calls:
+    """fp8_grouped_mm on e4m3fn experts with one scale per row, beside grouped_mm on them dequantized."""
     e, top_k, _, n, k, tokens = case.dims
     q, scale = mps_ext.fp8.quantize(torch.randn(e, n, k, device=device, dtype=BF16) / math.sqrt(k), dim=-1)
     b = mps_ext.fp8.dequantize(q, scale, BF16).transpose(-2, -1)
@@ -89,6 +92,7 @@ def moe_kn(case: Case, device: str) -> Calls:
 
 
 def softmax(case: Case, device: str) -> Calls:
+    """Softmax over the last dimension of a contiguous (rows, cols)."""
     x = torch.randn(*case.dims, device=device, dtype=case.dtype) * 3
     return Calls(lambda: torch.softmax(x, -1), lambda: mps_ext.softmax(x, -1), 2 * x.numel() * x.element_size())
 
