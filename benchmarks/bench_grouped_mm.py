@@ -31,12 +31,12 @@ SHAPES = [
 ]
 
 
-def routed(tokens, experts, top_k, k):
+def routed(tokens, experts, top_k, k, device="mps"):
     """Tokens sorted by expert (a) and offs of a random top-k routing; how many experts it touches."""
     chosen = torch.rand(tokens, experts).topk(top_k, dim=-1).indices.flatten()
     counts = torch.bincount(chosen, minlength=experts)
-    offs = counts.cumsum(0).to(torch.int32).to("mps")
-    a = torch.randn(tokens * top_k, k, device="mps", dtype=torch.bfloat16)
+    offs = counts.cumsum(0).to(torch.int32).to(device)
+    a = torch.randn(tokens * top_k, k, device=device, dtype=torch.bfloat16)
     return a, offs, int((counts > 0).sum())
 
 
