@@ -84,9 +84,10 @@ inline bool find_tile(device const int* offs, uint groups, uint limit, uint tile
 // serves the M rows from t when t starts a run of M rows of its group; for
 // any other row (inside a run, or past offs[G - 1]) it has nothing to do, so
 // the grid needs no more than m threadgroups along y. Not split, t counts the
-// ceil(m / M) runs of every group in turn.
+// ceil(m / M) runs of every group in turn. Every lane of the SIMD group calls
+// it (a SIMD-group sum).
 template <uint M>
-inline bool decode_rows_of(device const int* offs, constant GroupedMmParams& p, uint t, thread uint& g,
+inline bool decode_rows_of(device const int* offs, constant GroupedMmParams& p, uint t, uint lane, thread uint& g,
                            thread Extent& rows) {
   if (p.split != kGroupedSplitRows) {
     const uint runs = (p.m + M - 1) / M, first = t % runs * M;
@@ -94,14 +95,14 @@ inline bool decode_rows_of(device const int* offs, constant GroupedMmParams& p, 
     rows = Extent{first, min(M, p.m - first)};
     return true;
   }
-  uint lo = 0, hi = p.groups;  // the first group whose (clamped) end is past t
-  while (lo < hi) {
-    const uint mid = (lo + hi) / 2;
-    if (uint(clamp(offs[mid], 0, int(p.m))) > t) hi = mid;
-    else lo = mid + 1;
-  }
-  if (lo == p.groups) return false;
-  g = lo;
+  // t's group is the first whose (clamped) end is past t: the count of the
+  // groups that end at or before t, the lanes counting every 32nd group
+  // each. Their loads are independent, where a binary search's log2(groups)
+  // loads wait on each other, at every threadgroup's start.
+  uint ended = 0;
+  for (uint i = lane; i < p.groups; i += 32) ended += uint(clamp(offs[i], 0, int(p.m))) <= t ? 1u : 0u;
+  g = simd_sum(ended);
+  if (g == p.groups) return false;
   const Extent e = group_extent(offs, g, p.m);
   if (t < e.start || t >= e.start + e.size || (t - e.start) % M != 0) return false;
   rows = Extent{t, min(M, e.start + e.size - t)};
@@ -134,7 +135,7 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   threadgroup float partial[kDecodeSimdGroups * R * M];
   uint g;
   Extent rows;
-  if (!decode_rows_of<M>(offs, p, group.y, g, rows)) return;  // the whole threadgroup, before any barrier
+  if (!decode_rows_of<M>(offs, p, group.y, lane, g, rows)) return;  // the whole threadgroup, before any barrier
   // Runs of `slices` SIMD groups share R weight rows (= columns of out), each
   // reading every slices-th step of K.
   const uint slices = p.decode_slices;
@@ -188,7 +189,7 @@ kernel void grouped_mm_decode_kn(device const T* a [[buffer(0)]], device const T
   threadgroup float partial[kDecodeSimdGroups * M * kKnMaxChunks * P];
   uint g;
   Extent rows;
-  if (!decode_rows_of<M>(offs, p, group.y, g, rows)) return;  // the whole threadgroup, before the barrier
+  if (!decode_rows_of<M>(offs, p, group.y, lane, g, rows)) return;  // the whole threadgroup, before the barrier
   const uint chunks = p.decode_chunks, columns = chunks * P, lanes = kDecodeSimdGroups * 32 / chunks;
   const uint chunk = lane % chunks, k_lane = sg * (32 / chunks) + lane / chunks;
   const uint first = group.x * columns;
