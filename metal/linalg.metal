@@ -4,7 +4,8 @@
 // (float2).
 //
 // - thread: n <= 4, one thread per system, the matrix in registers; `solve`
-//   factors and solves in the same thread (one dispatch).
+//   factors and solves in the same thread (one dispatch), and so does
+//   `inverse`.
 // - simd: one SIMD group per matrix (factor: the matrix column-major in
 //   threadgroup memory, lane l owning rows l and l + 32) or per (system,
 //   right-hand side) (solves: the column in registers, lane l owning rows l and
@@ -177,6 +178,26 @@ kernel void lu_solve_fused_thread(device const T* a [[buffer(0)]], device const 
   const uint info = factor_in_registers(m, piv, p.n);
   store_factors_tiny(m, piv, info, p.n, b, lu, pivots, infos);
   solve_columns_tiny(m, piv, rhs, x, p, b);
+}
+
+// linalg.inv_ex: factor and invert in one thread; the inverse column-major,
+// as torch returns it (column c solves A x = e_c).
+template <typename T>
+kernel void lu_inverse_thread(device const T* a [[buffer(0)]], device T* inverse [[buffer(1)]],
+                              device int* infos [[buffer(2)]], constant LinalgParams& p [[buffer(3)]],
+                              uint b [[thread_position_in_grid]]) {
+  if (b >= p.batch) return;
+  T m[kTinyN * kTinyN];
+  uint piv[kTinyN];
+  load_tiny(a, p, b, m);
+  infos[b] = int(factor_in_registers(m, piv, p.n));
+  device T* out = inverse + ulong(b) * p.n * p.n;
+  for (uint c = 0; c < p.n; ++c) {
+    T v[kTinyN];
+    for (uint i = 0; i < p.n; ++i) v[i] = mps_ext::from_real<T>(i == c ? 1.0f : 0.0f);
+    solve_in_registers(m, piv, v, p.n, false);
+    for (uint i = 0; i < p.n; ++i) out[c * p.n + i] = v[i];
+  }
 }
 
 template <typename T>
@@ -412,6 +433,7 @@ kernel void trsm_inverse(device const T* a [[buffer(0)]], device const T* rhs [[
   template [[host_name("lu_factor_thread_" #T)]] [[kernel]] decltype(lu_factor_thread<T>) lu_factor_thread<T>;   \
   template [[host_name("lu_solve_fused_thread_" #T)]] [[kernel]] decltype(lu_solve_fused_thread<T>)             \
       lu_solve_fused_thread<T>;                                                                                  \
+  template [[host_name("lu_inverse_thread_" #T)]] [[kernel]] decltype(lu_inverse_thread<T>) lu_inverse_thread<T>; \
   template [[host_name("lu_solve_thread_" #T)]] [[kernel]] decltype(lu_solve_thread<T>) lu_solve_thread<T>;      \
   template [[host_name("lu_factor_simd_" #T)]] [[kernel]] decltype(lu_factor_simd<T>) lu_factor_simd<T>;         \
   template [[host_name("lu_solve_simd_" #T)]] [[kernel]] decltype(lu_solve_simd<T>) lu_solve_simd<T>;            \

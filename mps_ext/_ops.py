@@ -179,6 +179,27 @@ def solve(A: torch.Tensor, B: torch.Tensor, *, left: bool = True):
     return result
 
 
+def inv_ex(A: torch.Tensor, *, check_errors: bool = False):
+    """``(inverse, info)`` as ``torch.linalg.inv_ex``: ``info`` is the LU factorization's (0, or k > 0
+    when U[k-1, k-1] is exactly zero, the inverse then holding infs and NaNs). See :func:`inv`."""
+    return torch.ops.mps_ext.inv_ex(A, check_errors=check_errors)
+
+
+def inv(A: torch.Tensor):
+    """The inverse of a (batch of) square matrices, as ``torch.linalg.inv``; a singular A raises
+    ``torch.linalg.LinAlgError``.
+
+    float32 and complex64 of order <= 64 run mps_ext's kernels: up to order 4
+    one thread factors and inverts each matrix in a single dispatch; larger
+    orders factor (one SIMD group per matrix) and then solve ``A X = I`` (one
+    SIMD group per column of the inverse). Other inputs go to torch.
+    """
+    inverse, info = torch.ops.mps_ext.inv_ex(A)
+    _C._before_torch_ops(A.device.type)  # info is read here, on the host
+    torch._linalg_check_errors(info, "linalg.inv", is_matrix=A.dim() == 2)
+    return inverse
+
+
 def solve_triangular(A: torch.Tensor, B: torch.Tensor, *, upper: bool, left: bool = True,
                      unitriangular: bool = False):
     """Solves ``A X = B`` (``X A = B`` when ``left=False``) for a triangular A, as
@@ -227,6 +248,11 @@ def _solve_ex_backward(ctx, grad_result, grad_LU, grad_pivots, grad_info):
     A, B = ctx.saved_tensors
     left = ctx.flags["left"]
     return _differentiable([A, B], [grad_result], lambda a, b: torch.ops.aten._linalg_solve_ex(a, b, left=left)[0])
+
+
+def _inv_ex_backward(ctx, grad_inverse, grad_info):
+    (A,) = ctx.saved_tensors
+    return _differentiable([A], [grad_inverse], lambda a: torch.linalg.inv_ex(a)[:1])[0]
 
 
 def _solve_triangular_backward(ctx, grad):
@@ -283,6 +309,11 @@ def _solve_ex_jvp(inputs, kwargs, outputs, tangents):
     return t_X.squeeze(-1) if vector else t_X, _lu_tangent(LU, pivots, t_A), None, None
 
 
+def _inv_ex_jvp(inputs, kwargs, outputs, tangents):
+    (t_A,), (X, _) = tangents, outputs
+    return -X @ t_A @ X, None
+
+
 def _solve_triangular_jvp(inputs, kwargs, X, tangents):
     (A, _), (t_A, t_B) = inputs, tangents
     if t_A is not None:  # only the triangle read is A
@@ -293,6 +324,7 @@ def _solve_triangular_jvp(inputs, kwargs, X, tangents):
 _autograd.register("lu_factor_ex", _save_inputs, _lu_factor_ex_backward, _lu_factor_ex_jvp)
 _autograd.register("lu_solve", _save_inputs, _lu_solve_backward, _lu_solve_jvp)
 _autograd.register("solve_ex", _save_inputs, _solve_ex_backward, _solve_ex_jvp)
+_autograd.register("inv_ex", _save_inputs, _inv_ex_backward, _inv_ex_jvp)
 _autograd.register("solve_triangular", _save_inputs, _solve_triangular_backward, _solve_triangular_jvp)
 
 
@@ -326,6 +358,11 @@ def _solve_ex_fake(A, B, *, left=True, check_errors=False):
     X = _solution(B, batch, A.shape[-1], B_.shape[-1] if left else B_.shape[-2], left)
     LU, pivots, info = _lu_factor_ex_fake(A)
     return X.squeeze(-1) if vector else X, LU, pivots, info
+
+
+@torch.library.register_fake("mps_ext::inv_ex")
+def _inv_ex_fake(A, *, check_errors=False):
+    return A.new_empty(A.shape).mT, A.new_empty(A.shape[:-2], dtype=torch.int32)
 
 
 @torch.library.register_fake("mps_ext::solve_triangular")

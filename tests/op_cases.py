@@ -148,6 +148,8 @@ for _dtype, _suffix in ((torch.float32, ""), (torch.complex64, "_complex")):
              scale=LINALG_SCALE),
         Case("solve_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s)),
              mps_ext.solve_ex, torch.linalg.solve_ex, (0, 1), scale=LINALG_SCALE),
+        Case("inv_ex" + _suffix, lambda s, d=_dtype: (well_conditioned(3, 6, d, s),), mps_ext.inv_ex,
+             torch.linalg.inv_ex, (0,), scale=LINALG_SCALE),
         Case("solve_triangular" + _suffix,
              lambda s, d=_dtype: (triangular(3, 6, d, s), randn(3, 6, 2, dtype=d, seed=s + 3)),
              lambda A, B: mps_ext.solve_triangular(A, B, upper=True),

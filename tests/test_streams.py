@@ -512,6 +512,8 @@ def linalg_steps(A, B):
         "solve, order 3": lambda: torch.linalg.solve(A[..., :3, :3], B[..., :3, :]),
         "solve, broadcast factors": lambda: torch.linalg.solve(A[:, None], B.expand(2, *B.shape).transpose(0, 1)),
         "solve_triangular": lambda: torch.linalg.solve_triangular(good.triu(), B, upper=True),
+        "inv": lambda: torch.linalg.inv(A),
+        "inv, order 3": lambda: torch.linalg.inv(A[..., :3, :3]),
     }
     steps = {f"torch {name}": (step, step) for name, step in torch_steps.items()}
     steps["mps_ext lu_factor_ex(check_errors)"] = (lambda: mps_ext.lu_factor_ex(A, check_errors=True),
@@ -519,6 +521,7 @@ def linalg_steps(A, B):
     steps["mps_ext lu_factor then lu_solve"] = (lambda: mps_ext.lu_solve(*mps_ext.lu_factor(good), B),
                                                 torch_steps["lu_factor then lu_solve"])
     steps["mps_ext solve"] = (lambda: mps_ext.solve(A, B), torch_steps["solve"])
+    steps["mps_ext inv"] = (lambda: mps_ext.inv(A), torch_steps["inv"])
     return steps
 
 

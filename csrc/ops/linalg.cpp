@@ -311,6 +311,48 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(cons
   return {X, LU, pivots, info};
 }
 
+std::optional<std::string> inv_ex_unsupported(const at::Tensor& A) {
+  if (auto why = no_backend({&A})) return why;
+  if (auto why = square_unsupported(A)) return why;
+  if (A.numel() > kMaxElements) return std::string("more than 2^31 elements");
+  const at::ScalarType t = A.scalar_type();
+  if (A.size(-1) <= kTinyN) return no_kernels(A, {lu_kernel("inverse_thread", t)}, kThreadsPerGroup);
+  if (auto why = no_kernels(A, {lu_kernel("factor_simd", t)}, 32)) return why;
+  return no_kernels(A, {lu_kernel("solve_simd", t)}, 32 * kSolveSimdGroups);
+}
+
+std::tuple<at::Tensor, at::Tensor> inv_ex_kernels(const at::Tensor& A, bool check_errors) {
+  const int64_t n = A.size(-1);
+  const Shape batch = batch_of(A);
+  const int64_t systems = numel_of(batch);
+  at::Tensor inverse, info;
+  if (n > kTinyN) {
+    // A X = I: X column-major, as torch returns the inverse.
+    at::Tensor LU, pivots;
+    std::tie(LU, pivots, info) = factor(A);
+    inverse = solve_with_factors(LU, pivots, at::eye(n, A.options()), true, false);
+  } else {
+    const at::Tensor buf = at::empty(A.sizes(), A.options());
+    inverse = buf.mT();
+    info = at::zeros(batch, A.options().dtype(at::kInt));
+    if (systems && n) {
+      LinalgParams p = params(n, n, systems);
+      const Operand a = operand(A, batch);
+      set_matrix(p, a);
+      dispatch(Launch{lu_kernel("inverse_thread", A.scalar_type()), {}, thread_grid(systems), {kThreadsPerGroup}}
+                   .tensor(a.t)
+                   .tensor(bind(buf))
+                   .tensor(info)
+                   .bytes(p));
+    }
+  }
+  if (check_errors) {
+    before_torch_ops(info.device());  // the check reads info on the host
+    at::_linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);
+  }
+  return {inverse, info};
+}
+
 std::optional<std::string> solve_triangular_unsupported(const at::Tensor& A, const at::Tensor& B, bool left) {
   if (auto why = no_backend({&A, &B})) return why;
   if (auto why = square_unsupported(A)) return why;
@@ -370,6 +412,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Te
       [&] { return at::_linalg_solve_ex(A, B, left, check_errors); });
 }
 
+std::tuple<at::Tensor, at::Tensor> inv_ex(const at::Tensor& A, bool check_errors) {
+  return overrides::counted(
+      "mps_ext::inv_ex", inv_ex_unsupported(A), [&] { return inv_ex_kernels(A, check_errors); },
+      [&] { return at::linalg_inv_ex(A, check_errors); });
+}
+
 at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
   return overrides::counted(
       "mps_ext::solve_triangular", solve_triangular_unsupported(A, B, left),
@@ -384,6 +432,7 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor");
   m.def("solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> (Tensor result, Tensor LU, "
         "Tensor pivots, Tensor info)");
+  m.def("inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)");
   m.def("solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) -> Tensor");
 }
 
@@ -392,6 +441,7 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
     m.impl("lu_factor_ex", TORCH_FN(mps_ext::ops::lu_factor_ex));                  \
     m.impl("lu_solve", TORCH_FN(mps_ext::ops::lu_solve));                          \
     m.impl("solve_ex", TORCH_FN(mps_ext::ops::solve_ex));                          \
+    m.impl("inv_ex", TORCH_FN(mps_ext::ops::inv_ex));                              \
     m.impl("solve_triangular", TORCH_FN(mps_ext::ops::solve_triangular));          \
   }
 

@@ -1,5 +1,5 @@
 // Small-matrix linear algebra with torch.linalg semantics: LU factorization,
-// LU solve, solve and triangular solve for batches of float or complex64
+// LU solve, solve, inverse and triangular solve for batches of float or complex64
 // systems of order n <= 64. The kernels are in metal/linalg.metal.
 #pragma once
 
@@ -27,6 +27,9 @@ std::optional<std::string> solve_ex_unsupported(const at::Tensor& A, const at::T
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(const at::Tensor& A, const at::Tensor& B,
                                                                             bool left, bool check_errors);
 
+std::optional<std::string> inv_ex_unsupported(const at::Tensor& A);
+std::tuple<at::Tensor, at::Tensor> inv_ex_kernels(const at::Tensor& A, bool check_errors);
+
 std::optional<std::string> solve_triangular_unsupported(const at::Tensor& A, const at::Tensor& B, bool left);
 at::Tensor solve_triangular_kernels(const at::Tensor& A, const at::Tensor& B, bool upper, bool left,
                                     bool unitriangular);
@@ -36,6 +39,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lu_factor_ex(const at::Tensor& A,
 at::Tensor lu_solve(const at::Tensor& LU, const at::Tensor& pivots, const at::Tensor& B, bool left, bool adjoint);
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Tensor& A, const at::Tensor& B,
                                                                     bool left, bool check_errors);
+std::tuple<at::Tensor, at::Tensor> inv_ex(const at::Tensor& A, bool check_errors);
 at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular);
 
 }  // namespace mps_ext::ops

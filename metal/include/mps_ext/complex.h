@@ -32,6 +32,16 @@ inline float2 creciprocal(float2 a) { return cdiv(float2(1.0f, 0.0f), a); }
 inline float abs1(float a) { return metal::fabs(a); }
 inline float abs1(float2 a) { return metal::fabs(a.x) + metal::fabs(a.y); }
 
+// A real value as T: float2(x) would put x in the imaginary part too.
+template <typename T>
+inline T from_real(float x) {
+  return T(x);
+}
+template <>
+inline float2 from_real<float2>(float x) {
+  return float2(x, 0.0f);
+}
+
 inline bool is_zero(float a) { return a == 0.0f; }
 inline bool is_zero(float2 a) { return a.x == 0.0f && a.y == 0.0f; }
 
