@@ -372,6 +372,20 @@ def solve(A: torch.Tensor, B: torch.Tensor):
                    (K_THREADS_PER_GROUP,), [_bind(A), _bind(B), _bind(x_buf), _bind(lu_buf), piv, info, p])], x_buf.mT
 
 
+def inverse(A: torch.Tensor):
+    """linalg.inv_ex for A (batch, n, n): factor and invert in one thread for n <= 4, else factor + solve A X = I."""
+    batch, n = A.shape[0], A.shape[-1]
+    if n > K_TINY_N:
+        l1, (LU, piv, info) = lu_factor(A)
+        l2, X = lu_solve(LU, piv, torch.eye(n, dtype=A.dtype, device=A.device).expand(batch, n, n))
+        return l1 + l2, (X, info)
+    buf = torch.empty_like(A)
+    info = torch.zeros(batch, dtype=torch.int32, device=A.device)
+    p = _linalg_params(n, n, batch, A)
+    return [Launch(host_name("lu", "inverse_thread", A.dtype), (ceil_div(batch, K_THREADS_PER_GROUP),),
+                   (K_THREADS_PER_GROUP,), [_bind(A), _bind(buf), info, p])], (buf.mT, info)
+
+
 def solve_triangular(A: torch.Tensor, B: torch.Tensor, upper: bool, unit=False):
     """Left solves: A (batch, n, n), B (batch, n, k)."""
     batch, n, k = B.shape
