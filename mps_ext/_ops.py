@@ -200,6 +200,25 @@ def inv(A: torch.Tensor):
     return inverse
 
 
+def qr(A: torch.Tensor, mode: str = "reduced"):
+    """``(Q, R)`` with ``A = Q R`` as ``torch.linalg.qr``: ``mode`` "reduced" (Q m x k, R k x n, k = min(m, n)),
+    "complete" (Q m x m, R m x n) or "r" (R only, Q empty).
+
+    float32 and complex64 matrices of at most 64 rows and columns run mps_ext's kernels: Householder
+    reflections with LAPACK's conventions (geqrf, then orgqr for Q), one SIMD group per matrix in threadgroup
+    memory, so Q and R are torch's on the CPU, signs included (R's diagonal is negative where A's column
+    leads with a positive entry). Other inputs go to torch.
+    """
+    return torch.ops.mps_ext.qr(A, mode)
+
+
+def householder_product(A: torch.Tensor, tau: torch.Tensor):
+    """The first n columns of ``H_0 ... H_{k-1}``, ``H_i = I - tau_i v_i v_i^H`` with ``v_i`` below the
+    diagonal of column i of A (unit leading entry), as ``torch.linalg.householder_product`` (LAPACK's
+    orgqr/ungqr). float32 and complex64, m, n <= 64; other inputs go to torch."""
+    return torch.ops.mps_ext.householder_product(A, tau)
+
+
 def solve_triangular(A: torch.Tensor, B: torch.Tensor, *, upper: bool, left: bool = True,
                      unitriangular: bool = False):
     """Solves ``A X = B`` (``X A = B`` when ``left=False``) for a triangular A, as
@@ -253,6 +272,16 @@ def _solve_ex_backward(ctx, grad_result, grad_LU, grad_pivots, grad_info):
 def _inv_ex_backward(ctx, grad_inverse, grad_info):
     (A,) = ctx.saved_tensors
     return _differentiable([A], [grad_inverse], lambda a: torch.linalg.inv_ex(a)[:1])[0]
+
+
+def _qr_backward(ctx, grad_Q, grad_R):
+    (A,) = ctx.saved_tensors
+    mode = ctx.flags["mode"]
+    return _differentiable([A], [grad_Q, grad_R], lambda a: torch.linalg.qr(a, mode))[0]
+
+
+def _householder_product_backward(ctx, grad):
+    return _differentiable(ctx.saved_tensors, [grad], torch.linalg.householder_product)
 
 
 def _solve_triangular_backward(ctx, grad):
@@ -314,6 +343,27 @@ def _inv_ex_jvp(inputs, kwargs, outputs, tangents):
     return -X @ t_A @ X, None
 
 
+def _qr_jvp(inputs, kwargs, outputs, tangents):
+    """torch's linalg_qr_jvp: with C = Q^H dA R^-1 (= Q^H dQ + dR R^-1, skew-Hermitian plus upper triangular),
+    dR R^-1 is the upper part of C + C^H with its real diagonal halved. Wide A: the square part first."""
+    (A,), (Q, R), (t_A,) = inputs, outputs, tangents
+    m, n = A.shape[-2:]
+    if kwargs["mode"] == "r" or (kwargs["mode"] == "complete" and m > n):
+        raise NotImplementedError(f"mps_ext.qr: forward-mode derivative for mode={kwargs['mode']!r} and m > n "
+                                  "is not defined (as in torch)")
+    k = min(m, n)
+    t_X = t_A[..., :k]
+    t_X_Rinv = solve_triangular(R[..., :k], t_X, upper=True, left=False)
+    C = Q.mH @ t_X_Rinv
+    S = (C + C.mH).triu()
+    S = S - 0.5 * torch.diag_embed(S.diagonal(dim1=-2, dim2=-1))
+    t_Q = t_X_Rinv - Q @ S
+    t_R = S @ R
+    if n > m:  # R's right part: Q^H (dY - dQ R_2)
+        t_R = torch.cat([t_R[..., :k], Q.mH @ (t_A[..., k:] - t_Q @ R[..., k:])], dim=-1)
+    return t_Q, t_R
+
+
 def _solve_triangular_jvp(inputs, kwargs, X, tangents):
     (A, _), (t_A, t_B) = inputs, tangents
     if t_A is not None:  # only the triangle read is A
@@ -325,6 +375,8 @@ _autograd.register("lu_factor_ex", _save_inputs, _lu_factor_ex_backward, _lu_fac
 _autograd.register("lu_solve", _save_inputs, _lu_solve_backward, _lu_solve_jvp)
 _autograd.register("solve_ex", _save_inputs, _solve_ex_backward, _solve_ex_jvp)
 _autograd.register("inv_ex", _save_inputs, _inv_ex_backward, _inv_ex_jvp)
+_autograd.register("qr", _save_inputs, _qr_backward, _qr_jvp)
+_autograd.register("householder_product", _save_inputs, _householder_product_backward)
 _autograd.register("solve_triangular", _save_inputs, _solve_triangular_backward, _solve_triangular_jvp)
 
 
@@ -363,6 +415,21 @@ def _solve_ex_fake(A, B, *, left=True, check_errors=False):
 @torch.library.register_fake("mps_ext::inv_ex")
 def _inv_ex_fake(A, *, check_errors=False):
     return A.new_empty(A.shape).mT, A.new_empty(A.shape[:-2], dtype=torch.int32)
+
+
+@torch.library.register_fake("mps_ext::qr")
+def _qr_fake(A, mode="reduced"):
+    *batch, m, n = A.shape
+    k = min(m, n)
+    rows = m if mode == "complete" else k  # Q's columns and R's rows
+    Q = A.new_empty(0) if mode == "r" else A.new_empty(*batch, rows, m).mT
+    return Q, A.new_empty(*batch, n, rows).mT
+
+
+@torch.library.register_fake("mps_ext::householder_product")
+def _householder_product_fake(A, tau):
+    *batch, m, n = A.shape
+    return A.new_empty(*batch, n, m).mT
 
 
 @torch.library.register_fake("mps_ext::solve_triangular")

@@ -32,6 +32,13 @@ inline float2 creciprocal(float2 a) { return cdiv(float2(1.0f, 0.0f), a); }
 inline float abs1(float a) { return metal::fabs(a); }
 inline float abs1(float2 a) { return metal::fabs(a.x) + metal::fabs(a.y); }
 
+inline float real_part(float a) { return a; }
+inline float real_part(float2 a) { return a.x; }
+inline float imag_part(float) { return 0.0f; }
+inline float imag_part(float2 a) { return a.y; }
+inline float norm2(float a) { return a * a; }  // |a|^2
+inline float norm2(float2 a) { return metal::dot(a, a); }
+
 // A real value as T: float2(x) would put x in the imaginary part too.
 template <typename T>
 inline T from_real(float x) {
