@@ -274,10 +274,14 @@ def _inv_ex_backward(ctx, grad_inverse, grad_info):
     return _differentiable([A], [grad_inverse], lambda a: torch.linalg.inv_ex(a)[:1])[0]
 
 
+def _qr_setup(ctx, inputs, kwargs, output):
+    A, ctx.mode = inputs  # the mode is positional, as in torch.linalg.qr
+    ctx.save_for_backward(A)
+
+
 def _qr_backward(ctx, grad_Q, grad_R):
     (A,) = ctx.saved_tensors
-    mode = ctx.flags["mode"]
-    return _differentiable([A], [grad_Q, grad_R], lambda a: torch.linalg.qr(a, mode))[0]
+    return _differentiable([A], [grad_Q, grad_R], lambda a: torch.linalg.qr(a, ctx.mode))[0], None
 
 
 def _householder_product_backward(ctx, grad):
@@ -346,11 +350,10 @@ def _inv_ex_jvp(inputs, kwargs, outputs, tangents):
 def _qr_jvp(inputs, kwargs, outputs, tangents):
     """torch's linalg_qr_jvp: with C = Q^H dA R^-1 (= Q^H dQ + dR R^-1, skew-Hermitian plus upper triangular),
     dR R^-1 is the upper part of C + C^H with its real diagonal halved. Wide A: the square part first."""
-    (A,), (Q, R), (t_A,) = inputs, outputs, tangents
+    (A, mode), (Q, R), (t_A, _) = inputs, outputs, tangents
     m, n = A.shape[-2:]
-    if kwargs["mode"] == "r" or (kwargs["mode"] == "complete" and m > n):
-        raise NotImplementedError(f"mps_ext.qr: forward-mode derivative for mode={kwargs['mode']!r} and m > n "
-                                  "is not defined (as in torch)")
+    if mode == "r" or (mode == "complete" and m > n):
+        raise NotImplementedError(f"mps_ext.qr: no forward-mode derivative for mode={mode!r} with m > n (nor in torch)")
     k = min(m, n)
     t_X = t_A[..., :k]
     t_X_Rinv = solve_triangular(R[..., :k], t_X, upper=True, left=False)
@@ -364,6 +367,31 @@ def _qr_jvp(inputs, kwargs, outputs, tangents):
     return t_Q, t_R
 
 
+def _householder_product_jvp(inputs, kwargs, Q, tangents):
+    """The product rule over Q = H_0 ... H_{k-1} (first n columns), H_i = I - tau_i v_i v_i^H:
+    dQ = sum_i H_0 ... H_{i-1} dH_i H_{i+1} ... H_{k-1}."""
+    (A, tau), (t_A, t_tau) = inputs, tangents
+    m, n, k = A.shape[-2], A.shape[-1], tau.shape[-1]
+    eye = torch.eye(m, dtype=A.dtype, device=A.device)
+    V = A.tril(-1)[..., :k] + eye[:, :k]
+    t_V = torch.zeros_like(V) if t_A is None else t_A.tril(-1)[..., :k]
+    t_tau = torch.zeros_like(tau) if t_tau is None else t_tau
+    v = [V[..., i:i + 1] for i in range(k)]
+    t_v = [t_V[..., i:i + 1] for i in range(k)]
+    t = [tau[..., i, None, None] for i in range(k)]
+    H = [eye - t[i] * v[i] @ v[i].mH for i in range(k)]
+    after = [eye[:, :n]]  # H_{i+1} ... H_{k-1}, first n columns, from i = k - 1 down
+    for i in reversed(range(1, k)):
+        after.append(H[i] @ after[-1])
+    after.reverse()
+    t_Q, before = torch.zeros_like(Q), eye
+    for i in range(k):
+        t_H = -(t_tau[..., i, None, None] * v[i] @ v[i].mH + t[i] * (t_v[i] @ v[i].mH + v[i] @ t_v[i].mH))
+        t_Q = t_Q + before @ t_H @ after[i]
+        before = before @ H[i]
+    return t_Q
+
+
 def _solve_triangular_jvp(inputs, kwargs, X, tangents):
     (A, _), (t_A, t_B) = inputs, tangents
     if t_A is not None:  # only the triangle read is A
@@ -375,8 +403,8 @@ _autograd.register("lu_factor_ex", _save_inputs, _lu_factor_ex_backward, _lu_fac
 _autograd.register("lu_solve", _save_inputs, _lu_solve_backward, _lu_solve_jvp)
 _autograd.register("solve_ex", _save_inputs, _solve_ex_backward, _solve_ex_jvp)
 _autograd.register("inv_ex", _save_inputs, _inv_ex_backward, _inv_ex_jvp)
-_autograd.register("qr", _save_inputs, _qr_backward, _qr_jvp)
-_autograd.register("householder_product", _save_inputs, _householder_product_backward)
+_autograd.register("qr", _qr_setup, _qr_backward, _qr_jvp)
+_autograd.register("householder_product", _save_inputs, _householder_product_backward, _householder_product_jvp)
 _autograd.register("solve_triangular", _save_inputs, _solve_triangular_backward, _solve_triangular_jvp)
 
 

@@ -114,7 +114,7 @@ struct Operand {
 Operand operand(const at::Tensor& x, const Shape& batch) {
   const int64_t rows = x.size(-2), cols = x.size(-1);
   at::Tensor t = numel_of(batch_of(x)) == 1 ? x.reshape({1, rows, cols})
-                                            : x.expand(concat(batch, {rows, cols})).reshape({-1, rows, cols});
+                                            : x.expand(concat(batch, {rows, cols})).reshape({numel_of(batch), rows, cols});
   for (int64_t d = 0; d < 3; ++d)
     if (t.stride(d) > kMaxElements) t = t.contiguous();
   const uint32_t bs = t.size(0) == 1 && numel_of(batch) != 1 ? 0 : uint32_t(t.stride(0));
