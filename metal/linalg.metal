@@ -28,15 +28,6 @@ using mps_ext::LinalgParams;
 constant constexpr uint kTinyN = 4;   // thread kernels: largest order
 constant constexpr uint kMaxN = 64;   // simd kernels: largest order
 constant constexpr uint kSlots = kMaxN / 32;  // rows per lane
-constant constexpr float kSafeMin = 1.17549435e-38f;  // FLT_MIN: LAPACK's sfmin for float
-
-// Multipliers of a pivot column: scaled by the reciprocal of the pivot as
-// LAPACK does when that cannot overflow, divided otherwise.
-template <typename T>
-inline T multiplier(T a, T pivot, T reciprocal, bool use_reciprocal) {
-  return use_reciprocal ? mps_ext::cmul(a, reciprocal) : mps_ext::cdiv(a, pivot);
-}
-
 // The row pivot step k moves to row k, after the swaps of steps 0..k-1 have
 // been applied; for the row the permutation P^T b places at `row`, trace the
 // swaps backwards. Out-of-range pivots (rejected by the host) are ignored.
@@ -80,10 +71,10 @@ inline uint factor_in_registers(thread T* a, thread uint* piv, uint n) {
       if (info == 0) info = k + 1;
       continue;
     }
-    const bool use_reciprocal = mps_ext::abs1(d) >= kSafeMin;
+    const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);
     const T r = mps_ext::creciprocal(d);
     for (uint i = k + 1; i < n; ++i) {
-      const T l = multiplier(a[i * kTinyN + k], d, r, use_reciprocal);
+      const T l = mps_ext::divide(a[i * kTinyN + k], d, r, use_reciprocal);
       a[i * kTinyN + k] = l;
       for (uint j = k + 1; j < n; ++j) a[i * kTinyN + j] -= mps_ext::cmul(l, a[k * kTinyN + j]);
     }
@@ -266,11 +257,11 @@ kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffe
       if (info == 0) info = k + 1;
       continue;  // the column below is zero too: nothing to eliminate
     }
-    const bool use_reciprocal = mps_ext::abs1(d) >= kSafeMin;
+    const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);
     const T r = mps_ext::creciprocal(d);
     // Each lane scales and updates its own rows; the pivot row is only read.
     for (uint i = k + 1 + lane; i < n; i += 32) {
-      const T l = multiplier(m[k * n + i], d, r, use_reciprocal);
+      const T l = mps_ext::divide(m[k * n + i], d, r, use_reciprocal);
       m[k * n + i] = l;
       for (uint j = k + 1; j < n; ++j) m[j * n + i] -= mps_ext::cmul(l, m[j * n + k]);
     }

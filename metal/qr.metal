@@ -51,24 +51,32 @@ kernel void qr_geqrf_simd(device const T* a [[buffer(0)]], device T* qr [[buffer
   for (uint j = 0; j < cols; ++j)
     for (uint i = lane; i < rows; i += 32) c[j * rows + i] = src[i * p.a_rs + j * p.a_cs];
   for (uint s = 0; s < p.k; ++s) {
-    float part = 0.0f;
+    T vs[kQrMaxN / 32];
     T own = T(0.0f);
-    for (uint i = lane; i < rows; i += 32) {
-      if (i > s) part += mps_ext::norm2(c[s * rows + i]);
-      if (i / 32 == s / 32) own = c[s * rows + i];
+    float largest = 0.0f;  // of x, the column below the diagonal
+    for (uint slot = 0, i = lane; i < rows; ++slot, i += 32) {
+      vs[slot] = c[s * rows + i];
+      if (i > s) largest = max(largest, mps_ext::abs_max(vs[slot]));
+      if (slot == s / 32) own = vs[slot];
     }
-    const float xnorm2 = simd_sum(part);
+    largest = simd_max(largest);
     const T alpha = simd_broadcast(own, ushort(s % 32));
     T t = T(0.0f);
-    T vs[kQrMaxN / 32];
-    for (uint slot = 0, i = lane; i < rows; ++slot, i += 32) vs[slot] = c[s * rows + i];
-    if (xnorm2 != 0.0f || mps_ext::imag_part(alpha) != 0.0f) {
-      const float re = mps_ext::real_part(alpha);
-      const float beta = -copysign(sqrt(mps_ext::norm2(alpha) + xnorm2), re);
+    if (largest != 0.0f || mps_ext::imag_part(alpha) != 0.0f) {
+      // |(alpha, x)| summed in units of the largest part, as LAPACK's nrm2 and lapy3: squares of
+      // float-range values neither overflow nor vanish.
+      const float unit = max(largest, mps_ext::abs_max(alpha));
+      float part = 0.0f;
+      for (uint slot = 0, i = lane; i < rows; ++slot, i += 32)
+        if (i > s) part += mps_ext::norm2(vs[slot] / unit);
+      const float norm = unit * sqrt(simd_sum(part) + mps_ext::norm2(alpha / unit));
+      const float beta = -copysign(norm, mps_ext::real_part(alpha));
       t = mps_ext::cdiv(mps_ext::from_real<T>(beta) - alpha, mps_ext::from_real<T>(beta));
-      const T scale = mps_ext::creciprocal(alpha - mps_ext::from_real<T>(beta));
+      const T d = alpha - mps_ext::from_real<T>(beta);  // v = x / d
+      const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);
+      const T r = mps_ext::creciprocal(d);
       for (uint slot = 0, i = lane; i < rows; ++slot, i += 32) {
-        if (i > s) vs[slot] = c[s * rows + i] = mps_ext::cmul(scale, vs[slot]);
+        if (i > s) vs[slot] = c[s * rows + i] = mps_ext::divide(vs[slot], d, r, use_reciprocal);
         if (i == s) c[s * rows + i] = mps_ext::from_real<T>(beta);
       }
     }

@@ -69,6 +69,14 @@ def test_qr_rank_deficient_zero_columns_and_views(dtype, device):
         assert_same_qr(view, on(device, mps_ext.qr, view), torch.linalg.qr(view.resolve_conj()))
 
 
+@pytest.mark.parametrize("scale", [1e-30, 1e30])
+def test_qr_of_badly_scaled_matrices(scale, device):
+    # Squares of these entries vanish or overflow in float: the norms are summed in units of the largest.
+    for dtype in DTYPES:
+        A = randn(4, 9, 6, dtype=dtype, seed=3) * scale
+        assert_same_qr(A, on(device, mps_ext.qr, A), torch.linalg.qr(A))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(5, 5, 5), (7, 4, 3), (40, 33, 33), (6, 3, 0), (64, 64, 40)])
 def test_householder_product_matches_torch(m, n, k, dtype, device):
