@@ -189,10 +189,10 @@ def inv(A: torch.Tensor):
     """The inverse of a (batch of) square matrices, as ``torch.linalg.inv``; a singular A raises
     ``torch.linalg.LinAlgError``.
 
-    float32 and complex64 of order <= 64 run mps_ext's kernels: up to order 4
-    one thread factors and inverts each matrix in a single dispatch; larger
-    orders factor (one SIMD group per matrix) and then solve ``A X = I`` (one
-    SIMD group per column of the inverse). Other inputs go to torch.
+    float32 and complex64 of order <= 64 run mps_ext's kernels, one dispatch:
+    up to order 4 one thread factors and inverts each matrix; larger orders one
+    SIMD group, which factors the matrix in threadgroup memory and solves
+    ``A X = I`` from the factors there. Other inputs go to torch.
     """
     inverse, info = torch.ops.mps_ext.inv_ex(A)
     _C._before_torch_ops(A.device.type)  # info is read here, on the host

@@ -17,9 +17,8 @@ MTYPE = {torch.float32: "float", torch.complex64: "float2"}
 
 
 def inverse_kernels(n, dtype):
-    """The kernels inv runs: one fused dispatch up to order 4, a factor and a solve above."""
-    kind = MTYPE[dtype]
-    return [f"lu_inverse_thread_{kind}"] if n <= 4 else [f"lu_factor_simd_{kind}", f"lu_solve_simd_{kind}"]
+    """The kernel inv runs: one dispatch factors and inverts, a thread per matrix up to order 4, else a SIMD group."""
+    return [f"lu_inverse_{'thread' if n <= 4 else 'simd'}_{MTYPE[dtype]}"]
 
 
 def assert_inverts(A, X):

@@ -347,37 +347,31 @@ std::optional<std::string> inv_ex_unsupported(const at::Tensor& A) {
   if (auto why = no_backend({&A})) return why;
   if (auto why = square_unsupported(A)) return why;
   if (A.numel() > kMaxElements) return std::string("more than 2^31 elements");
-  const at::ScalarType t = A.scalar_type();
-  if (A.size(-1) <= kTinyN) return no_kernels(A, {lu_kernel("inverse_thread", t)}, kThreadsPerGroup);
-  if (auto why = no_kernels(A, {lu_kernel("factor_simd", t)}, 32)) return why;
-  return no_kernels(A, {lu_kernel("solve_simd", t)}, 32 * kSolveSimdGroups);
+  const bool tiny = A.size(-1) <= kTinyN;
+  return no_kernels(A, {lu_kernel(tiny ? "inverse_thread" : "inverse_simd", A.scalar_type())},
+                    tiny ? kThreadsPerGroup : 32);
 }
 
 std::tuple<at::Tensor, at::Tensor> inv_ex_kernels(const at::Tensor& A, bool check_errors) {
   const int64_t n = A.size(-1);
   const Shape batch = batch_of(A);
   const int64_t systems = numel_of(batch);
-  at::Tensor inverse, info;
-  if (n > kTinyN) {
-    // A X = I: X column-major, as torch returns the inverse.
-    at::Tensor LU, pivots;
-    std::tie(LU, pivots, info) = factor(A);
-    inverse = solve_with_factors(LU, pivots, at::eye(n, A.options()), true, false);
-  } else {
-    const at::Tensor buf = at::empty(A.sizes(), A.options());
-    inverse = buf.mT();
-    info = at::zeros(batch, A.options().dtype(at::kInt));
-    if (systems && n) {
-      LinalgParams p = params(n, n, systems);
-      const Operand a = operand(A, batch);
-      set_matrix(p, a);
-      dispatch(Launch{lu_kernel("inverse_thread", A.scalar_type()), {}, thread_grid(systems), {kThreadsPerGroup}}
-                   .tensor(a.t)
-                   .tensor(bind(buf))
-                   .tensor(info)
-                   .bytes(p));
-    }
+  // One dispatch factors and inverts; the inverse column-major, as torch returns it.
+  const at::Tensor buf = at::empty(A.sizes(), A.options());
+  const at::Tensor info = at::zeros(batch, A.options().dtype(at::kInt));
+  if (systems && n) {
+    LinalgParams p = params(n, n, systems);
+    const Operand a = operand(A, batch);
+    set_matrix(p, a);
+    const bool tiny = n <= kTinyN;
+    dispatch(Launch{lu_kernel(tiny ? "inverse_thread" : "inverse_simd", A.scalar_type()), {},
+                    tiny ? thread_grid(systems) : Size3{uint32_t(systems)}, {tiny ? kThreadsPerGroup : 32}}
+                 .tensor(a.t)
+                 .tensor(bind(buf))
+                 .tensor(info)
+                 .bytes(p));
   }
+  const at::Tensor inverse = buf.mT();
   if (check_errors) {
     before_torch_ops(info.device());  // the check reads info on the host
     at::_linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);

@@ -373,17 +373,16 @@ def solve(A: torch.Tensor, B: torch.Tensor):
 
 
 def inverse(A: torch.Tensor):
-    """linalg.inv_ex for A (batch, n, n): factor and invert in one thread for n <= 4, else factor + solve A X = I."""
+    """linalg.inv_ex for A (batch, n, n): one dispatch factors and inverts (a thread per matrix for n <= 4,
+    else a SIMD group)."""
     batch, n = A.shape[0], A.shape[-1]
-    if n > K_TINY_N:
-        l1, (LU, piv, info) = lu_factor(A)
-        l2, X = lu_solve(LU, piv, torch.eye(n, dtype=A.dtype, device=A.device).expand(batch, n, n))
-        return l1 + l2, (X, info)
     buf = torch.empty_like(A)
     info = torch.zeros(batch, dtype=torch.int32, device=A.device)
     p = _linalg_params(n, n, batch, A)
-    return [Launch(host_name("lu", "inverse_thread", A.dtype), (ceil_div(batch, K_THREADS_PER_GROUP),),
-                   (K_THREADS_PER_GROUP,), [_bind(A), _bind(buf), info, p])], (buf.mT, info)
+    tiny = n <= K_TINY_N
+    grid = (ceil_div(batch, K_THREADS_PER_GROUP),) if tiny else (batch,)
+    return [Launch(host_name("lu", "inverse_thread" if tiny else "inverse_simd", A.dtype), grid,
+                   (K_THREADS_PER_GROUP if tiny else 32,), [_bind(A), _bind(buf), info, p])], (buf.mT, info)
 
 
 def householder_product(V: torch.Tensor, tau: torch.Tensor, cols=None):
