@@ -23,13 +23,12 @@ using mps_ext::LinalgParams;
 
 constant constexpr uint kQrMaxN = 64;
 
-// C[:, j] -= t v (v^H C[:, j]) for the columns j in [first, cols) and the rows
-// from s on, v[s] = 1 and v[i] = vs[slot] for this lane's rows i > s.
+// C[:, j] -= t v (v^H C[:, j]) for the columns j right of s and the rows from
+// s on, v[s] = 1 and v[i] = vs[slot] for this lane's rows i > s.
 template <typename T>
-inline void reflect(threadgroup T* c, uint rows, uint cols, uint first, uint s, thread const T* vs, T t,
-                    uint lane) {
+inline void reflect(threadgroup T* c, uint rows, uint cols, uint s, thread const T* vs, T t, uint lane) {
   const T one = mps_ext::from_real<T>(1.0f);
-  for (uint j = first; j < cols; ++j) {
+  for (uint j = s + 1; j < cols; ++j) {
     T part = T(0.0f);
     for (uint slot = 0, i = lane; i < rows; ++slot, i += 32)
       if (i >= s) part += mps_ext::cmul(mps_ext::cconj(i == s ? one : vs[slot]), c[j * rows + i]);
@@ -81,7 +80,7 @@ kernel void qr_geqrf_simd(device const T* a [[buffer(0)]], device T* qr [[buffer
       }
     }
     if (lane == 0) tau[ulong(b) * p.k + s] = t;
-    reflect(c, rows, cols, s + 1, s, vs, mps_ext::cconj(t), lane);  // H_s^H from the left
+    reflect(c, rows, cols, s, vs, mps_ext::cconj(t), lane);  // H_s^H from the left
   }
   device T* out = qr + ulong(b) * rows * cols;
   for (uint j = 0; j < cols; ++j)
@@ -103,7 +102,7 @@ kernel void qr_householder_simd(device const T* a [[buffer(0)]], device const T*
     const T t = tau[ulong(b) * p.p_bs + s];
     T vs[kQrMaxN / 32];
     for (uint slot = 0, i = lane; i < rows; ++slot, i += 32) vs[slot] = i > s ? v[i * p.a_rs + s * p.a_cs] : T(0.0f);
-    reflect(c, rows, cols, s + 1, s, vs, t, lane);
+    reflect(c, rows, cols, s, vs, t, lane);
     // Column s: H_s e_s.
     for (uint slot = 0, i = lane; i < rows; ++slot, i += 32)
       c[s * rows + i] = i > s ? -mps_ext::cmul(t, vs[slot]) : i == s ? mps_ext::from_real<T>(1.0f) - t : T(0.0f);
