@@ -2,8 +2,11 @@
 Apple-silicon Mac.
 
 Batches of 4096 3x3 and 4x4 solves (camera geometry, image warps), 1024 LU
-factorizations and solves of order 16/32/64, and 1024 triangular solves of
-order 16/32/64 with 64 right-hand sides (the Gated DeltaNet shape among them).
+factorizations and solves of order 16/32/64, 1024 triangular solves of
+order 16/32/64 with 64 right-hand sides (the Gated DeltaNet shape among them),
+and 4096 inverses and QR factorizations of order 3/4/16/32/64 (poses, Kalman
+updates, orthogonalisation), those also against torch on the CPU (LAPACK on
+the same batch, already in memory).
 Reports microseconds per batched call and the speedup; where torch has no MPS
 kernel (torch 2.13: linalg.lu_solve) its column says so.
 Usage: python benchmarks/bench_linalg.py
@@ -15,7 +18,7 @@ import sys
 import torch
 
 import mps_ext
-from _common import TIMING, Column, compare, main
+from _common import TIMING, Column, compare, main, time_us
 
 
 def cases():
@@ -43,8 +46,20 @@ def cases():
     yield "solve 1024 x 8x8 complex64", lambda: torch.linalg.solve(A, B), lambda: mps_ext.solve(A, B)
 
 
+def cpu_cases():
+    """Cases also timed with torch on the CPU: (label, torch's op on mps, mps_ext's, torch's op on the CPU)."""
+    for n in (3, 4, 16, 32, 64):
+        A = torch.randn(4096, n, n) + n ** 0.5 * torch.eye(n)
+        A_mps = A.to("mps")
+        yield f"inv 4096 x {n}x{n}", lambda A=A_mps: torch.linalg.inv(A), lambda A=A_mps: mps_ext.inv(A), \
+            lambda A=A: torch.linalg.inv(A)
+        yield f"qr 4096 x {n}x{n}", lambda A=A_mps: torch.linalg.qr(A), lambda A=A_mps: mps_ext.qr(A), \
+            lambda A=A: torch.linalg.qr(A)
+
+
 TITLE = "small-matrix linear algebra, float32 (complex64 where noted)"
-COLUMNS = [Column("case", "case", "", 40), *TIMING[:2], TIMING[4], Column("note", "note", "", 0)]
+COLUMNS = [Column("case", "case", "", 40), *TIMING[:2], TIMING[4], Column("cpu_us", "torch cpu µs", ".1f", 13),
+           Column("note", "note", "", 0)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -54,6 +69,10 @@ def parser() -> argparse.ArgumentParser:
 def rows(args, chip):
     for label, theirs, ours in cases():
         yield compare(label, theirs, ours, check=False)
+    for label, theirs, ours, cpu in cpu_cases():
+        # QR is unique only up to signs, which torch's MPS kernel need not pick as LAPACK does (ours do: tested).
+        yield compare(label, theirs, ours, check=not label.startswith("qr"),
+                      cpu_us=time_us(cpu, warmup=2, iters=20, device="cpu"))
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@
 // (float2).
 //
 // - thread: n <= 4, one thread per system, the matrix in registers; `solve`
-//   factors and solves in the same thread (one dispatch).
+//   factors and solves in the same thread (one dispatch), and so does
+//   `inverse`.
 // - simd: one SIMD group per matrix (factor: the matrix column-major in
 //   threadgroup memory, lane l owning rows l and l + 32) or per (system,
 //   right-hand side) (solves: the column in registers, lane l owning rows l and
 //   l + 32, the solved value of each step broadcast from lane to lane).
+// - lu_inverse_simd: factors as lu_factor_simd, then solves for each column
+//   of the identity from the factors in threadgroup memory (one dispatch).
 // - inverse: float triangles of order 16, 32 or 64 with at least 8 right-hand
 //   sides: one threadgroup per system builds the inverse of the triangle (a
 //   thread per column) and applies it to every right-hand side.
@@ -27,15 +30,6 @@ using mps_ext::LinalgParams;
 constant constexpr uint kTinyN = 4;   // thread kernels: largest order
 constant constexpr uint kMaxN = 64;   // simd kernels: largest order
 constant constexpr uint kSlots = kMaxN / 32;  // rows per lane
-constant constexpr float kSafeMin = 1.17549435e-38f;  // FLT_MIN: LAPACK's sfmin for float
-
-// Multipliers of a pivot column: scaled by the reciprocal of the pivot as
-// LAPACK does when that cannot overflow, divided otherwise.
-template <typename T>
-inline T multiplier(T a, T pivot, T reciprocal, bool use_reciprocal) {
-  return use_reciprocal ? mps_ext::cmul(a, reciprocal) : mps_ext::cdiv(a, pivot);
-}
-
 // The row pivot step k moves to row k, after the swaps of steps 0..k-1 have
 // been applied; for the row the permutation P^T b places at `row`, trace the
 // swaps backwards. Out-of-range pivots (rejected by the host) are ignored.
@@ -79,10 +73,10 @@ inline uint factor_in_registers(thread T* a, thread uint* piv, uint n) {
       if (info == 0) info = k + 1;
       continue;
     }
-    const bool use_reciprocal = mps_ext::abs1(d) >= kSafeMin;
+    const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);
     const T r = mps_ext::creciprocal(d);
     for (uint i = k + 1; i < n; ++i) {
-      const T l = multiplier(a[i * kTinyN + k], d, r, use_reciprocal);
+      const T l = mps_ext::divide(a[i * kTinyN + k], d, r, use_reciprocal);
       a[i * kTinyN + k] = l;
       for (uint j = k + 1; j < n; ++j) a[i * kTinyN + j] -= mps_ext::cmul(l, a[k * kTinyN + j]);
     }
@@ -179,6 +173,26 @@ kernel void lu_solve_fused_thread(device const T* a [[buffer(0)]], device const 
   solve_columns_tiny(m, piv, rhs, x, p, b);
 }
 
+// linalg.inv_ex: factor and invert in one thread; the inverse column-major,
+// as torch returns it (column c solves A x = e_c).
+template <typename T>
+kernel void lu_inverse_thread(device const T* a [[buffer(0)]], device T* inverse [[buffer(1)]],
+                              device int* infos [[buffer(2)]], constant LinalgParams& p [[buffer(3)]],
+                              uint b [[thread_position_in_grid]]) {
+  if (b >= p.batch) return;
+  T m[kTinyN * kTinyN];
+  uint piv[kTinyN];
+  load_tiny(a, p, b, m);
+  infos[b] = int(factor_in_registers(m, piv, p.n));
+  device T* out = inverse + ulong(b) * p.n * p.n;
+  for (uint c = 0; c < p.n; ++c) {
+    T v[kTinyN];
+    for (uint i = 0; i < p.n; ++i) v[i] = mps_ext::from_real<T>(i == c ? 1.0f : 0.0f);
+    solve_in_registers(m, piv, v, p.n, false);
+    for (uint i = 0; i < p.n; ++i) out[c * p.n + i] = v[i];
+  }
+}
+
 template <typename T>
 kernel void lu_solve_thread(device const T* lu [[buffer(0)]], device const int* pivots [[buffer(1)]],
                             device const T* rhs [[buffer(2)]], device T* x [[buffer(3)]],
@@ -202,17 +216,17 @@ kernel void lu_solve_thread(device const T* lu [[buffer(0)]], device const int* 
 // (lanes touch consecutive rows of a column: no bank conflicts without
 // padding, so a complex 64 x 64 matrix fits the 32 KiB exactly).
 template <typename T>
-kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffer(1)]],
-                           device int* pivots [[buffer(2)]], device int* infos [[buffer(3)]],
-                           constant LinalgParams& p [[buffer(4)]], uint b [[threadgroup_position_in_grid]],
-                           uint lane [[thread_index_in_simdgroup]]) {
-  threadgroup T m[kMaxN * kMaxN];
-  const uint n = p.n;
+inline void load_simd(device const T* a, constant LinalgParams& p, uint b, threadgroup T* m, uint lane) {
   device const T* src = a + ulong(b) * p.a_bs;
-  for (uint j = 0; j < n; ++j)
-    for (uint i = lane; i < n; i += 32) m[j * n + i] = src[i * p.a_rs + j * p.a_cs];
+  for (uint j = 0; j < p.n; ++j)
+    for (uint i = lane; i < p.n; i += 32) m[j * p.n + i] = src[i * p.a_rs + j * p.a_cs];
   threadgroup_barrier(mem_flags::mem_threadgroup);
+}
 
+// Factors the matrix in m in place; returns info. The 0-based pivot row of
+// step k lands in piv[k / 32] of lane k % 32.
+template <typename T>
+inline uint factor_simd(threadgroup T* m, uint n, thread uint* piv_of_step, uint lane) {
   uint info = 0;
   for (uint k = 0; k < n; ++k) {
     // Pivot: the first row of the largest magnitude. Each lane scans its rows
@@ -232,7 +246,7 @@ kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffe
     // LAPACK's scan starts from row k: when that is NaN nothing compares
     // greater and row k stays (so does a column without any number).
     if (piv >= n || isnan(mps_ext::abs1(m[k * n + k]))) piv = k;
-    if (lane == 0) pivots[ulong(b) * n + k] = int(piv + 1);
+    if (lane == k % 32) piv_of_step[k / 32] = piv;
     if (piv != k)
       for (uint j = lane; j < n; j += 32) {
         const T t = m[j * n + k];
@@ -245,19 +259,33 @@ kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffe
       if (info == 0) info = k + 1;
       continue;  // the column below is zero too: nothing to eliminate
     }
-    const bool use_reciprocal = mps_ext::abs1(d) >= kSafeMin;
+    const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);
     const T r = mps_ext::creciprocal(d);
     // Each lane scales and updates its own rows; the pivot row is only read.
     for (uint i = k + 1 + lane; i < n; i += 32) {
-      const T l = multiplier(m[k * n + i], d, r, use_reciprocal);
+      const T l = mps_ext::divide(m[k * n + i], d, r, use_reciprocal);
       m[k * n + i] = l;
       for (uint j = k + 1; j < n; ++j) m[j * n + i] -= mps_ext::cmul(l, m[j * n + k]);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
   }
+  return info;
+}
+
+template <typename T>
+kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffer(1)]],
+                           device int* pivots [[buffer(2)]], device int* infos [[buffer(3)]],
+                           constant LinalgParams& p [[buffer(4)]], uint b [[threadgroup_position_in_grid]],
+                           uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup T m[kMaxN * kMaxN];
+  const uint n = p.n;
+  load_simd(a, p, b, m, lane);
+  uint piv[kSlots];
+  const uint info = factor_simd(m, n, piv, lane);
   device T* out = lu + ulong(b) * n * n;
   for (uint j = 0; j < n; ++j)
     for (uint i = lane; i < n; i += 32) out[j * n + i] = m[j * n + i];
+  for (uint slot = 0, k = lane; k < n; ++slot, k += 32) pivots[ulong(b) * n + k] = int(piv[slot] + 1);
   if (lane == 0) infos[b] = int(info);
 }
 
@@ -271,11 +299,21 @@ struct Triangle {
   T at(uint i, uint j) const { return mps_ext::conj_if(a[i * rs + j * cs], conj); }
 };
 
-// Solves M y = x in place for one column spread over the SIMD group (lane l
-// holds rows l and l + 32), M lower (forward) or upper (backward). Each step
-// broadcasts the finished value to every lane.
+// LU factors held column-major in threadgroup memory: L (unit diagonal) or U.
 template <typename T>
-inline void substitute(thread T* x, Triangle<T> m, uint n, bool upper, uint lane) {
+struct FactorsInThreadgroup {
+  threadgroup const T* a;
+  uint n;
+  bool unit;
+  T at(uint i, uint j) const { return a[j * n + i]; }
+};
+
+// Solves M y = x in place for one column spread over the SIMD group (lane l
+// holds rows l and l + 32), M (a Triangle or FactorsInThreadgroup) lower
+// (forward) or upper (backward). Each step broadcasts the finished value to
+// every lane.
+template <typename T, typename M>
+inline void substitute(thread T* x, M m, uint n, bool upper, uint lane) {
   for (uint s = 0; s < n; ++s) {
     const uint j = upper ? n - 1 - s : s;
     T xj = simd_broadcast(x[j / 32], ushort(j % 32));
@@ -350,6 +388,39 @@ kernel void lu_solve_simd(device const T* lu [[buffer(0)]], device const int* pi
   store_column(v, x, p, b, c, lane, conj);
 }
 
+// linalg.inv_ex for orders 5 to 64: one SIMD group factors the matrix in
+// threadgroup memory, as lu_factor_simd, then solves A x = e_c column after
+// column from the factors there, writing the inverse column-major.
+template <typename T>
+kernel void lu_inverse_simd(device const T* a [[buffer(0)]], device T* inverse [[buffer(1)]],
+                            device int* infos [[buffer(2)]], constant LinalgParams& p [[buffer(3)]],
+                            uint b [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+  threadgroup T m[kMaxN * kMaxN];
+  const uint n = p.n;
+  load_simd(a, p, b, m, lane);
+  uint piv[kSlots];
+  const uint info = factor_simd(m, n, piv, lane);
+  // P^T e_c = e_row[c]: the swaps of every step applied in order to the
+  // position of the one (this lane's columns c = lane + 32 * slot).
+  uint row[kSlots];
+  for (uint slot = 0; slot < kSlots; ++slot) row[slot] = lane + 32 * slot;
+  for (uint k = 0; k < n; ++k) {
+    const uint pk = simd_broadcast(piv[k / 32], ushort(k % 32));
+    for (uint slot = 0; slot < kSlots; ++slot)
+      row[slot] = row[slot] == k ? pk : row[slot] == pk ? k : row[slot];
+  }
+  device T* out = inverse + ulong(b) * n * n;
+  for (uint c = 0; c < n; ++c) {
+    const uint one = simd_shuffle(row[c / 32], ushort(c % 32));
+    T v[kSlots];
+    for (uint slot = 0; slot < kSlots; ++slot) v[slot] = mps_ext::from_real<T>(lane + 32 * slot == one ? 1.0f : 0.0f);
+    substitute(v, FactorsInThreadgroup<T>{m, n, true}, n, false, lane);   // L
+    substitute(v, FactorsInThreadgroup<T>{m, n, false}, n, true, lane);   // U
+    for (uint slot = 0, i = lane; i < n; ++slot, i += 32) out[c * n + i] = v[slot];
+  }
+  if (lane == 0) infos[b] = int(info);
+}
+
 // M X = B for a triangle M (flags: upper, unit diagonal): one SIMD group per column of B.
 template <typename T>
 kernel void trsm_simd(device const T* a [[buffer(0)]], device const T* rhs [[buffer(1)]], device T* x [[buffer(2)]],
@@ -412,8 +483,10 @@ kernel void trsm_inverse(device const T* a [[buffer(0)]], device const T* rhs [[
   template [[host_name("lu_factor_thread_" #T)]] [[kernel]] decltype(lu_factor_thread<T>) lu_factor_thread<T>;   \
   template [[host_name("lu_solve_fused_thread_" #T)]] [[kernel]] decltype(lu_solve_fused_thread<T>)             \
       lu_solve_fused_thread<T>;                                                                                  \
+  template [[host_name("lu_inverse_thread_" #T)]] [[kernel]] decltype(lu_inverse_thread<T>) lu_inverse_thread<T>; \
   template [[host_name("lu_solve_thread_" #T)]] [[kernel]] decltype(lu_solve_thread<T>) lu_solve_thread<T>;      \
   template [[host_name("lu_factor_simd_" #T)]] [[kernel]] decltype(lu_factor_simd<T>) lu_factor_simd<T>;         \
+  template [[host_name("lu_inverse_simd_" #T)]] [[kernel]] decltype(lu_inverse_simd<T>) lu_inverse_simd<T>;      \
   template [[host_name("lu_solve_simd_" #T)]] [[kernel]] decltype(lu_solve_simd<T>) lu_solve_simd<T>;            \
   template [[host_name("trsm_simd_" #T)]] [[kernel]] decltype(trsm_simd<T>) trsm_simd<T>;
 

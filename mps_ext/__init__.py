@@ -13,7 +13,7 @@ _C = load_extension()
 
 from . import _compile, fp8, nn, overrides, sim  # noqa: E402 (they need _C)
 from ._ops import grouped_mm, linear, log_softmax, softmax
-from ._ops import lu_factor, lu_factor_ex, lu_solve, solve, solve_ex, solve_triangular
+from ._ops import householder_product, inv, inv_ex, lu_factor, lu_factor_ex, lu_solve, qr, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
 from .fp8 import fp8_grouped_mm, fp8_linear, scaled_mm
 from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
@@ -21,7 +21,8 @@ from .streams import Event, Stream, current_stream, default_stream, record_strea
 __version__ = "0.1.0"
 
 __all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax", "trace"]
-__all__ += ["lu_factor", "lu_factor_ex", "lu_solve", "solve", "solve_ex", "solve_triangular"]
+__all__ += ["householder_product", "inv", "inv_ex", "lu_factor", "lu_factor_ex", "lu_solve", "qr", "solve", "solve_ex",
+            "solve_triangular"]
 __all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream"]
 __all__ += ["fp8", "fp8_grouped_mm", "fp8_linear", "nn", "scaled_mm"]
 __all__ += ["grouped_mm"]

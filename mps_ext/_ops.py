@@ -179,6 +179,46 @@ def solve(A: torch.Tensor, B: torch.Tensor, *, left: bool = True):
     return result
 
 
+def inv_ex(A: torch.Tensor, *, check_errors: bool = False):
+    """``(inverse, info)`` as ``torch.linalg.inv_ex``: ``info`` is the LU factorization's (0, or k > 0
+    when U[k-1, k-1] is exactly zero, the inverse then holding infs and NaNs). See :func:`inv`."""
+    return torch.ops.mps_ext.inv_ex(A, check_errors=check_errors)
+
+
+def inv(A: torch.Tensor):
+    """The inverse of a (batch of) square matrices, as ``torch.linalg.inv``; a singular A raises
+    ``torch.linalg.LinAlgError``.
+
+    float32 and complex64 of order <= 64 run mps_ext's kernels, one dispatch:
+    up to order 4 one thread factors and inverts each matrix; larger orders one
+    SIMD group, which factors the matrix in threadgroup memory and solves
+    ``A X = I`` from the factors there. Other inputs go to torch.
+    """
+    inverse, info = torch.ops.mps_ext.inv_ex(A)
+    _C._before_torch_ops(A.device.type)  # info is read here, on the host
+    torch._linalg_check_errors(info, "linalg.inv", is_matrix=A.dim() == 2)
+    return inverse
+
+
+def qr(A: torch.Tensor, mode: str = "reduced"):
+    """``(Q, R)`` with ``A = Q R`` as ``torch.linalg.qr``: ``mode`` "reduced" (Q m x k, R k x n, k = min(m, n)),
+    "complete" (Q m x m, R m x n) or "r" (R only, Q empty).
+
+    float32 and complex64 matrices of at most 64 rows and columns run mps_ext's kernels: Householder
+    reflections with LAPACK's conventions (geqrf, then orgqr for Q), one SIMD group per matrix in threadgroup
+    memory, so Q and R are torch's on the CPU, signs included (R's diagonal is negative where A's column
+    leads with a positive entry). Other inputs go to torch.
+    """
+    return torch.ops.mps_ext.qr(A, mode)
+
+
+def householder_product(A: torch.Tensor, tau: torch.Tensor):
+    """The first n columns of ``H_0 ... H_{k-1}``, ``H_i = I - tau_i v_i v_i^H`` with ``v_i`` below the
+    diagonal of column i of A (unit leading entry), as ``torch.linalg.householder_product`` (LAPACK's
+    orgqr/ungqr). float32 and complex64, m, n <= 64; other inputs go to torch."""
+    return torch.ops.mps_ext.householder_product(A, tau)
+
+
 def solve_triangular(A: torch.Tensor, B: torch.Tensor, *, upper: bool, left: bool = True,
                      unitriangular: bool = False):
     """Solves ``A X = B`` (``X A = B`` when ``left=False``) for a triangular A, as
@@ -227,6 +267,25 @@ def _solve_ex_backward(ctx, grad_result, grad_LU, grad_pivots, grad_info):
     A, B = ctx.saved_tensors
     left = ctx.flags["left"]
     return _differentiable([A, B], [grad_result], lambda a, b: torch.ops.aten._linalg_solve_ex(a, b, left=left)[0])
+
+
+def _inv_ex_backward(ctx, grad_inverse, grad_info):
+    (A,) = ctx.saved_tensors
+    return _differentiable([A], [grad_inverse], lambda a: torch.linalg.inv_ex(a)[:1])[0]
+
+
+def _qr_setup(ctx, inputs, kwargs, output):
+    A, ctx.mode = inputs  # the mode is positional, as in torch.linalg.qr
+    ctx.save_for_backward(A)
+
+
+def _qr_backward(ctx, grad_Q, grad_R):
+    (A,) = ctx.saved_tensors
+    return _differentiable([A], [grad_Q, grad_R], lambda a: torch.linalg.qr(a, ctx.mode))[0], None
+
+
+def _householder_product_backward(ctx, grad):
+    return _differentiable(ctx.saved_tensors, [grad], torch.linalg.householder_product)
 
 
 def _solve_triangular_backward(ctx, grad):
@@ -283,6 +342,56 @@ def _solve_ex_jvp(inputs, kwargs, outputs, tangents):
     return t_X.squeeze(-1) if vector else t_X, _lu_tangent(LU, pivots, t_A), None, None
 
 
+def _inv_ex_jvp(inputs, kwargs, outputs, tangents):
+    (t_A,), (X, _) = tangents, outputs
+    return -X @ t_A @ X, None
+
+
+def _qr_jvp(inputs, kwargs, outputs, tangents):
+    """torch's linalg_qr_jvp: with C = Q^H dA R^-1 (= Q^H dQ + dR R^-1, skew-Hermitian plus upper triangular),
+    dR R^-1 is the upper part of C + C^H with its real diagonal halved. Wide A: the square part first."""
+    (A, mode), (Q, R), (t_A, _) = inputs, outputs, tangents
+    m, n = A.shape[-2:]
+    if mode == "r" or (mode == "complete" and m > n):
+        raise NotImplementedError(f"mps_ext.qr: no forward-mode derivative for mode={mode!r} with m > n (nor in torch)")
+    k = min(m, n)
+    t_X = t_A[..., :k]
+    t_X_Rinv = solve_triangular(R[..., :k], t_X, upper=True, left=False)
+    C = Q.mH @ t_X_Rinv
+    S = (C + C.mH).triu()
+    S = S - 0.5 * torch.diag_embed(S.diagonal(dim1=-2, dim2=-1))
+    t_Q = t_X_Rinv - Q @ S
+    t_R = S @ R
+    if n > m:  # R's right part: Q^H (dY - dQ R_2)
+        t_R = torch.cat([t_R[..., :k], Q.mH @ (t_A[..., k:] - t_Q @ R[..., k:])], dim=-1)
+    return t_Q, t_R
+
+
+def _householder_product_jvp(inputs, kwargs, Q, tangents):
+    """The product rule over Q = H_0 ... H_{k-1} (first n columns), H_i = I - tau_i v_i v_i^H:
+    dQ = sum_i H_0 ... H_{i-1} dH_i H_{i+1} ... H_{k-1}."""
+    (A, tau), (t_A, t_tau) = inputs, tangents
+    m, n, k = A.shape[-2], A.shape[-1], tau.shape[-1]
+    eye = torch.eye(m, dtype=A.dtype, device=A.device)
+    V = A.tril(-1)[..., :k] + eye[:, :k]
+    t_V = torch.zeros_like(V) if t_A is None else t_A.tril(-1)[..., :k]
+    t_tau = torch.zeros_like(tau) if t_tau is None else t_tau
+    v = [V[..., i:i + 1] for i in range(k)]
+    t_v = [t_V[..., i:i + 1] for i in range(k)]
+    t = [tau[..., i, None, None] for i in range(k)]
+    H = [eye - t[i] * v[i] @ v[i].mH for i in range(k)]
+    after = [eye[:, :n]]  # H_{i+1} ... H_{k-1}, first n columns, from i = k - 1 down
+    for i in reversed(range(1, k)):
+        after.append(H[i] @ after[-1])
+    after.reverse()
+    t_Q, before = torch.zeros_like(Q), eye
+    for i in range(k):
+        t_H = -(t_tau[..., i, None, None] * v[i] @ v[i].mH + t[i] * (t_v[i] @ v[i].mH + v[i] @ t_v[i].mH))
+        t_Q = t_Q + before @ t_H @ after[i]
+        before = before @ H[i]
+    return t_Q
+
+
 def _solve_triangular_jvp(inputs, kwargs, X, tangents):
     (A, _), (t_A, t_B) = inputs, tangents
     if t_A is not None:  # only the triangle read is A
@@ -293,6 +402,9 @@ def _solve_triangular_jvp(inputs, kwargs, X, tangents):
 _autograd.register("lu_factor_ex", _save_inputs, _lu_factor_ex_backward, _lu_factor_ex_jvp)
 _autograd.register("lu_solve", _save_inputs, _lu_solve_backward, _lu_solve_jvp)
 _autograd.register("solve_ex", _save_inputs, _solve_ex_backward, _solve_ex_jvp)
+_autograd.register("inv_ex", _save_inputs, _inv_ex_backward, _inv_ex_jvp)
+_autograd.register("qr", _qr_setup, _qr_backward, _qr_jvp)
+_autograd.register("householder_product", _save_inputs, _householder_product_backward, _householder_product_jvp)
 _autograd.register("solve_triangular", _save_inputs, _solve_triangular_backward, _solve_triangular_jvp)
 
 
@@ -326,6 +438,26 @@ def _solve_ex_fake(A, B, *, left=True, check_errors=False):
     X = _solution(B, batch, A.shape[-1], B_.shape[-1] if left else B_.shape[-2], left)
     LU, pivots, info = _lu_factor_ex_fake(A)
     return X.squeeze(-1) if vector else X, LU, pivots, info
+
+
+@torch.library.register_fake("mps_ext::inv_ex")
+def _inv_ex_fake(A, *, check_errors=False):
+    return A.new_empty(A.shape).mT, A.new_empty(A.shape[:-2], dtype=torch.int32)
+
+
+@torch.library.register_fake("mps_ext::qr")
+def _qr_fake(A, mode="reduced"):
+    *batch, m, n = A.shape
+    k = min(m, n)
+    rows = m if mode == "complete" else k  # Q's columns and R's rows
+    Q = A.new_empty(0) if mode == "r" else A.new_empty(*batch, rows, m).mT
+    return Q, A.new_empty(*batch, n, rows).mT
+
+
+@torch.library.register_fake("mps_ext::householder_product")
+def _householder_product_fake(A, tau):
+    *batch, m, n = A.shape
+    return A.new_empty(*batch, n, m).mT
 
 
 @torch.library.register_fake("mps_ext::solve_triangular")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import _C, grouped_mm, linear, log_softmax, lu_factor_ex, lu_solve, softmax, solve_ex, solve_triangular, streams, trace
+from . import (_C, grouped_mm, inv_ex, linear, log_softmax, lu_factor_ex, lu_solve, qr, softmax, solve_ex,
+               solve_triangular, streams, trace)
 from .testing import TOLERANCES, conditioned_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -95,7 +96,12 @@ def linalg_cases() -> Iterator[Case]:
                 got = solve_triangular(A.to(device), B.to(device), upper=False)
                 return _flat(got), _flat(torch.linalg.solve_triangular(A, B, upper=False)), conditioned_scale(A)
 
-            for label, run in (("lu_factor", factor), ("solve", solve), ("lu_solve adjoint", lu_solve_adjoint)):
+            def inverse(device, n=n, rand=rand):
+                A = rand(16, n, n)
+                return _flat(*inv_ex(A.to(device))), _flat(*torch.linalg.inv_ex(A)), conditioned_scale(A)
+
+            for label, run in (("lu_factor", factor), ("solve", solve), ("lu_solve adjoint", lu_solve_adjoint),
+                               ("inv", inverse)):
                 yield Case(f"{label} {kind} {short} {n}x{n}", run)
             yield Case(f"solve_triangular simd {short} {n}x{n}", triangular)
             if n <= 4:  # A shared by several right-hand sides: factor and solve run apart
@@ -114,6 +120,13 @@ def linalg_cases() -> Iterator[Case]:
         return got, torch.linalg.solve_triangular(A, B, upper=False, unitriangular=True), conditioned_scale(A)
 
     yield Case("solve_triangular inverse f32 64x64 unit", gated_deltanet)
+
+    for dtype, short in ((torch.float32, "f32"), (torch.complex64, "c64")):
+        def householder(device, dtype=dtype):
+            A = torch.randn(8, 20, 13, dtype=dtype, generator=torch.Generator().manual_seed(0))
+            return _flat(*qr(A.to(device))), _flat(*torch.linalg.qr(A)), conditioned_scale(A)
+
+        yield Case(f"qr simd {short} 20x13", householder)  # geqrf, then the product of its reflectors
 
 
 def stream_cases() -> Iterator[Case]:

@@ -166,9 +166,11 @@ LINALG_HEADROOM = 4.0
 
 def condition(A: torch.Tensor) -> torch.Tensor:
     """The 1-norm condition number of each matrix of ``A`` (float64; inf where it is singular), which bounds
-    how far rounding errors in a solution or a factorization can move it."""
+    how far rounding errors in a solution or a factorization can move it; for rectangular ``A`` (QR) the
+    2-norm one, the ratio of the extreme singular values, which torch defines for any shape."""
     wide = torch.complex128 if A.dtype.is_complex else torch.float64
-    return torch.linalg.cond(A.detach().cpu().to(wide), p=1).real
+    square = A.shape[-1] == A.shape[-2]
+    return torch.linalg.cond(A.detach().cpu().to(wide), p=1 if square else None).real
 
 
 def _check_ratio(ratio: torch.Tensor, what: str):
@@ -203,7 +205,7 @@ def assert_solves(A: torch.Tensor, X: torch.Tensor, B: torch.Tensor, left: bool 
 
 def assert_close_conditioned(actual: torch.Tensor, expected: torch.Tensor, A: torch.Tensor):
     """``actual`` and ``expected``, two computations of a result of the order-n matrices ``A`` (solutions,
-    LU factors, gradients), agree as far as A's condition lets rounding errors move them: per matrix,
+    LU and QR factors, gradients; n the larger side of a rectangular A), agree as far as A's condition lets rounding errors move them: per matrix,
     ``max |actual - expected| <= LINALG_HEADROOM * cond(A) * gamma_n * max |expected|``. NaNs must sit at the
     same places."""
     wide = torch.complex128 if actual.dtype.is_complex else torch.float64
@@ -217,16 +219,32 @@ def assert_close_conditioned(actual: torch.Tensor, expected: torch.Tensor, A: to
     same = (got == want) | got.isnan()
     error = (got - want).abs().masked_fill(same, 0).flatten(-2).amax(-1)
     size = want.abs().nan_to_num(0, 0, 0).flatten(-2).amax(-1)
-    bound = condition(A) * _gamma(A.shape[-1], actual.dtype) * size
+    bound = condition(A) * _gamma(max(A.shape[-2:]), actual.dtype) * size
     assert bound.shape == error.shape, f"results of {tuple(error.shape)} matrices for {tuple(bound.shape)} matrices A"
     _check_ratio(error / bound.clamp_min(torch.finfo(torch.float64).tiny), "forward errors")
+
+
+def assert_qr(A: torch.Tensor, Q: torch.Tensor, R: torch.Tensor):
+    """``Q R`` is ``A`` and ``Q`` has orthonormal columns as well as Householder QR in float arithmetic can
+    (Higham, Theorem 19.4): normwise per matrix, ``|A - Q R| <= LINALG_HEADROOM * gamma_m |A|`` and
+    ``|Q^H Q - I| <= LINALG_HEADROOM * gamma_m``, in the 1-norm; the bounds do not depend on A's condition."""
+    if A.numel() == 0:
+        return
+    gamma = _gamma(max(A.shape[-2:]), Q.dtype)
+    wide = torch.complex128 if A.dtype.is_complex else torch.float64
+    A, Q, R = (t.detach().cpu().to(wide) for t in (A, Q, R))
+    if Q.numel():
+        A_norm = A.abs().sum(-2).amax(-1)
+        _check_ratio((A - Q @ R).abs().sum(-2).amax(-1) / A_norm.clamp_min(1e-300) / gamma, "backward errors of Q R")
+        eye = torch.eye(Q.shape[-1], dtype=wide)
+        _check_ratio((Q.mH @ Q - eye).abs().sum(-2).amax(-1) / gamma, "orthogonality of Q")
 
 
 def conditioned_scale(A: torch.Tensor) -> float:
     """How much to widen the float32/complex64 tolerance to compare, entry by entry, two computations of a
     result of the matrices ``A`` (the self-test's comparison): :func:`assert_close_conditioned`'s bound,
     ``LINALG_HEADROOM * cond(A) * gamma_n``, in units of float32's relative tolerance (at least one)."""
-    gamma = _gamma(A.shape[-1], A.dtype)
+    gamma = _gamma(max(A.shape[-2:]), A.dtype)
     return max(1.0, LINALG_HEADROOM * float(condition(A).max()) * gamma / TOLERANCES[torch.float32][0])
 
 

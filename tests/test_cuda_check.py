@@ -4,7 +4,7 @@ The translator puts macros into the code it emits (MTLSIM_SPACE_ASSIGNMENT after
 for members qualified with an address space); the shim must define each of them, or nvcc stops on the
 first struct. When nvcc is on PATH, every translated file is compiled too, to unoptimized PTX (whether
 the translation compiles, in seconds; tools/cuda_check/run.py builds the cubins on the GPU machine). The
-check's copy of the grouped plans (ops.py) launches what csrc/ops/grouped_mm.cpp launches in the simulator:
+check's copy of the grouped, inverse and QR plans (ops.py) launches what csrc/ops launches in the simulator:
 kernel, grid, threadgroup.
 """
 
@@ -161,6 +161,23 @@ def test_grouped_mm_plans_are_the_hosts(ops, case):
     a, b, offs = GROUPED_PLANS[case]()
     launches, _ = ops.grouped_mm(a, b, offs)
     assert _planned(launches) == _launched(lambda: mps_ext.grouped_mm(a, b, offs))
+
+
+@pytest.mark.parametrize("n", [3, 9])
+def test_inverse_plans_are_the_hosts(ops, n):
+    A = torch.randn(5, n, n) + n * torch.eye(n)
+    launches, (X, _) = ops.inverse(A)
+    assert _planned(launches) == _launched(lambda: mps_ext.inv_ex(A))
+    assert X.stride() == torch.linalg.inv(A).stride()
+
+
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr_plans_are_the_hosts(ops, mode):
+    A = torch.randn(3, 7, 5, dtype=torch.complex64)
+    launches, (Q, _) = ops.qr(A, mode)
+    assert _planned(launches) == _launched(lambda: mps_ext.qr(A, mode))
+    if Q is not None:
+        assert Q.stride() == torch.linalg.qr(A, mode)[0].stride()
 
 
 UNROLL_SOURCE = """

@@ -495,6 +495,7 @@ def test_checked_mode_on_every_kernel():
                     Y = mps_ext.lu_solve(LU, pivots, B, adjoint=True)
                     Z = mps_ext.solve_triangular(A, B, upper=True)
                     mps_ext.solve(A[0], B)  # broadcast A: factor and solve apart
+                    W = mps_ext.inv(A)
                 ran_kernels.update(t.names)
                 assert_close_conditioned(X, torch.linalg.solve(A, B), A)
                 assert_close_conditioned(Y, torch.linalg.lu_solve(LU, pivots, B, adjoint=True), A)
@@ -502,6 +503,7 @@ def test_checked_mode_on_every_kernel():
                 assert_solves(A, X, B)
                 assert_solves(A, Y, B, adjoint=True)
                 assert_solves(A.triu(), Z, B)
+                assert_close_conditioned(W, torch.linalg.inv(A), A)
         # A complex 64 x 64 matrix fills the 32 KiB of threadgroup memory exactly.
         A = randn(1, 64, 64, dtype=torch.complex64)
         with mps_ext.trace() as t:

@@ -501,7 +501,8 @@ def test_streams_work_in_a_forked_child(lib):
 
 def linalg_steps(A, B):
     """Name: (call, torch's call for the reference), for linear algebra whose calls read info or pivots on
-    the host (torch's composites too) and for solve_triangular, which reads nothing. A is singular or not;
+    the host (torch's composites too), for qr, whose R torch's triu takes from the factors, and for
+    solve_triangular, which reads nothing. A is singular or not;
     the triangle and the factors solved with come from a well-conditioned matrix."""
     good = torch.randn(A.shape, generator=torch.Generator().manual_seed(1)) + 8 * torch.eye(A.shape[-1])
     torch_steps = {
@@ -512,6 +513,9 @@ def linalg_steps(A, B):
         "solve, order 3": lambda: torch.linalg.solve(A[..., :3, :3], B[..., :3, :]),
         "solve, broadcast factors": lambda: torch.linalg.solve(A[:, None], B.expand(2, *B.shape).transpose(0, 1)),
         "solve_triangular": lambda: torch.linalg.solve_triangular(good.triu(), B, upper=True),
+        "qr": lambda: torch.linalg.qr(A),
+        "inv": lambda: torch.linalg.inv(A),
+        "inv, order 3": lambda: torch.linalg.inv(A[..., :3, :3]),
     }
     steps = {f"torch {name}": (step, step) for name, step in torch_steps.items()}
     steps["mps_ext lu_factor_ex(check_errors)"] = (lambda: mps_ext.lu_factor_ex(A, check_errors=True),
@@ -519,6 +523,8 @@ def linalg_steps(A, B):
     steps["mps_ext lu_factor then lu_solve"] = (lambda: mps_ext.lu_solve(*mps_ext.lu_factor(good), B),
                                                 torch_steps["lu_factor then lu_solve"])
     steps["mps_ext solve"] = (lambda: mps_ext.solve(A, B), torch_steps["solve"])
+    steps["mps_ext inv"] = (lambda: mps_ext.inv(A), torch_steps["inv"])
+    steps["mps_ext qr"] = (lambda: mps_ext.qr(A), torch_steps["qr"])
     return steps
 
 
@@ -547,7 +553,7 @@ def test_host_reads_of_linalg_results_wait_for_their_kernels(singular):
             with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as tr, held_for_a_moment(s), mps_ext.stream(s):
                 got = outcome(step)
             s.synchronize()
-            assert any(k.startswith(("lu_", "trsm_")) for k in tr.names), name
+            assert any(k.startswith(("lu_", "trsm_", "qr_")) for k in tr.names), name
             if isinstance(want, type) or isinstance(got, type):
                 assert got is want, f"{name}: {got} instead of {want}"
                 continue

@@ -62,9 +62,10 @@ Shape concat(Shape a, std::initializer_list<int64_t> tail) {
   return a;
 }
 
-// Host names: lu_<kernel>_<type> and trsm_<kernel>_<type>.
+// Host names: lu_<kernel>_<type>, trsm_<kernel>_<type> and qr_<kernel>_<type>.
 std::string lu_kernel(const char* kernel, at::ScalarType t) { return host_name("lu", kernel, {t}); }
 std::string trsm_kernel(const char* kernel, at::ScalarType t) { return host_name("trsm", kernel, {t}); }
+std::string qr_kernel(const char* kernel, at::ScalarType t) { return host_name("qr", kernel, {t}); }
 
 // The device every tensor is on and its backend; why not when there is none.
 std::optional<std::string> no_backend(std::initializer_list<const at::Tensor*> tensors) {
@@ -93,6 +94,15 @@ std::optional<std::string> square_unsupported(const at::Tensor& A) {
   return std::nullopt;
 }
 
+// QR's checks: a float or complex64 matrix of at most 64 rows and columns.
+std::optional<std::string> matrix_unsupported(const at::Tensor& A) {
+  if (!supported_dtype(A.scalar_type())) return std::string("dtype ") + c10::toString(A.scalar_type());
+  if (A.dim() < 2) return std::string("not a matrix");  // torch raises
+  if (A.size(-1) > kMaxN || A.size(-2) > kMaxN) return std::string("size above 64");
+  if (A.numel() > kMaxElements) return std::string("more than 2^31 elements");
+  return std::nullopt;
+}
+
 // A (batch..., rows, cols) operand broadcast to `batch` and seen as a 3-D
 // (batch, rows, cols) tensor: a view where possible, one shared matrix
 // (batch stride 0) when it has no batch of its own.
@@ -104,7 +114,7 @@ struct Operand {
 Operand operand(const at::Tensor& x, const Shape& batch) {
   const int64_t rows = x.size(-2), cols = x.size(-1);
   at::Tensor t = numel_of(batch_of(x)) == 1 ? x.reshape({1, rows, cols})
-                                            : x.expand(concat(batch, {rows, cols})).reshape({-1, rows, cols});
+                                            : x.expand(concat(batch, {rows, cols})).reshape({numel_of(batch), rows, cols});
   for (int64_t d = 0; d < 3; ++d)
     if (t.stride(d) > kMaxElements) t = t.contiguous();
   const uint32_t bs = t.size(0) == 1 && numel_of(batch) != 1 ? 0 : uint32_t(t.stride(0));
@@ -191,6 +201,28 @@ at::Tensor solve_with_factors(const at::Tensor& LU, const at::Tensor& pivots, co
                .tensor(bind(buf))
                .bytes(p));
   return left ? buf.mT() : buf;
+}
+
+// The first `cols` columns of H_0 ... H_{k-1} (the reflectors below the
+// diagonal of V, tau's of V's batch), column-major as torch returns Q.
+at::Tensor householder(const at::Tensor& V, const at::Tensor& tau, int64_t cols) {
+  const int64_t m = V.size(-2), k = tau.size(-1);
+  const Shape batch = batch_of(V);
+  const int64_t systems = numel_of(batch);
+  const at::Tensor buf = at::empty(concat(batch, {cols, m}), V.options());
+  if (systems == 0 || m == 0 || cols == 0) return buf.mT();
+  LinalgParams p = params(cols, k, systems);
+  p.m = uint32_t(m);
+  const Operand v = operand(V, batch);
+  set_matrix(p, v);
+  const at::Tensor taus = tau.reshape({systems, k}).contiguous();
+  p.p_bs = uint32_t(k);
+  dispatch(Launch{qr_kernel("householder_simd", V.scalar_type()), {}, {uint32_t(systems)}, {32}}
+               .tensor(v.t)
+               .tensor(bind(taus))
+               .tensor(bind(buf))
+               .bytes(p));
+  return buf.mT();
 }
 
 bool is_vector_rhs(const at::Tensor& A, const at::Tensor& B) {
@@ -311,6 +343,92 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex_kernels(cons
   return {X, LU, pivots, info};
 }
 
+std::optional<std::string> inv_ex_unsupported(const at::Tensor& A) {
+  if (auto why = no_backend({&A})) return why;
+  if (auto why = square_unsupported(A)) return why;
+  if (A.numel() > kMaxElements) return std::string("more than 2^31 elements");
+  const bool tiny = A.size(-1) <= kTinyN;
+  return no_kernels(A, {lu_kernel(tiny ? "inverse_thread" : "inverse_simd", A.scalar_type())},
+                    tiny ? kThreadsPerGroup : 32);
+}
+
+std::tuple<at::Tensor, at::Tensor> inv_ex_kernels(const at::Tensor& A, bool check_errors) {
+  const int64_t n = A.size(-1);
+  const Shape batch = batch_of(A);
+  const int64_t systems = numel_of(batch);
+  // One dispatch factors and inverts; the inverse column-major, as torch returns it.
+  const at::Tensor buf = at::empty(A.sizes(), A.options());
+  const at::Tensor info = at::zeros(batch, A.options().dtype(at::kInt));
+  if (systems && n) {
+    LinalgParams p = params(n, n, systems);
+    const Operand a = operand(A, batch);
+    set_matrix(p, a);
+    const bool tiny = n <= kTinyN;
+    dispatch(Launch{lu_kernel(tiny ? "inverse_thread" : "inverse_simd", A.scalar_type()), {},
+                    tiny ? thread_grid(systems) : Size3{uint32_t(systems)}, {tiny ? kThreadsPerGroup : 32}}
+                 .tensor(a.t)
+                 .tensor(bind(buf))
+                 .tensor(info)
+                 .bytes(p));
+  }
+  const at::Tensor inverse = buf.mT();
+  if (check_errors) {
+    before_torch_ops(info.device());  // the check reads info on the host
+    at::_linalg_check_errors(info, "linalg.inv_ex", A.dim() == 2);
+  }
+  return {inverse, info};
+}
+
+std::optional<std::string> qr_unsupported(const at::Tensor& A, c10::string_view mode) {
+  if (auto why = no_backend({&A})) return why;
+  if (auto why = matrix_unsupported(A)) return why;
+  if (mode != "reduced" && mode != "complete" && mode != "r") return std::string("mode");  // torch raises
+  return no_kernels(A, {qr_kernel("geqrf_simd", A.scalar_type()), qr_kernel("householder_simd", A.scalar_type())},
+                    32);
+}
+
+std::tuple<at::Tensor, at::Tensor> qr_kernels(const at::Tensor& A, c10::string_view mode) {
+  const int64_t m = A.size(-2), n = A.size(-1), k = std::min(m, n);
+  const Shape batch = batch_of(A);
+  const int64_t systems = numel_of(batch);
+  // R and the reflectors below it (LAPACK's geqrf), column-major.
+  const at::Tensor factors = at::empty(concat(batch, {n, m}), A.options());
+  const at::Tensor tau = at::empty(concat(batch, {k}), A.options());
+  if (systems && m && n) {
+    LinalgParams p = params(n, k, systems);
+    p.m = uint32_t(m);
+    const Operand a = operand(A, batch);
+    set_matrix(p, a);
+    dispatch(Launch{qr_kernel("geqrf_simd", A.scalar_type()), {}, {uint32_t(systems)}, {32}}
+                 .tensor(a.t)
+                 .tensor(bind(factors))
+                 .tensor(bind(tau))
+                 .bytes(p));
+  }
+  const bool complete = mode == "complete";
+  const at::Tensor QR = factors.mT();
+  at::Tensor Q = mode == "r" ? at::empty({0}, A.options()) : householder(QR, tau, complete ? m : k);
+  const int64_t r_rows = complete ? m : k;
+  at::Tensor R = at::empty(concat(batch, {n, r_rows}), A.options()).mT();
+  before_torch_ops(A.device());  // triu reads the factors
+  at::triu_out(R, QR.narrow(-2, 0, r_rows));
+  return {Q, R};
+}
+
+std::optional<std::string> householder_product_unsupported(const at::Tensor& A, const at::Tensor& tau) {
+  if (auto why = no_backend({&A, &tau})) return why;
+  if (auto why = matrix_unsupported(A)) return why;
+  if (tau.scalar_type() != A.scalar_type()) return std::string("dtypes differ");
+  if (tau.dim() != A.dim() - 1 || !tau.sizes().slice(0, tau.dim() - 1).equals(A.sizes().slice(0, A.dim() - 2)) ||
+      A.size(-2) < A.size(-1) || A.size(-1) < tau.size(-1))
+    return std::string("shapes");  // torch raises
+  return no_kernels(A, {qr_kernel("householder_simd", A.scalar_type())}, 32);
+}
+
+at::Tensor householder_product_kernels(const at::Tensor& A, const at::Tensor& tau) {
+  return householder(A, tau, A.size(-1));
+}
+
 std::optional<std::string> solve_triangular_unsupported(const at::Tensor& A, const at::Tensor& B, bool left) {
   if (auto why = no_backend({&A, &B})) return why;
   if (auto why = square_unsupported(A)) return why;
@@ -370,6 +488,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> solve_ex(const at::Te
       [&] { return at::_linalg_solve_ex(A, B, left, check_errors); });
 }
 
+std::tuple<at::Tensor, at::Tensor> inv_ex(const at::Tensor& A, bool check_errors) {
+  return overrides::counted(
+      "mps_ext::inv_ex", inv_ex_unsupported(A), [&] { return inv_ex_kernels(A, check_errors); },
+      [&] { return at::linalg_inv_ex(A, check_errors); });
+}
+
+std::tuple<at::Tensor, at::Tensor> qr(const at::Tensor& A, c10::string_view mode) {
+  return overrides::counted(
+      "mps_ext::qr", qr_unsupported(A, mode), [&] { return qr_kernels(A, mode); },
+      [&] { return at::linalg_qr(A, mode); });
+}
+
+at::Tensor householder_product(const at::Tensor& A, const at::Tensor& tau) {
+  return overrides::counted(
+      "mps_ext::householder_product", householder_product_unsupported(A, tau),
+      [&] { return householder_product_kernels(A, tau); }, [&] { return at::linalg_householder_product(A, tau); });
+}
+
 at::Tensor solve_triangular(const at::Tensor& A, const at::Tensor& B, bool upper, bool left, bool unitriangular) {
   return overrides::counted(
       "mps_ext::solve_triangular", solve_triangular_unsupported(A, B, left),
@@ -384,6 +520,9 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("lu_solve(Tensor LU, Tensor pivots, Tensor B, *, bool left=True, bool adjoint=False) -> Tensor");
   m.def("solve_ex(Tensor A, Tensor B, *, bool left=True, bool check_errors=False) -> (Tensor result, Tensor LU, "
         "Tensor pivots, Tensor info)");
+  m.def("inv_ex(Tensor A, *, bool check_errors=False) -> (Tensor inverse, Tensor info)");
+  m.def("qr(Tensor A, str mode='reduced') -> (Tensor Q, Tensor R)");
+  m.def("householder_product(Tensor A, Tensor tau) -> Tensor");
   m.def("solve_triangular(Tensor A, Tensor B, *, bool upper, bool left=True, bool unitriangular=False) -> Tensor");
 }
 
@@ -392,6 +531,9 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
     m.impl("lu_factor_ex", TORCH_FN(mps_ext::ops::lu_factor_ex));                  \
     m.impl("lu_solve", TORCH_FN(mps_ext::ops::lu_solve));                          \
     m.impl("solve_ex", TORCH_FN(mps_ext::ops::solve_ex));                          \
+    m.impl("inv_ex", TORCH_FN(mps_ext::ops::inv_ex));                              \
+    m.impl("qr", TORCH_FN(mps_ext::ops::qr));                                      \
+    m.impl("householder_product", TORCH_FN(mps_ext::ops::householder_product));    \
     m.impl("solve_triangular", TORCH_FN(mps_ext::ops::solve_triangular));          \
   }
 

@@ -507,6 +507,38 @@ def lu_solve_case(batch, n, k, dt, adjoint=False, large=False):
                 0, tfn if large else None, "torch.linalg.lu_solve")
 
 
+def inv_case(batch, n, dt, large=False):
+    A = well_conditioned(batch, n, dt)
+    launches, (X, info) = ops.inverse(A)
+    poison(X)
+    ref = torch.linalg.inv(A.to(torch.complex128 if dt == C64 else torch.float64))
+    tfn = lambda: torch.linalg.inv(A)
+    return Case("linalg", f"inv batch={batch} n={n} {DT[dt]}", launches,
+                compare(X, ref, dt, extra=10, torch_out=tfn if large else None), nbytes(A, X), 0,
+                tfn if large else None, "torch.linalg.inv")
+
+
+def qr_case(batch, m, n, dt, mode="reduced", large=False):
+    A = torch.randn(batch, m, n, dtype=dt, device=DEV)
+    launches, (Q, factors) = ops.qr(A, mode)
+    poison(factors)
+    if Q is not None:
+        poison(Q)
+    # LAPACK's signs in double precision: the kernels promise the same Q and R.
+    ref_Q, ref_R = torch.linalg.qr(A.to(torch.complex128 if dt == C64 else torch.float64), mode)
+    tfn = lambda: torch.linalg.qr(A, mode)
+
+    def check():
+        ok, msg = compare(factors[:, :ref_R.shape[-2]].triu(), ref_R, dt, extra=10)()
+        if Q is None:
+            return ok, f"R {msg}"
+        ok_q, msg_q = compare(Q, ref_Q, dt, extra=10)()
+        return ok and ok_q, f"Q {msg_q}; R {msg}"
+
+    return Case("linalg", f"qr batch={batch} {m}x{n} {DT[dt]} {mode}", launches, check,
+                nbytes(A, factors) + (0 if Q is None else nbytes(Q)), 0, tfn if large else None, "torch.linalg.qr")
+
+
 def trsm_case(batch, n, k, dt, upper, unit=False, large=False):
     A = well_conditioned(batch, n, dt)
     A = A.triu() if upper else A.tril()
@@ -527,7 +559,8 @@ def linalg_small():
         cases += [lu_factor_case(37, 3, dt), lu_factor_case(5, 37, dt), solve_case(37, 4, 2, dt),
                   solve_case(5, 37, 3, dt), lu_solve_case(37, 3, 2, dt), lu_solve_case(37, 3, 2, dt, adjoint=True),
                   lu_solve_case(5, 40, 3, dt, adjoint=True), trsm_case(5, 37, 3, dt, upper=True),
-                  trsm_case(5, 37, 3, dt, upper=False, unit=True)]
+                  trsm_case(5, 37, 3, dt, upper=False, unit=True), inv_case(37, 4, dt), inv_case(5, 37, dt),
+                  qr_case(5, 40, 33, dt, "complete"), qr_case(5, 33, 40, dt), qr_case(5, 64, 64, dt, "r")]
     cases += [trsm_case(3, 32, 9, F32, upper=False), trsm_case(3, 16, 8, F32, upper=True, unit=True)]
     return cases
 
@@ -537,7 +570,9 @@ def linalg_large():
             lu_solve_case(4096, 4, 4, F32, large=True), trsm_case(4096, 4, 4, F32, upper=False, large=True),
             solve_case(4096, 4, 1, C64, large=True), lu_factor_case(4096, 32, F32, large=True),
             solve_case(4096, 32, 8, F32, large=True), trsm_case(4096, 64, 64, F32, upper=True, large=True),
-            trsm_case(4096, 64, 4, C64, upper=False, large=True)]
+            trsm_case(4096, 64, 4, C64, upper=False, large=True), inv_case(4096, 4, F32, large=True),
+            inv_case(4096, 32, F32, large=True), qr_case(4096, 4, 4, F32, large=True),
+            qr_case(4096, 32, 32, F32, large=True), qr_case(4096, 64, 64, C64, large=True)]
 
 
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,

@@ -324,11 +324,11 @@ def _bind(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t) if t.is_complex() else t
 
 
-def _linalg_params(n, k, batch, a, p_bs=0, b=None, flags=0, transposed_b=False):
+def _linalg_params(n, k, batch, a, p_bs=0, b=None, flags=0, transposed_b=False, m=0):
     a_s = (a.stride(0), a.stride(1), a.stride(2))
     b_s = (0, 0, 0) if b is None else (b.stride(0), b.stride(2) if transposed_b else b.stride(1),
                                        b.stride(1) if transposed_b else b.stride(2))
-    return u32s(n, k, batch, *a_s, p_bs, *b_s, flags, 0)
+    return u32s(n, k, batch, *a_s, p_bs, *b_s, flags, m)
 
 
 def lu_factor(A: torch.Tensor):
@@ -370,6 +370,44 @@ def solve(A: torch.Tensor, B: torch.Tensor):
     p = _linalg_params(n, k, batch, A, 0, B, 0)
     return [Launch(host_name("lu", "solve_fused_thread", A.dtype), (ceil_div(batch, K_THREADS_PER_GROUP),),
                    (K_THREADS_PER_GROUP,), [_bind(A), _bind(B), _bind(x_buf), _bind(lu_buf), piv, info, p])], x_buf.mT
+
+
+def inverse(A: torch.Tensor):
+    """linalg.inv_ex for A (batch, n, n): one dispatch factors and inverts (a thread per matrix for n <= 4,
+    else a SIMD group)."""
+    batch, n = A.shape[0], A.shape[-1]
+    buf = torch.empty_like(A)
+    info = torch.zeros(batch, dtype=torch.int32, device=A.device)
+    p = _linalg_params(n, n, batch, A)
+    tiny = n <= K_TINY_N
+    grid = (ceil_div(batch, K_THREADS_PER_GROUP),) if tiny else (batch,)
+    return [Launch(host_name("lu", "inverse_thread" if tiny else "inverse_simd", A.dtype), grid,
+                   (K_THREADS_PER_GROUP if tiny else 32,), [_bind(A), _bind(buf), info, p])], (buf.mT, info)
+
+
+def householder_product(V: torch.Tensor, tau: torch.Tensor, cols=None):
+    """The first `cols` (default: V's) columns of the product of V's (batch, m, n) reflectors."""
+    batch, m, n = V.shape
+    k, cols = tau.shape[-1], cols or n
+    buf = torch.empty((batch, cols, m), dtype=V.dtype, device=V.device)
+    p = _linalg_params(cols, k, batch, V, k, m=m)
+    return [Launch(host_name("qr", "householder_simd", V.dtype), (batch,), (32,),
+                   [_bind(V), _bind(tau.contiguous()), _bind(buf), p])], buf.mT
+
+
+def qr(A: torch.Tensor, mode="reduced"):
+    """linalg.qr for A (batch, m, n): geqrf, then (unless mode "r") the product of its reflectors. Returns
+    (launches, (Q or None, the factors: R in the upper triangle))."""
+    batch, m, n = A.shape
+    k = min(m, n)
+    factors = torch.empty((batch, n, m), dtype=A.dtype, device=A.device)
+    tau = torch.empty((batch, k), dtype=A.dtype, device=A.device)
+    launches = [Launch(host_name("qr", "geqrf_simd", A.dtype), (batch,), (32,),
+                       [_bind(A), _bind(factors), _bind(tau), _linalg_params(n, k, batch, A, m=m)])]
+    if mode == "r":
+        return launches, (None, factors.mT)
+    more, Q = householder_product(factors.mT, tau, m if mode == "complete" else k)
+    return launches + more, (Q, factors.mT)
 
 
 def solve_triangular(A: torch.Tensor, B: torch.Tensor, upper: bool, unit=False):

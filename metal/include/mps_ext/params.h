@@ -36,20 +36,22 @@ struct GemvParams {
   mps_ext_u32 x_vectorized;  // 1: x and its rows start 16-byte aligned
 };
 static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
-// Small-matrix linear algebra (metal/linalg.metal): `batch` systems of order
-// `n` with `k` right-hand sides. Element (i, j) of system b's matrix (A, LU or
-// a triangle) is at b * a_bs + i * a_rs + j * a_cs; of its right-hand sides at
-// b * b_bs + i * b_rs + j * b_cs (strides in elements; complex64 counts as one).
-// Solutions are written column-major: (i, j) at (b * k + j) * n + i.
+// Small-matrix linear algebra (metal/linalg.metal, metal/qr.metal): `batch`
+// systems of order `n` with `k` right-hand sides, or (QR) `m` x `n` matrices
+// with `k` Householder reflectors. Element (i, j) of system b's matrix (A, LU,
+// a triangle or the reflectors) is at b * a_bs + i * a_rs + j * a_cs; of its
+// right-hand sides at b * b_bs + i * b_rs + j * b_cs (strides in elements;
+// complex64 counts as one). Solutions are written column-major: (i, j) at
+// (b * k + j) * n + i; QR's outputs column-major too.
 struct LinalgParams {
   mps_ext_u32 n;
   mps_ext_u32 k;
   mps_ext_u32 batch;
   mps_ext_u32 a_bs, a_rs, a_cs;
-  mps_ext_u32 p_bs;  // pivots: between systems (0 when shared)
+  mps_ext_u32 p_bs;  // pivots or tau: between systems (0 when shared)
   mps_ext_u32 b_bs, b_rs, b_cs;
   mps_ext_u32 flags;  // LinalgFlags
-  mps_ext_u32 unused;
+  mps_ext_u32 m;  // QR: rows
 };
 static_assert(sizeof(LinalgParams) == 48, "LinalgParams layout");
 
