@@ -80,7 +80,7 @@ inline bool find_tile(device const int* offs, uint groups, uint limit, uint tile
 
 // The rows of a that decode threadgroup `t` (its grid y) serves: at most M
 // rows [rows.start, rows.start + rows.size) of group g. Split by rows, t is a
-// row of a: the threadgroup finds t's group by a binary search of offs and
+// row of a: the threadgroup finds t's group in offs (below) and
 // serves the M rows from t when t starts a run of M rows of its group; for
 // any other row (inside a run, or past offs[G - 1]) it has nothing to do, so
 // the grid needs no more than m threadgroups along y. Not split, t counts the
