@@ -26,10 +26,12 @@ import torch
 from .. import _C
 from . import compiler
 from .compiler import CompileError
+from .recording import Binding, RecordedLaunch, Recording, record_launches
 
 __all__ = [
-    "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
-    "compile_file", "dispatch", "flush_half_subnormals", "gpu_cores",
+    "Binding", "CompileError", "DivergenceWarning", "Kernel", "Library", "RecordedLaunch", "Recording",
+    "SimulatorError", "checked", "compile_shader", "compile_file", "dispatch", "flush_half_subnormals", "gpu_cores",
+    "record_launches",
 ]
 
 SimulatorError = _C.SimulatorError
