@@ -1,0 +1,56 @@
+"""The host's own plans on CUDA: an mps_ext op runs on CPU tensors inside
+mps_ext.sim.record_launches (csrc/ops decides kernels, geometry and parameter
+structs, as for Metal and the simulator), and its recorded launches are
+replayed on the GPU with the translated kernels.
+
+Each storage a recording binds is copied to the GPU once and bound at the
+byte offset the recording gives, so launches that share a buffer (softmax's
+partials, lu_solve's factors) share it here too; download() copies every
+storage back, which fills in the op's CPU outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import mps_ext
+from cuda import DEV, Launch
+
+# Backend::fill_simdgroups for the recordings: None plans as the simulator does (dry runs); run.py sets the
+# GPU's figure, its SMs x the warps of each kernel one SM keeps resident.
+fill_simdgroups = None
+
+
+class Replay:
+    """A recording's launches bound to GPU copies of the storages they use."""
+
+    def __init__(self, recording: mps_ext.sim.Recording):
+        self.recording = recording
+        self._storages: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # CPU address: (CPU bytes, GPU bytes)
+        self.launches = [Launch(l.kernel, l.grid, l.threadgroup, [self._bind(a) for a in l.args])
+                         for l in recording.launches]
+
+    def _bind(self, arg) -> torch.Tensor:
+        if isinstance(arg, bytes):  # a parameter struct, as setBytes binds it
+            return torch.frombuffer(bytearray(arg), dtype=torch.uint8).to(DEV)
+        storage = arg.tensor.untyped_storage()
+        if storage.data_ptr() not in self._storages:
+            host = torch.empty(0, dtype=torch.uint8).set_(storage)
+            self._storages[storage.data_ptr()] = (host, host.to(DEV))
+        return self._storages[storage.data_ptr()][1][arg.offset:arg.offset + arg.size]
+
+    def download(self):
+        """Copies every storage back to the CPU tensors the op returned."""
+        for host, device in self._storages.values():
+            if device is not host:
+                host.copy_(device)
+
+
+def record(op, *args, **kwargs):
+    """(recording, result) of the mps_ext op on CPU tensors, planned with fill_simdgroups; the result's
+    tensors stay unwritten until a Replay of the recording runs and is downloaded."""
+    with mps_ext.sim.record_launches(fill_simdgroups) as recording:
+        result = op(*args, **kwargs)
+    if not recording.launches:  # torch ran it: nothing of ours to check
+        raise RuntimeError(f"mps_ext.{op.__name__} launched no kernel (mps_ext.overrides.stats() says why)")
+    return recording, result
