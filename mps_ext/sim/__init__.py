@@ -12,6 +12,8 @@ tested on any machine::
 
 ``checked()`` turns on the checks for races, divergence and out-of-bounds
 accesses (``MPS_EXT_SIM_CHECK=1`` does so for the whole process).
+``record_launches()`` keeps the launches mps_ext's ops plan on CPU tensors
+instead of running them, for the simulator or another executor to replay.
 """
 
 from __future__ import annotations
