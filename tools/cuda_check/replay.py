@@ -46,11 +46,18 @@ class Replay:
                 host.copy_(device)
 
 
+def _fallbacks() -> dict[str, int]:
+    return {op: s["fallbacks"] for op, s in mps_ext.overrides.stats().items()}
+
+
 def record(op, *args, **kwargs):
     """(recording, result) of the mps_ext op on CPU tensors, planned with fill_simdgroups; the result's
     tensors stay unwritten until a Replay of the recording runs and is downloaded."""
+    before = _fallbacks()
     with mps_ext.sim.record_launches(fill_simdgroups) as recording:
         result = op(*args, **kwargs)
-    if not recording.launches:  # torch ran it: nothing of ours to check
-        raise RuntimeError(f"mps_ext.{op.__name__} launched no kernel (mps_ext.overrides.stats() says why)")
+    # A call left to torch has nothing of ours to check, and torch's CPU op would have read unwritten buffers.
+    to_torch = sorted(name for name, n in _fallbacks().items() if n > before.get(name, 0))
+    if to_torch:
+        raise RuntimeError(f"{', '.join(to_torch)} left the call to torch (mps_ext.overrides.stats() says why)")
     return recording, result
