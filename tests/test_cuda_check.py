@@ -107,12 +107,16 @@ def test_every_small_case_passes_its_check_with_the_recording_run_in_the_simulat
 def test_replay_binds_each_storage_once_at_the_recorded_offsets(on_cpu):
     x = torch.randn(3 * 5003 + 1)[1:].view(3, 5003)  # 4 bytes into its storage
     recording, y = _tool("replay").record(mps_ext.softmax, x, -1)
-    partials, finalize = _tool("replay").Replay(recording).launches
+    replay = _tool("replay").Replay(recording)
+    partials, finalize = replay.launches
     assert [partials.kernel, finalize.kernel] == ["softmax_partials_float", "softmax_finalize_float_float"]
-    assert partials.addresses[0] == finalize.addresses[0] == x.data_ptr()
+    assert partials.addresses[0] == finalize.addresses[0] != x.data_ptr()  # one copy of x, on DEV
+    assert torch.equal(partials.buffers[0], x.view(torch.uint8).flatten())  # bound at x's offset
     assert partials.addresses[1] == finalize.addresses[1]  # the partial sums one launch writes, the next reads
-    assert finalize.addresses[2] == y.data_ptr()
     assert bytes(partials.buffers[2].tolist()) == recording.launches[0].args[2]  # the parameter struct
+    finalize.buffers[2].fill_(0x3F)  # what a kernel would write into the output
+    replay.download()
+    assert torch.equal(y.view(torch.uint8), finalize.buffers[2].view(y.shape[0], -1))
 
 
 @pytest.mark.fallback("rows > 8")

@@ -9,6 +9,7 @@ import struct
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import mps_ext
 from mps_ext.sim import Binding
@@ -25,7 +26,7 @@ def _gemv():
     x = torch.empty(305, dtype=BF16)[1:].view(1, 304)  # 2 bytes into its storage: bound at an offset
     x.copy_(_randn(1, 304, dtype=BF16))
     w, b = _randn(1001, 304, dtype=BF16, seed=1), _randn(1001, dtype=BF16, seed=2)
-    return lambda: mps_ext.linear(x, w, b), lambda: torch.nn.functional.linear(x.float(), w.float(), b.float())
+    return lambda: mps_ext.linear(x, w, b), lambda: F.linear(x.float(), w.float(), b.float())
 
 
 def _softmax():  # rows longer than a threadgroup's: partials, then finalize
@@ -42,8 +43,7 @@ def _grouped_mm_decode():
 def _fp8_linear():
     x, w = _randn(2, 160, dtype=BF16), _randn(40, 160, seed=1).to(torch.float8_e4m3fn)
     scale = torch.rand(40, generator=torch.Generator().manual_seed(2)) + 0.5
-    reference = lambda: torch.nn.functional.linear(x.float(), w.float() * scale[:, None])  # noqa: E731
-    return lambda: mps_ext.fp8_linear(x, w, scale), reference
+    return lambda: mps_ext.fp8_linear(x, w, scale), lambda: F.linear(x.float(), w.float() * scale[:, None])
 
 
 def _lu_factor():  # lu_factor_ex: lu_factor checks info on the host, which a recording cannot give it
@@ -111,7 +111,7 @@ def test_launch_records_slots_offsets_and_parameter_bytes():
     w, x, b, out, params = launch.args  # metal/gemv.metal's buffers 0-4
     assert (x.offset, x.size) == (2, 608) and (w.offset, w.size) == (0, 1001 * 304 * 2)
     assert out.tensor.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-    n, k, m, *_ , has_bias, w_vectorized, x_vectorized = struct.unpack("<9I", params)  # GemvParams
+    n, k, m, *_, has_bias, w_vectorized, x_vectorized = struct.unpack("<9I", params)  # GemvParams
     assert (n, k, m, has_bias, w_vectorized, x_vectorized) == (1001, 304, 1, 1, 1, 0)
     assert launch.threadgroup_memory == 0  # the dense GEMV keeps its partial sums in registers
 

@@ -36,14 +36,13 @@ class Replay:
         storage = arg.tensor.untyped_storage()
         if storage.data_ptr() not in self._storages:
             host = torch.empty(0, dtype=torch.uint8).set_(storage)
-            self._storages[storage.data_ptr()] = (host, host.to(DEV))
+            self._storages[storage.data_ptr()] = (host, host.to(DEV, copy=True))  # a copy on the CPU too
         return self._storages[storage.data_ptr()][1][arg.offset:arg.offset + arg.size]
 
     def download(self):
         """Copies every storage back to the CPU tensors the op returned."""
         for host, device in self._storages.values():
-            if device is not host:
-                host.copy_(device)
+            host.copy_(device)
 
 
 def _fallbacks() -> dict[str, int]:
