@@ -2,6 +2,7 @@
 
 #include <atomic>
 
+#include "recording.h"
 #include "sim/sim_backend.h"
 #include "trace.h"
 
@@ -26,7 +27,8 @@ Backend* backend_for(const c10::Device& device, std::string* why) {
   std::string reason;
   Backend* backend = nullptr;
   if (device.is_cpu()) {
-    backend = &sim_backend();
+    backend = recording::active();
+    if (!backend) backend = &sim_backend();
   } else if (device.is_mps()) {
     backend = metal_backend();
     if (!backend) reason = "no Metal backend (this build has none, or no Metal device was found)";

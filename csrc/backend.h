@@ -74,9 +74,12 @@ class Backend {
   // to compile, its pipeline allows fewer threads...), or nullopt. Failures
   // are remembered: asking again is cheap.
   virtual std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads_per_threadgroup) = 0;
-  // How many SIMD groups a grid needs to fill the GPU (gpu_fill.h): plans
-  // whose grids have fewer split their work further.
-  virtual int64_t fill_simdgroups() = 0;
+  // How many SIMD groups a grid of `kernel` at `threads_per_threadgroup`
+  // needs to fill the GPU (gpu_fill.h): plans whose grids have fewer split
+  // their work further. Metal and the simulator have one figure for every
+  // kernel; a recording (recording.h) may have one per kernel, as a CUDA GPU's
+  // residency depends on each kernel's registers.
+  virtual int64_t fill_simdgroups(const std::string& kernel, uint32_t threads_per_threadgroup) = 0;
   // Enqueues `launch` on the calling thread's current stream. On a stream
   // other than the default it may run after this returns: the launch keeps
   // its tensors alive until then.

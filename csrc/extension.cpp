@@ -8,6 +8,7 @@
 #include "overrides/overrides.h"
 #include "trace.h"
 
+void register_recording_bindings(pybind11::module_& m);
 void register_sim_bindings(pybind11::module_& m);
 void register_stream_bindings(pybind11::module_& m);
 
@@ -22,6 +23,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   namespace ov = mps_ext::overrides;
   m.doc() = "mps_ext native core: the Metal simulator, the op layer, overrides and the Metal backend";
   register_sim_bindings(m);
+  register_recording_bindings(m);
   register_stream_bindings(m);
 
   m.def("_has_metal", [] { return mps_ext::metal_backend() != nullptr; });

@@ -2,7 +2,8 @@
 // its grids by, so that a grid gives each core as much memory traffic in
 // flight as it can hold, on an 8-core M1 as on an 80-core Ultra. Each backend
 // supplies it (Backend::fill_simdgroups): Metal from the GPU's core count, the
-// simulator from a setting with the same policy.
+// simulator from a setting with the same policy, a launch recording from what
+// it is given (the CUDA check: the GPU's SMs x each kernel's resident warps).
 #pragma once
 
 #include <cstdint>

@@ -13,7 +13,7 @@ class KernelRecord(NamedTuple):
     name: str
     grid: tuple[int, int, int]
     threadgroup: tuple[int, int, int]
-    backend: str  # "simulator" or "metal"
+    backend: str  # "simulator", "metal", or "recording" (mps_ext.sim.record_launches: kept, not run)
 
 
 class trace:

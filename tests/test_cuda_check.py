@@ -4,8 +4,8 @@ The translator puts macros into the code it emits (MTLSIM_SPACE_ASSIGNMENT after
 for members qualified with an address space); the shim must define each of them, or nvcc stops on the
 first struct. When nvcc is on PATH, every translated file is compiled too, to unoptimized PTX (whether
 the translation compiles, in seconds; tools/cuda_check/run.py builds the cubins on the GPU machine). The
-check's copy of the grouped, inverse and QR plans (ops.py) launches what csrc/ops launches in the simulator:
-kernel, grid, threadgroup.
+check replays the host's own recorded plans (replay.py): its whole small sweep, run in the simulator instead,
+passes every check.
 """
 
 import importlib
@@ -91,93 +91,38 @@ def test_nvcc_compiles_translation(source, tmp_path):
     assert built[source.stem].stat().st_size > 0
 
 
-def _experts(e, n, k, block, seed):
-    """e4m3fn experts (E, n, k) and their scales: per channel, or per block of block_size."""
-    g = torch.Generator().manual_seed(seed)
-    w = torch.randn(e, n, k, generator=g).to(torch.float8_e4m3fn)
-    shape = (e, n) if block is None else (e, -(-n // block[0]), -(-k // block[1]))
-    return w, torch.rand(shape, generator=g) + 0.5
-
-
-def _offs(ends):
-    return torch.tensor(ends, dtype=torch.int32)
-
-
-# name: (the kernel it runs, ends per expert, n, k, block_size): decode with 2, 4 and 8 rows per run (K split in
-# two for the 4), tiles of 16, 32 and 64 rows, and blocks along K that are not a multiple of 16 (tiled however few
-# the rows).
-FP8_PLANS = {
-    "decode, 1 row per expert": ("decode_m2", [1, 2, 2, 4], 24, 520, (16, 32)),
-    "decode, K split": ("decode_m4", [3, 3, 10, 14, 20], 40, 2100, None),
-    "decode, 7 rows per expert": ("decode_m8", [5, 12, 21], 40, 300, (16, 128)),
-    "prefill, 12 rows per expert": ("tiled_m16", [10, 30, 44, 50], 33, 40, (16, 24)),
-    "prefill, 26 rows per expert": ("tiled_m32", [20, 50, 80], 33, 72, None),
-    "prefill, 75 rows per expert": ("tiled_m64", [0, 150], 40, 36, (32, 16)),
-    "decode, blocks of 24 along K": ("tiled_m16", [2, 5, 5, 11], 40, 48, (16, 24)),
-}
-
-
-def _launched(call) -> list[tuple]:
-    with mps_ext.trace() as t:
-        call()
-    return [(k.name, k.grid, k.threadgroup) for k in t.kernels]
-
-
-def _planned(launches) -> list[tuple]:
-    pad = lambda v: tuple(v) + (1,) * (3 - len(v))
-    return [(l.kernel, pad(l.grid), pad(l.threads)) for l in launches]
-
-
 @pytest.fixture
-def ops(monkeypatch):
-    """tools/cuda_check/ops.py with its buffers on the CPU (its plans need no GPU)."""
-    monkeypatch.setattr(_tool("cuda"), "DEV", "cpu")
-    return _tool("ops")
+def on_cpu(monkeypatch):
+    """The check's modules with DEV the CPU: recordings bound to the recorded tensors themselves."""
+    for name in ("cuda", "replay", "cases"):
+        monkeypatch.setattr(_tool(name), "DEV", "cpu")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("case", FP8_PLANS, ids=str)
-def test_fp8_grouped_mm_plans_are_the_hosts(ops, case, dtype):
-    kernel, ends, n, k, block = FP8_PLANS[case]
-    w, scale = _experts(len(ends), n, k, block, seed=len(ends))
-    x, offs = torch.randn(ends[-1], k).to(dtype), _offs(ends)
-    launches, out = ops.fp8_grouped_mm(x, w, scale, offs, block)
-    ran = _launched(lambda: mps_ext.fp8_grouped_mm(x, w, scale, offs, block_size=block))
-    assert _planned(launches) == ran
-    assert [name for name, _, _ in ran] == [f"fp8_grouped_mm_{kernel}_{ops.METAL_TYPE[dtype]}"]
-    assert out.shape == (ends[-1], n)
+def test_every_small_case_passes_its_check_with_the_recording_run_in_the_simulator(on_cpu):
+    # The host's plans, recorded by every case of the sweep, run in the simulator: each check (float64
+    # reference, outputs poisoned first) passes, so on CUDA a failure is the translation's or the GPU's.
+    assert _tool("run").dry_run(["softmax", "gemv", "fp8", "grouped_mm", "linalg"]) == []
 
 
-GROUPED_PLANS = {  # (a, b, offs) of grouped_mm's modes, sharing the plan code with fp8_grouped_mm
-    "decode": lambda: (torch.randn(9, 48), torch.randn(4, 24, 48).transpose(1, 2), _offs([2, 2, 7, 9])),
-    "decode_kn": lambda: (torch.randn(9, 48), torch.randn(4, 48, 24), _offs([2, 2, 7, 9])),
-    "tiled rows": lambda: (torch.randn(80, 40), torch.randn(3, 33, 40).transpose(1, 2), _offs([20, 50, 80])),
-    "batched": lambda: (torch.randn(3, 20, 24), torch.randn(3, 40, 24).transpose(1, 2), None),
-}
+def test_replay_binds_each_storage_once_at_the_recorded_offsets(on_cpu):
+    x = torch.randn(3 * 5003 + 1)[1:].view(3, 5003)  # 4 bytes into its storage
+    recording, y = _tool("replay").record(mps_ext.softmax, x, -1)
+    replay = _tool("replay").Replay(recording)
+    partials, finalize = replay.launches
+    assert [partials.kernel, finalize.kernel] == ["softmax_partials_float", "softmax_finalize_float_float"]
+    assert partials.addresses[0] == finalize.addresses[0] != x.data_ptr()  # one copy of x, on DEV
+    assert torch.equal(partials.buffers[0], x.view(torch.uint8).flatten())  # bound at x's offset
+    assert partials.addresses[1] == finalize.addresses[1]  # the partial sums one launch writes, the next reads
+    assert bytes(partials.buffers[2].tolist()) == recording.launches[0].args[2]  # the parameter struct
+    finalize.buffers[2].fill_(0x3F)  # what a kernel would write into the output
+    replay.download()
+    assert torch.equal(y.view(torch.uint8), finalize.buffers[2].view(y.shape[0], -1))
 
 
-@pytest.mark.parametrize("case", GROUPED_PLANS, ids=str)
-def test_grouped_mm_plans_are_the_hosts(ops, case):
-    a, b, offs = GROUPED_PLANS[case]()
-    launches, _ = ops.grouped_mm(a, b, offs)
-    assert _planned(launches) == _launched(lambda: mps_ext.grouped_mm(a, b, offs))
-
-
-@pytest.mark.parametrize("n", [3, 9])
-def test_inverse_plans_are_the_hosts(ops, n):
-    A = torch.randn(5, n, n) + n * torch.eye(n)
-    launches, (X, _) = ops.inverse(A)
-    assert _planned(launches) == _launched(lambda: mps_ext.inv_ex(A))
-    assert X.stride() == torch.linalg.inv(A).stride()
-
-
-@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
-def test_qr_plans_are_the_hosts(ops, mode):
-    A = torch.randn(3, 7, 5, dtype=torch.complex64)
-    launches, (Q, _) = ops.qr(A, mode)
-    assert _planned(launches) == _launched(lambda: mps_ext.qr(A, mode))
-    if Q is not None:
-        assert Q.stride() == torch.linalg.qr(A, mode)[0].stride()
+@pytest.mark.fallback("rows > 8")
+def test_recording_an_op_that_goes_to_torch_raises(on_cpu):
+    with pytest.raises(RuntimeError, match="mps_ext::linear left the call to torch"):
+        _tool("replay").record(mps_ext.linear, torch.randn(9, 8), torch.randn(4, 8))  # 9 rows: torch's
 
 
 UNROLL_SOURCE = """

@@ -78,7 +78,7 @@ class MetalBackend final : public Backend {
     return std::nullopt;
   }
 
-  int64_t fill_simdgroups() override { return fill_; }
+  int64_t fill_simdgroups(const std::string&, uint32_t) override { return fill_; }
 
   void dispatch(const Launch& launch) override {
     std::string error;

@@ -52,7 +52,8 @@ struct Plan {
 // otherwise (more loads in flight each); two for more rows of x.
 Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
   const int64_t bucket = rows_bucket(m);
-  const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups() ? 1 : 2;
+  const std::string one_row = host_name("gemv", "dense_m1_r1", {dtype});
+  const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups(one_row, 32 * kDenseSimdGroups) ? 1 : 2;
   const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket, rows);
   const std::string tile = "m" + std::to_string(bucket) + "_r" + std::to_string(rows);
   const std::string split = host_name("gemv", ("splitk_" + tile).c_str(), {dtype});
@@ -73,7 +74,8 @@ GemvGeometry gemv_geometry(int64_t n, int64_t steps, int64_t rows_per_simdgroup,
   const int64_t blocks = (n + rows_per_simdgroup - 1) / rows_per_simdgroup;
   // Split only when that at least doubles the SIMD groups: a grid just short
   // of the fill runs best dense.
-  int64_t slices = std::min({kMaxSlices, backend.fill_simdgroups() / blocks, steps / kMinStepsPerSlice});
+  const int64_t fill = backend.fill_simdgroups(split_kernel, 32 * kDenseSimdGroups);
+  int64_t slices = std::min({kMaxSlices, fill / blocks, steps / kMinStepsPerSlice});
   if (slices >= 2) {
     while (slices > 2 && backend.unavailable(split_kernel, uint32_t(32 * slices))) slices /= 2;
     return {slices, {uint32_t(blocks)}, {uint32_t(32 * slices)}};

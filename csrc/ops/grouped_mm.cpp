@@ -142,11 +142,13 @@ int64_t decode_rows(int64_t m, int64_t g) {
 // groups with work would not fill the GPU (Backend::fill_simdgroups). `op`
 // names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights:
 // a lane's 16 bytes per step are then 16 weights).
-Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t weight_size, int64_t fill) {
+Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t weight_size, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
   const int64_t rows = by_rows ? decode_rows(m, g) : rows_bucket(m);
+  const std::string kernel = host_name(op, ("decode_m" + std::to_string(rows)).c_str(), {dtype});
+  const int64_t fill = backend.fill_simdgroups(kernel, kThreads);
   const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
   const int64_t per_simdgroup = rows_per_simdgroup(rows);
   const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
@@ -157,7 +159,7 @@ Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_
          steps / (2 * slices) >= kDecodeMinStepsPerSlice)
     slices *= 2;
   const int64_t columns = per_simdgroup * kDecodeSimdGroups / slices;
-  return {host_name(op, ("decode_m" + std::to_string(rows)).c_str(), {dtype}),
+  return {kernel,
           {uint32_t((n + columns - 1) / columns), uint32_t(by_rows ? m : runs)},
           {kThreads},
           uint32_t(slices)};
@@ -169,15 +171,16 @@ Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_
 // threadgroups' SIMD groups would not reach half the fill: on the CUDA proxy
 // 2 chunks ran gpt-oss's down projection for one token 1.5x faster and its
 // gate_up (twice the columns) 1.1x slower (docs/performance.md).
-Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, int64_t fill) {
+Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const bool by_rows = q.split == kGroupedSplitRows;
   const int64_t rows = by_rows ? decode_rows(q.m, pr.groups) : rows_bucket(q.m);
+  const std::string kernel = host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype});
   const int64_t threadgroup_rows = by_rows ? q.m : pr.groups * ((q.m + rows - 1) / rows);
   const int64_t per_chunk = 16 / int64_t(c10::elementSize(dtype));
   const int64_t wide = (q.n + 4 * per_chunk - 1) / (4 * per_chunk) * threadgroup_rows * kDecodeSimdGroups;
-  const int64_t chunks = 2 * wide < fill ? 2 : 4, columns = chunks * per_chunk;
-  Plan p{host_name("grouped_mm", ("decode_kn_m" + std::to_string(rows)).c_str(), {dtype}),
+  const int64_t chunks = 2 * wide < backend.fill_simdgroups(kernel, kThreads) ? 2 : 4, columns = chunks * per_chunk;
+  Plan p{kernel,
          {uint32_t((q.n + columns - 1) / columns), uint32_t(threadgroup_rows)},
          {kThreads}};
   p.decode_chunks = uint32_t(chunks);
@@ -215,8 +218,8 @@ Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   if (decodes(pr)) {
     const int64_t size = int64_t(c10::elementSize(dtype));
-    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend.fill_simdgroups());
-    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend.fill_simdgroups());
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend);
+    if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend);
   }
   return tiled_plan(pr, "grouped_mm", dtype);
 }
@@ -273,7 +276,7 @@ struct Fp8Scales {
 Plan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
   if (!fp8) return plan(pr, dtype, backend);
   const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % 16 == 0;
-  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend.fill_simdgroups())
+  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend)
                                 : tiled_plan(pr, "fp8_grouped_mm", dtype);
 }
 

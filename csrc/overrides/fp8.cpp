@@ -7,8 +7,13 @@
 // (torch has none) its CPU kernel on copies.
 #include <ATen/ATen.h>
 #include <ATen/ops/_scaled_mm_cpu_dispatch.h>
-#include <ATen/ops/_scaled_mm_v2_cpu_dispatch.h>
 #include <torch/version.h>
+// Every supported torch (2.13-2.15) has a CPU _scaled_mm_v2; torch 2.11, which
+// the CUDA check's GPU machine builds mps_ext against, has none to override.
+#if __has_include(<ATen/ops/_scaled_mm_v2_cpu_dispatch.h>)
+#include <ATen/ops/_scaled_mm_v2_cpu_dispatch.h>
+#define MPS_EXT_CPU_SCALED_MM_V2 1
+#endif
 #if defined(MPS_EXT_METAL) && TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 15
 #include <ATen/ops/_scaled_mm_v2_mps_dispatch.h>
 #define MPS_EXT_MPS_SCALED_MM_V2 1
@@ -47,6 +52,7 @@ at::Tensor scaled_mm(const at::Tensor& self, const at::Tensor& mat2, const at::T
       .to(self.device());
 }
 
+#if defined(MPS_EXT_CPU_SCALED_MM_V2)
 // The scale lists' type in _scaled_mm_v2's C++ signature.
 #if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14
 using ScaleList = at::TensorList;
@@ -102,6 +108,7 @@ at::Tensor scaled_mm_v2(const at::Tensor& self, const at::Tensor& mat2, ScaleLis
   return at::cpu::_scaled_mm_v2(self, mat2, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias,
                                 out_dtype, contraction_dim, use_fast_accum);
 }
+#endif
 
 }  // namespace
 
@@ -111,7 +118,9 @@ void register_fp8(OverrideLibrary& lib, c10::DeviceType device) {
 #endif
   (void)device;
   lib.impl("_scaled_mm", TORCH_FN(scaled_mm));
+#if defined(MPS_EXT_CPU_SCALED_MM_V2)
   lib.impl("_scaled_mm_v2", TORCH_FN(scaled_mm_v2));
+#endif
 }
 
 }  // namespace mps_ext::overrides

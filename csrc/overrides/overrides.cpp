@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // get_current_node (torch 2.11 declares it here, later ones in node.h)
 
 #include <memory>
 #include <mutex>

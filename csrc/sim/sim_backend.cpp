@@ -41,7 +41,7 @@ class SimBackend final : public Backend {
     return std::nullopt;
   }
 
-  int64_t fill_simdgroups() override { return fill_simdgroups_for_cores(sim_gpu_cores()); }
+  int64_t fill_simdgroups(const std::string&, uint32_t) override { return fill_simdgroups_for_cores(sim_gpu_cores()); }
 
   void dispatch(const Launch& launch) override {
     const mtlsim::Module* module = nullptr;

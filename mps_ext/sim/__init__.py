@@ -12,6 +12,8 @@ tested on any machine::
 
 ``checked()`` turns on the checks for races, divergence and out-of-bounds
 accesses (``MPS_EXT_SIM_CHECK=1`` does so for the whole process).
+``record_launches()`` keeps the launches mps_ext's ops plan on CPU tensors
+instead of running them, for the simulator or another executor to replay.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ import torch
 from .. import _C
 from . import compiler
 from .compiler import CompileError
+from .recording import Binding, RecordedLaunch, Recording, record_launches
 
 __all__ = [
-    "CompileError", "DivergenceWarning", "Kernel", "Library", "SimulatorError", "checked", "compile_shader",
-    "compile_file", "dispatch", "flush_half_subnormals", "gpu_cores",
+    "Binding", "CompileError", "DivergenceWarning", "Kernel", "Library", "RecordedLaunch", "Recording",
+    "SimulatorError", "checked", "compile_shader", "compile_file", "dispatch", "flush_half_subnormals", "gpu_cores",
+    "record_launches",
 ]
 
 SimulatorError = _C.SimulatorError

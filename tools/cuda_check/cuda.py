@@ -23,7 +23,8 @@ import torch
 from translate_cuda import ROOT, SYMBOL_PREFIX, CudaTranslator, translate
 
 HERE = Path(__file__).resolve().parent
-# Where tensors live: "cpu" exercises the Python side (cases, plans, checks) on a machine without a GPU.
+# Where replays and references run: "cpu" runs the cases on a machine without a GPU (run.py --dry-run: the
+# recordings replayed in the simulator).
 DEV = os.environ.get("CUDA_CHECK_DEVICE", "cuda")
 # Metal's argument table, as mtlcuda.h's Args (kBufferSlots): the launch passes it whole.
 BUFFER_SLOTS = 31

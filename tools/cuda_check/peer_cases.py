@@ -15,9 +15,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import ops
+import mps_ext
 import peer_plans
 import cuda
+import replay
 from translate_cuda import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -26,10 +27,15 @@ from _decode_cases import BF16, F32, Case, cases  # noqa: E402,F401 (peers.py ta
 ROTATE_BYTES, MAX_SETS = 256 << 20, 16
 
 
-def our_plan(op: str, *args, **kwargs):
-    """(launches, output) of our host for `op` (an mps_ext op): the one place this tool takes our plans from
-    (ops.py's mirror of csrc/ops)."""
-    return getattr(ops, op)(*args, **kwargs)
+def our_plan(op: Callable, *args):
+    """(launches, output) of the mps_ext op `op` on args (tensors on cuda.DEV): the one place this tool takes
+    our plans from. The op's own host plan (csrc/ops) is recorded on CPU tensors of args' sizes and strides
+    (their values unread: no plan reads data on the host) and replayed bound to args themselves."""
+    shadows = [torch.empty_strided(a.size(), a.stride(), dtype=a.dtype) if isinstance(a, torch.Tensor) else a
+               for a in args]
+    recording, out = replay.record(op, *shadows)
+    bound = replay.Replay(recording, {s: a for s, a in zip(shadows, args) if isinstance(a, torch.Tensor)})
+    return bound.launches, bound.on_device(out)
 
 
 @dataclasses.dataclass
@@ -91,7 +97,7 @@ def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     nbytes = (n * k + m * k + m * n) * 2
     Y32 = [torch.empty(m, n, device=cuda.DEV) for _ in sets]
     Ym = [torch.empty(m, n, device=cuda.DEV, dtype=dtype) for _ in sets]
-    return [kernel_impl("ours", [our_plan("gemv", X[s], W[s]) for s in sets], ref, nbytes),
+    return [kernel_impl("ours", [our_plan(mps_ext.linear, X[s], W[s]) for s in sets], ref, nbytes),
             kernel_impl("ggml", [(ggml.gemv(W[s], X32[s], Y32[s]), Y32[s]) for s in sets], ref,
                         n * k * 2 + (m * k + m * n) * 4, "f32 activations and output"),
             kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets], ref, nbytes,
@@ -110,9 +116,9 @@ def fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     X = [randn(m, k, dtype=BF16) for _ in sets]
     ref = X[0].double() @ (W8[0].double() * S[0].double()[:, None]).T
     bf16_bytes = (n * k + m * k + m * n) * 2
-    return [kernel_impl("ours", [our_plan("fp8_linear", X[s], W8[s], S[s]) for s in sets], ref,
+    return [kernel_impl("ours", [our_plan(mps_ext.fp8_linear, X[s], W8[s], S[s]) for s in sets], ref,
                         n * k + n * 4 + (m * k + m * n) * 2, "fp8_linear, per-row scales"),
-            kernel_impl("bf16", [our_plan("gemv", X[s], Wd[s]) for s in sets], ref, bf16_bytes,
+            kernel_impl("bf16", [our_plan(mps_ext.linear, X[s], Wd[s]) for s in sets], ref, bf16_bytes,
                         "our bf16 GEMV on the dequantized weights"),
             torch_impl([lambda s=s: F.linear(X[s], Wd[s]) for s in sets], ref, BF16, bf16_bytes,
                        "F.linear on the dequantized weights")]
@@ -154,7 +160,7 @@ def moe(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     Ym = [torch.empty(rows, n, device=cuda.DEV, dtype=dtype) for _ in ids]
     vectors = inputs if op == "gate_up" else routed
     vector_ids = (token_of_row if op == "gate_up" else torch.arange(rows, device=cuda.DEV)).to(torch.int32)
-    return [kernel_impl("ours", [our_plan("grouped_mm", A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
+    return [kernel_impl("ours", [our_plan(mps_ext.grouped_mm, A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
                         ref, nbytes, "grouped_mm decode, rows sorted by expert", order[0]),
             kernel_impl("ggml", [(ggml.moe(W, x32[s], ids[s], Yg[s]), Yg[s].view(rows, n)) for s in range(ROUTINGS)],
                         ref, weights + x32[0].numel() * 4 + rows * n * 4, "mul_mv_id; f32 activations and output"),
@@ -180,9 +186,9 @@ def moe_fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     ref = torch.einsum("pnk,pk->pn", W[experts].double(), A[0].double())
     ref8 = torch.einsum("pnk,pk->pn", (W8.double() * scale.double()[..., None])[experts], A[0].double())
     distinct = int(torch.unique(ids[0]).numel())
-    return [kernel_impl("ours", [our_plan("fp8_grouped_mm", A[s], W8, scale, offs[s]) for s in range(ROUTINGS)],
+    return [kernel_impl("ours", [our_plan(mps_ext.fp8_grouped_mm, A[s], W8, scale, offs[s]) for s in range(ROUTINGS)],
                         ref8, distinct * n * k + rows * (k + n) * 2, "fp8_grouped_mm, per-row scales"),
-            kernel_impl("bf16", [our_plan("grouped_mm", A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
+            kernel_impl("bf16", [our_plan(mps_ext.grouped_mm, A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
                         ref, distinct * n * k * 2 + rows * (k + n) * 2, "grouped_mm on the bf16 experts")]
 
 
@@ -198,7 +204,7 @@ def moe_kn(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     experts = ids[0].reshape(-1).long()[order[0]]
     ref = torch.einsum("pkn,pk->pn", W[experts].double(), A[0].double())
     nbytes = int(torch.unique(ids[0]).numel()) * n * k * 2 + rows * (k + n) * 2
-    return [kernel_impl("ours", [our_plan("grouped_mm", A[s], W, offs[s]) for s in range(ROUTINGS)], ref, nbytes,
+    return [kernel_impl("ours", [our_plan(mps_ext.grouped_mm, A[s], W, offs[s]) for s in range(ROUTINGS)], ref, nbytes,
                         "grouped_mm decode along N"),
             torch_impl([lambda s=s: torch._grouped_mm(A[s], W, offs=offs[s]) for s in range(ROUTINGS)], ref, BF16,
                        nbytes, "torch._grouped_mm")]
@@ -212,7 +218,7 @@ def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     X = [randn(rows, cols, dtype=dtype, scale=3.0) for _ in sets]
     ref = torch.softmax(X[0].double(), -1)
     Y = [torch.empty_like(x) for x in X]
-    impls = [kernel_impl("ours", [our_plan("softmax", X[s], -1, False) for s in sets], ref, nbytes)]
+    impls = [kernel_impl("ours", [our_plan(mps_ext.softmax, X[s], -1) for s in sets], ref, nbytes)]
     if dtype == F32:  # ggml's softmax takes float32 only
         Yg = [torch.empty_like(x) for x in X]
         impls.append(kernel_impl("ggml", [(ggml.softmax(X[s], Yg[s]), Yg[s]) for s in sets], ref, nbytes))

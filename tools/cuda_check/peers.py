@@ -135,7 +135,8 @@ def commit() -> str | None:
 
 
 def load(build_dir: Path, peers: Path):
-    """Builds ours (run.load_all, which also fills ops.py's plans for this GPU) and the peers' modules."""
+    """Builds ours (run.load_all, which also sets the fill our recorded plans take for this GPU) and the peers'
+    modules."""
     driver, _, _ = load_all(build_dir)
     modules = peer_sources.modules(peers, build_dir / "peers")
     for module, cubin in zip(modules, build(modules, build_dir, log=log).values()):

@@ -2,8 +2,9 @@
 the correctness sweep at odd sizes (every host name), parity and bandwidth at
 real model sizes against torch's CUDA ops, compute-sanitizer racecheck,
 synccheck and memcheck over the sweep, planted-bug controls, and a Markdown
-report. Not part of the package; needs nvcc, compute-sanitizer and torch with
-CUDA (see tools/cuda_check/README.md).
+report. The launches are the host's own (mps_ext's ops recorded on the CPU,
+replayed here). Not part of the package; needs nvcc, compute-sanitizer, torch
+with CUDA and mps_ext built against that torch (see tools/cuda_check/README.md).
 
     python3 tools/cuda_check/run.py --out DIR
 """
@@ -24,13 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[2]))  # this checkout's mps_ext, built in place
 if "--dry-run" in sys.argv:
     os.environ["CUDA_CHECK_DEVICE"] = "cpu"
 
 import torch  # noqa: E402
 
 import cases as C  # noqa: E402
-import ops  # noqa: E402
+import replay  # noqa: E402
 from cuda import Driver, Launch, Launcher, build, env_no_caching, resource_usage, u32s  # noqa: E402
 from translate_cuda import ROOT, translate  # noqa: E402
 
@@ -58,23 +60,24 @@ def load_all(build_dir: Path, with_planted=False):
     for src in srcs:
         names[src.stem] = [e.host for e in translate(src, [ROOT / "metal" / "include"])[1]]
         drv.load(src.stem, cubins[src.stem], names[src.stem])
-    # Plans fill this GPU as the Metal backend fills an Apple GPU: every SM with the warps it keeps resident.
+    # The host plans this GPU as the Metal backend plans an Apple GPU: every SM with the warps it keeps resident.
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    ops.fill_simdgroups = lambda kernel, threads: sms * drv.resident(kernel, threads) * threads // 32
+    replay.fill_simdgroups = lambda kernel, threads: sms * drv.resident(kernel, threads) * threads // 32
     return drv, names, cubins
 
 
 def run_case(launcher: Launcher, case: C.Case) -> dict:
     try:
-        launcher.run(case.launches)
+        launcher.run(case.replay.launches)
         torch.cuda.synchronize()
+        case.replay.download()
         ok, msg = case.check()
     except Exception as e:  # noqa: BLE001 - a failing case is reported, the run goes on
         ok, msg = False, f"{type(e).__name__}: {e}"
         traceback.print_exc()
     return {"family": case.family, "name": case.name, "ok": bool(ok), "msg": msg,
-            "kernels": sorted({l.kernel for l in case.launches}),
-            "threadgroups": [l.threadgroups for l in case.launches]}
+            "kernels": sorted({l.kernel for l in case.replay.launches}),
+            "threadgroups": [l.threadgroups for l in case.replay.launches]}
 
 
 def time_ms(fn, reps=50) -> float:
@@ -204,7 +207,7 @@ def large_cases(launcher, families, copy_gbs, reps):
         for case in C.LARGE[fam]():
             r = run_case(launcher, case)
             try:
-                ms = time_ms(lambda: launcher.run(case.launches), reps)
+                ms = time_ms(lambda: launcher.run(case.replay.launches), reps)
                 r["ms"] = ms
                 r["gbs"] = case.bytes / ms / 1e6
                 r["tflops"] = case.flops / ms / 1e9 if case.flops else None
@@ -216,13 +219,13 @@ def large_cases(launcher, families, copy_gbs, reps):
                 r["msg"] += f"; timing failed: {type(e).__name__}: {e}"
             # Per launch: threadgroups, how many an SM holds at once, and its own time when there are several.
             r["launches"] = []
-            for l in case.launches:
+            for l in case.replay.launches:
                 threads = 1
                 for t in l.threads:
                     threads *= t
                 entry = {"kernel": l.kernel, "threadgroups": l.threadgroups, "threads": threads,
                          "resident_per_sm": launcher.driver.resident(l.kernel, threads)}
-                if len(case.launches) > 1:
+                if len(case.replay.launches) > 1:
                     entry["ms"] = time_ms(lambda: launcher.run([l]), reps)
                 r["launches"].append(entry)
             r["bytes"] = case.bytes
@@ -238,18 +241,24 @@ def large_cases(launcher, families, copy_gbs, reps):
     return rows
 
 
-def dry_run(families):
-    """Cases, plans and references on the CPU (launches skipped): every launched name must be a host name."""
+def dry_run(families) -> list[str]:
+    """Every small case on the CPU: its recording run in the simulator instead of on CUDA, then its check
+    (every launched name must be a host name of the translation). Returns the failed checks."""
     names = {k for n in host_names().values() for k in n}
-    used = set()
+    used, failed = set(), []
     for fam in families:
+        torch.manual_seed(0)
         for case in C.SMALL[fam]():
-            for l in case.launches:
+            for l in case.replay.launches:
                 if l.kernel not in names:
                     raise SystemExit(f"{case.name}: no kernel {l.kernel}")
                 used.add(l.kernel)
-            case.check()  # the outputs are unwritten: only that it runs
+            case.replay.recording.replay()
+            ok, msg = case.check()
+            if not ok:
+                failed.append(f"{case.name}: {msg}")
     log(f"dry run: {len(used)} of {len(names)} kernels launched by the sweep; never: {sorted(names - used)}")
+    return failed
 
 
 def main():
@@ -263,10 +272,13 @@ def main():
     ap.add_argument("--no-large", action="store_true")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--dry-run", action="store_true",
-                    help="no GPU: build every small case on the CPU and check its kernels exist")
+                    help="no GPU: every small case recorded, run in the simulator and checked")
     args = ap.parse_args()
     if args.dry_run:
-        return dry_run(args.families.split(","))
+        failed = dry_run(args.families.split(","))
+        if failed:
+            raise SystemExit("dry run: checks failed in the simulator:\n  " + "\n  ".join(failed))
+        return None
     if args.sanitize:
         return sanitize_child(args)
     args.out.mkdir(parents=True, exist_ok=True)
