@@ -96,6 +96,24 @@ def test_ours_come_from_our_plan(built):
         assert kernels <= {"gemv", "fp8", "grouped", "softmax"}, (name, kernels)
 
 
+def test_our_plan_is_the_hosts_bound_to_the_cases_own_tensors(tool):
+    # Recorded on CPU stand-ins of the same sizes and strides, replayed on the case's tensors themselves,
+    # at their offsets (views one row into their storage here), not on copies.
+    peer_cases = tool[0]
+    import mps_ext
+
+    X, W = torch.randn(3, 512).bfloat16()[1:], torch.randn(98, 512).bfloat16()[1:]
+    launches, out = peer_cases.our_plan(mps_ext.linear, X, W)
+    with mps_ext.trace() as t:
+        want = mps_ext.linear(X, W)
+    pad = lambda v: tuple(v) + (1,) * (3 - len(v))
+    assert [(l.kernel, pad(l.grid), pad(l.threads)) for l in launches] == \
+        [(k.name, k.grid, k.threadgroup) for k in t.kernels]
+    addresses = {a for l in launches for a in l.addresses}
+    assert {X.data_ptr(), W.data_ptr(), out.data_ptr()} <= addresses
+    assert out.shape == want.shape and out.stride() == want.stride() and out.dtype == want.dtype
+
+
 @needs_peers
 def test_peer_kernels_are_built(built, tmp_path):
     hosts = {m.name: set(m.hosts()) for m in _tool("peer_sources").modules(PEERS, tmp_path)}
