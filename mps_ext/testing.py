@@ -257,6 +257,22 @@ def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((a - e).abs().masked_fill(same, 0).max()) if a.numel() else 0.0
 
 
+def assert_raises_like(ours, theirs):
+    """``ours()`` raises what ``theirs()`` (torch's) raises: the same exception type and message."""
+    try:
+        theirs()
+    except Exception as e:  # noqa: BLE001 (whatever torch raises is the reference)
+        expected = e
+    else:
+        raise AssertionError("the reference call raised nothing")
+    try:
+        ours()
+    except Exception as e:  # noqa: BLE001
+        assert type(e) is type(expected) and str(e) == str(expected), f"{e!r} where torch raises {expected!r}"
+    else:
+        raise AssertionError(f"nothing raised where torch raises {expected!r}")
+
+
 def mps_usable() -> tuple[bool, str]:
     """Whether mps tensors really run here, and why not.
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import mps_ext
+from mps_ext.testing import assert_raises_like
 from conftest import on, ran
 from op_cases import randn, well_conditioned
 from tolerances import (assert_close, assert_close_conditioned, assert_lu_backward_stable, assert_solve_backward_stable,
@@ -86,11 +87,7 @@ def test_lu_factor_singular(n, dtype, device):
     assert_lu_backward_stable(LU, pivots, A)
     # lu_factor raises like torch.
     for x in (A[1], A[:2]):
-        with pytest.raises(RuntimeError) as ours:
-            on(device, mps_ext.lu_factor, x)
-        with pytest.raises(RuntimeError) as theirs:
-            torch.linalg.lu_factor(x)
-        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+        assert_raises_like(lambda: on(device, mps_ext.lu_factor, x), lambda: torch.linalg.lu_factor(x))
     with pytest.raises(RuntimeError, match="lu_factor_ex"):
         on(device, mps_ext.lu_factor_ex, A, check_errors=True)
 
@@ -350,13 +347,8 @@ BAD_CALLS = [
 @pytest.mark.parametrize("i", range(len(BAD_CALLS)))
 def test_bad_input_raises_like_torch(i):
     _, call = BAD_CALLS[i]
-    torch.manual_seed(i)
-    with pytest.raises(Exception) as theirs:
-        call(torch.linalg, torch)
-    torch.manual_seed(i)
-    with pytest.raises(Exception) as ours:
-        call(mps_ext, torch)
-    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    seeded = lambda ns: lambda: (torch.manual_seed(i), call(ns, torch))
+    assert_raises_like(seeded(mps_ext), seeded(torch.linalg))
 
 
 @pytest.mark.fallback("dtype Double|not square|order above 64")
