@@ -129,9 +129,13 @@ def run_passes(cases, implementations, measure, passes=PASSES, log=log) -> list[
 
 
 def commit() -> str | None:
-    """The checkout's commit, when it is a git checkout."""
-    proc = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return proc.stdout.strip() or None
+    """The checkout's commit, when it is a git checkout; said to differ where tracked files do (a copy of a
+    working tree can carry an older .git than its files)."""
+    git = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD")
+    if head and git("status", "--porcelain", "--untracked-files=no"):
+        return f"{head} with tracked files changed"
+    return head or None
 
 
 def load(build_dir: Path, peers: Path):
