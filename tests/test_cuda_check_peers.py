@@ -28,10 +28,16 @@ def _tool(name: str):
     return importlib.import_module(name)
 
 
+def _on_cpu(monkeypatch):
+    """Buffers, and the GPU copies a replay of our recorded plans makes, on the CPU."""
+    for name in ("cuda", "replay"):
+        monkeypatch.setattr(_tool(name), "DEV", "cpu")
+
+
 @pytest.fixture
 def tool(monkeypatch):
     """The peers tool's modules with their buffers on the CPU."""
-    monkeypatch.setattr(_tool("cuda"), "DEV", "cpu")
+    _on_cpu(monkeypatch)
     return _tool("peer_cases"), _tool("peers"), _tool("peer_report")
 
 
@@ -61,7 +67,7 @@ def test_case_list_is_the_reports(tool):
 def built():
     """Every case, small, with our_plan recorded: {(family, case name): (implementations, our plans)}."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(_tool("cuda"), "DEV", "cpu")
+        _on_cpu(monkeypatch)
         return _build_all(_tool("peer_cases"), monkeypatch)
 
 
