@@ -38,7 +38,7 @@ class _AddressSpaces(_TokenStream):
         (MTLSIM_LOCAL_SPACE_ASSIGNMENT), unless it declares an assignment of its own."""
         if any(self.text(k) == "operator" and self.text(k + 1) == "=" for k in range(open_, close)):
             return
-        kept = self.out[close] if self.out[close] is not None else [self.t[close]]
+        kept = self.emitted(close)
         self.out[close] = self.code(f"MTLSIM_LOCAL_SPACE_ASSIGNMENT({name})", close) + kept
 
     def struct_copies(self) -> None:
@@ -62,7 +62,7 @@ class _AddressSpaces(_TokenStream):
             if end == len(self.t) or self.out[i + 2] is not None:
                 continue
             self.out[i + 2] = [self.t[i + 2], *self.code("MTLSIM_COPY (", i + 2)]
-            kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+            kept = self.emitted(end)
             self.out[end] = [self.new(")", end), *kept]
 
     def opens_namespace(self, brace: int) -> bool:
@@ -137,7 +137,7 @@ class _AddressSpaces(_TokenStream):
             if member and member[0] not in seen:  # no member for the thread space: erased spaces call this one
                 calls.append(call.replace("MTLSIM_SPACE_", "MTLSIM_ERASED_SPACE_").replace("MTLSIM_SPACES", ""))
         if calls:
-            kept = self.out[close] if self.out[close] is not None else [self.t[close]]
+            kept = self.emitted(close)
             self.out[close] = self.code(" ".join(calls), close) + kept
 
     def name_typedef_struct(self, brace: int) -> str | None:
@@ -146,7 +146,7 @@ class _AddressSpaces(_TokenStream):
         if self.text(brace - 1) not in ("struct", "union") or self.text(brace - 2) != "typedef":
             return None
         tag = f"mtlsim_typedef_{brace}"
-        kept = self.out[brace - 1] if self.out[brace - 1] is not None else [self.t[brace - 1]]
+        kept = self.emitted(brace - 1)
         self.out[brace - 1] = kept + self.code(tag, brace - 1)
         return tag
 

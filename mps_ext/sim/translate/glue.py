@@ -39,7 +39,7 @@ class _Glue(_TokenStream):
             src += f"constexpr uint32_t mtlsim_threadgroup_memory_{n} = {definition['sizer']} {args} (); "
             threadgroup = "::".join([*_namespaces(scopes), f"mtlsim_threadgroup_memory_{n}"])
             definition["sized"] = True
-        kept = self.out[insert_after] if self.out[insert_after] is not None else [self.t[insert_after]]
+        kept = self.emitted(insert_after)
         self.out[insert_after] = kept + self.code(src, at)
         qualified = "::".join([*_namespaces(scopes), f"mtlsim_entry_{n}"])
         ref = self.t[definition["at"]]
@@ -56,8 +56,8 @@ class _Glue(_TokenStream):
             lines.append("namespace {")
         out: list[str] = []
         cur_file, cur_line = None, 0
-        for i, tok in enumerate(self.t):
-            for t in (self.out[i] if self.out[i] is not None else [tok]):
+        for i in range(len(self.t)):
+            for t in self.emitted(i):
                 if t.file != cur_file or t.line < cur_line or t.line - cur_line > 8:
                     out.append(f'\n#line {t.line} {_c_string(t.file)}\n')
                     cur_file, cur_line = t.file, t.line

@@ -86,7 +86,7 @@ class _Kernels(_TokenStream):
         close = self.matching_angle(start + 1)
         header = " ".join(self.text(k) for k in range(start, close + 1))
         var = f"mtlsim_max_threads_{definition['at']}"
-        kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+        kept = self.emitted(end)
         self.out[end] = kept + self.code(f"{header} constexpr unsigned {var} = {definition['max_threads']};", end)
         qualified = "::" + "::".join([*_namespaces(scopes), var])
         definition["limit"] = (qualified, self.template_parameters(start + 1, close))

@@ -97,7 +97,7 @@ class _ProgramScope(_TokenStream):
                     element = j
             return
         for at, text in ((before, f"{kind} ("), (after, ")")):
-            kept = self.out[at] if self.out[at] is not None else [self.t[at]]
+            kept = self.emitted(at)
             self.out[at] = kept + self.code(text, at) if at == before else self.code(text, at) + kept
 
     def program_builtin(self, start: int, at: int) -> int:

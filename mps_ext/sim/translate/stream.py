@@ -138,10 +138,13 @@ class _TokenStream:
                     return j
         self.err(close, "unbalanced '>'")
 
+    def emitted(self, i: int) -> list[_Tok]:
+        """What the translation emits for token i so far."""
+        return self.out[i] if self.out[i] is not None else [self.t[i]]
+
     def translated(self, start: int, stop: int) -> str:
         """Tokens start..stop as the translation emits them (after every rewrite)."""
-        return " ".join(t.text for k in range(start, stop) for t in (self.out[k] if self.out[k] is not None
-                                                                       else [self.t[k]]))
+        return " ".join(t.text for k in range(start, stop) for t in self.emitted(k))
 
     def callee(self, i: int) -> str:
         """The name before the parenthesis that encloses token i."""

@@ -92,5 +92,5 @@ class _ThreadgroupMemory(_TokenStream):
         src = (f"{self.translated(*kernel['header'])} constexpr uint32_t {name}() {{ "
                f"{'' if bytes_ == '0' else ' '.join(locals_)} return {bytes_}; }}")
         # Right after the '}', before the entry a kernel that is not a template has there, which uses it.
-        kept = self.out[end] if self.out[end] is not None else [self.t[end]]
+        kept = self.emitted(end)
         self.out[end] = kept[:1] + self.code(src, end) + kept[1:]
