@@ -208,7 +208,7 @@ class CudaTranslator(T._Translator):
             j = self.attr_end(j)
         if j >= body:
             return
-        kept = self.out[j] if self.out[j] is not None else [self.t[j]]
+        kept = self.emitted(j)
         self.out[j] = [self.new("__device__", j, "id")] + kept
 
     def emit_cuda(self) -> str:
@@ -220,7 +220,7 @@ class CudaTranslator(T._Translator):
             if hint:
                 out.append(f'\n{hint}\n#line {tok.line} {T._c_string(tok.file)}\n')
                 cur_file, cur_line = tok.file, tok.line
-            for t in (self.out[i] if self.out[i] is not None else [tok]):
+            for t in self.emitted(i):
                 if t.file != cur_file or t.line < cur_line or t.line - cur_line > 8:
                     out.append(f'\n#line {t.line} {T._c_string(t.file)}\n')
                     cur_file, cur_line = t.file, t.line

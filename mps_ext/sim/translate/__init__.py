@@ -3,8 +3,14 @@
 Runs at build time for the package's own ``metal/*.metal`` files and at run
 time for ``mps_ext.sim.compile_shader``. It has no dependency on the rest of the
 package (the build and tools/cuda_check load this package by its path). Its
-parts: ``tokens`` (preprocessing and tokens), ``rules`` (MSL's language rules),
-``rewrite`` (the rewriting into C++ and the kernels' glue).
+parts: ``tokens`` (preprocessing and tokens), ``rules`` (MSL's language rules,
+checked before anything is rewritten), and the rewriting into C++:
+``translator`` (the passes, in order) with the parts it is made of, ``stream``
+(tokens and their replacements), ``kernels`` (definitions and instantiations),
+``arguments`` (kernel parameters and their bindings), ``program_scope``
+(function constants, constant-space and built-in variables), ``threadgroup``
+(threadgroup memory), ``address_spaces``, ``expressions`` (conditionals and
+literals) and ``glue`` (entry points and the emitted module).
 
 The translation:
 
@@ -27,9 +33,12 @@ from __future__ import annotations
 from pathlib import Path
 
 # Kernel, METAL_VERSION, PREDEFINED and the private names are also what tools/cuda_check's translator builds on.
-from .rewrite import Kernel, Translation, _cast_conditional_arms, _c_string, _number, _Translator  # noqa: F401
+from .expressions import _cast_conditional_arms, _number  # noqa: F401
+from .glue import Kernel  # noqa: F401
 from .rules import _STANDARD_ATTRIBUTES, check_rules  # noqa: F401
+from .stream import _c_string  # noqa: F401
 from .tokens import METAL_VERSION, PREDEFINED, TranslateError, _tokenize, msl_version_number, preprocess  # noqa: F401
+from .translator import Translation, _Translator  # noqa: F401
 
 __all__ = ["TranslateError", "Translation", "translate", "preprocess"]
 
