@@ -27,6 +27,9 @@
 using namespace metal;
 using mps_ext::LinalgParams;
 
+inline bool is_zero(float a) { return a == 0.0f; }
+inline bool is_zero(float2 a) { return a.x == 0.0f && a.y == 0.0f; }
+
 constant constexpr uint kTinyN = 4;   // thread kernels: largest order
 constant constexpr uint kMaxN = 64;   // simd kernels: largest order
 constant constexpr uint kSlots = kMaxN / 32;  // rows per lane
@@ -69,7 +72,7 @@ inline uint factor_in_registers(thread T* a, thread uint* piv, uint n) {
         a[p * kTinyN + j] = t;
       }
     const T d = a[k * kTinyN + k];
-    if (mps_ext::is_zero(d)) {
+    if (is_zero(d)) {
       if (info == 0) info = k + 1;
       continue;
     }
@@ -255,7 +258,7 @@ inline uint factor_simd(threadgroup T* m, uint n, thread uint* piv_of_step, uint
       }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     const T d = m[k * n + k];
-    if (mps_ext::is_zero(d)) {
+    if (is_zero(d)) {
       if (info == 0) info = k + 1;
       continue;  // the column below is zero too: nothing to eliminate
     }

@@ -23,6 +23,18 @@ using mps_ext::LinalgParams;
 
 constant constexpr uint kQrMaxN = 64;
 
+// The parts of a real or complex64 value that the reflector's norm needs
+// (only QR's: here, not in mps_ext/complex.h, whose every function the
+// other files that include it use).
+inline float real_part(float a) { return a; }
+inline float real_part(float2 a) { return a.x; }
+inline float imag_part(float) { return 0.0f; }
+inline float imag_part(float2 a) { return a.y; }
+inline float abs_max(float a) { return fabs(a); }  // the larger magnitude of the parts
+inline float abs_max(float2 a) { return max(fabs(a.x), fabs(a.y)); }
+inline float norm2(float a) { return a * a; }  // |a|^2
+inline float norm2(float2 a) { return dot(a, a); }
+
 // C[:, j] -= t v (v^H C[:, j]) for the columns j right of s and the rows from
 // s on, v[s] = 1 and v[i] = vs[slot] for this lane's rows i > s.
 template <typename T>
@@ -55,21 +67,21 @@ kernel void qr_geqrf_simd(device const T* a [[buffer(0)]], device T* qr [[buffer
     float largest = 0.0f;  // of x, the column below the diagonal
     for (uint slot = 0, i = lane; i < rows; ++slot, i += 32) {
       vs[slot] = c[s * rows + i];
-      if (i > s) largest = max(largest, mps_ext::abs_max(vs[slot]));
+      if (i > s) largest = max(largest, abs_max(vs[slot]));
       if (slot == s / 32) own = vs[slot];
     }
     largest = simd_max(largest);
     const T alpha = simd_broadcast(own, ushort(s % 32));
     T t = T(0.0f);
-    if (largest != 0.0f || mps_ext::imag_part(alpha) != 0.0f) {
+    if (largest != 0.0f || imag_part(alpha) != 0.0f) {
       // |(alpha, x)| summed in units of the largest part, as LAPACK's nrm2 and lapy3: squares of
       // float-range values neither overflow nor vanish.
-      const float unit = max(largest, mps_ext::abs_max(alpha));
+      const float unit = max(largest, abs_max(alpha));
       float part = 0.0f;
       for (uint slot = 0, i = lane; i < rows; ++slot, i += 32)
-        if (i > s) part += mps_ext::norm2(vs[slot] / unit);
-      const float norm = unit * sqrt(simd_sum(part) + mps_ext::norm2(alpha / unit));
-      const float beta = -copysign(norm, mps_ext::real_part(alpha));
+        if (i > s) part += norm2(vs[slot] / unit);
+      const float norm = unit * sqrt(simd_sum(part) + norm2(alpha / unit));
+      const float beta = -copysign(norm, real_part(alpha));
       t = mps_ext::cdiv(mps_ext::from_real<T>(beta) - alpha, mps_ext::from_real<T>(beta));
       const T d = alpha - mps_ext::from_real<T>(beta);  // v = x / d
       const bool use_reciprocal = mps_ext::reciprocal_is_safe(d);

@@ -44,15 +44,6 @@ inline T divide(T a, T d, T reciprocal, bool use_reciprocal) {
   return use_reciprocal ? cmul(a, reciprocal) : cdiv(a, d);
 }
 
-inline float real_part(float a) { return a; }
-inline float real_part(float2 a) { return a.x; }
-inline float imag_part(float) { return 0.0f; }
-inline float imag_part(float2 a) { return a.y; }
-inline float abs_max(float a) { return metal::fabs(a); }  // the larger magnitude of the parts
-inline float abs_max(float2 a) { return metal::max(metal::fabs(a.x), metal::fabs(a.y)); }
-inline float norm2(float a) { return a * a; }  // |a|^2
-inline float norm2(float2 a) { return metal::dot(a, a); }
-
 // A real value as T: float2(x) would put x in the imaginary part too.
 template <typename T>
 inline T from_real(float x) {
@@ -62,9 +53,6 @@ template <>
 inline float2 from_real<float2>(float x) {
   return float2(x, 0.0f);
 }
-
-inline bool is_zero(float a) { return a == 0.0f; }
-inline bool is_zero(float2 a) { return a.x == 0.0f && a.y == 0.0f; }
 
 template <typename T>
 inline T conj_if(T a, bool conj) {
