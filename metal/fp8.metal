@@ -92,10 +92,10 @@ kernel void fp8_dequantize(device const fp8* q [[buffer(0)]], device const float
 
 // ------------------------------------------------------------------ matmul
 
-// What the rows of an operand of this type come out divided by (mps_ext::fp8_load16: 256).
-inline float load16_factor(fp8) { return 256.0f; }
+// What the rows of an operand of this type come out divided by (mps_ext::fp8_load: 256).
+inline float load_factor(fp8) { return 256.0f; }
 template <typename T>
-inline float load16_factor(T) { return 1.0f; }
+inline float load_factor(T) { return 1.0f; }
 
 // The activation scale and the bias of a finished (weight-scaled) dot product out[m, n].
 inline float epilogue(constant Fp8MatmulParams& p, float dot, uint m, uint n, device const float* a_scale,
@@ -107,7 +107,7 @@ inline float epilogue(constant Fp8MatmulParams& p, float dot, uint m, uint n, de
 }
 
 // e4m3fn rows of a (scaled_mm) for gemv.h's loop: like gemv.h's XRows
-// (rows past m read row m - 1), 16 bytes per step, as x / 256.
+// (rows past m read row m - 1), Count bytes per step, as x / 256.
 struct Fp8XRows {
   device const fp8* x;
   ulong row_stride;
@@ -117,8 +117,8 @@ struct Fp8XRows {
 
   template <uint Count, bool Checked = true>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    if (mps_ext::fp8_load16<Checked>(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
-      for (uint c = 0; c < 4; ++c) out[c] = float4(NAN);
+    if (mps_ext::fp8_load<Count, Checked>(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
+      for (uint c = 0; c < Count / 4; ++c) out[c] = float4(NAN);
   }
 };
 
@@ -163,13 +163,13 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
   // never do (the grid has one threadgroup per block of rows), so every
   // thread reaches gemv_sum_slices' barrier.
   if (first >= p.n) return;
-  const mps_ext::Fp8Weights weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
+  const mps_ext::Fp8Weights<16> weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
                            p.block_k, p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
   const typename RowsOf<In>::type rows = RowsOf<In>::make(a, p);
   mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, sg % slices, slices, lane);
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
-  const float unfold = load16_factor(In());
+  const float unfold = load_factor(In());
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
     MPS_EXT_UNROLL

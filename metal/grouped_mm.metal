@@ -118,10 +118,12 @@ inline mps_ext::DenseWeights<W> weights_of(device const W* b, device const float
   return mps_ext::DenseWeights<W>{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
 }
 
-inline mps_ext::Fp8Weights weights_of(device const fp8* b, device const float* scales, constant GroupedMmParams& p,
-                                      uint g) {
-  return mps_ext::Fp8Weights{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0, scales + ulong(g) * p.scale_group,
-                             p.block_n, p.block_k, p.scale_cols, p.block_k < p.k};
+typedef mps_ext::Fp8Weights<mps_ext::kFp8GroupedDecodeBytes> Fp8ExpertWeights;
+
+inline Fp8ExpertWeights weights_of(device const fp8* b, device const float* scales, constant GroupedMmParams& p,
+                                   uint g) {
+  return Fp8ExpertWeights{b + ulong(g) * p.b_group, p.b_col,   p.b_vectorized != 0, scales + ulong(g) * p.scale_group,
+                          p.block_n,                p.block_k, p.scale_cols,        p.block_k < p.k};
 }
 
 template <typename T, typename W, uint M>

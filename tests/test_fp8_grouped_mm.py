@@ -31,7 +31,7 @@ def experts(e: int, n: int, k: int, scales: str, seed: int):
         q, s = zip(*(fp8.quantize(m) for m in w))
         s = torch.stack(s)
         return torch.stack(q), s, None, torch.stack(q).float() * s.view(e, 1, 1)
-    block = {"block": (128, 128), "block16x48": (16, 48), "block8x40": (8, 40)}[scales]
+    block = {"block": (128, 128), "block16x48": (16, 48), "block8x40": (8, 40), "block8x36": (8, 36)}[scales]
     q, s = zip(*(fp8.quantize(m, block=block) for m in w))
     full = torch.stack(s).repeat_interleave(block[0], 1).repeat_interleave(block[1], 2)[:, :n, :k]
     return torch.stack(q), torch.stack(s), block, torch.stack(q).float() * full
@@ -58,15 +58,15 @@ CASES = {
 
 def kernels(case, scales, dtype, e, n, k, m):
     """What a call of m rows runs: the FP8 decode kernel, or (many rows per expert, or blocks along K that are
-    not a multiple of 16) the FP8 tiled kernel, its tiles as tall as the average expert's rows."""
+    not a multiple of a lane's 8 bytes) the FP8 tiled kernel, its tiles as tall as the average expert's rows."""
     rows = max(2, 1 << (-(-m // min(e, m)) - 1).bit_length())
-    if case != "prefill" and not (scales == "block8x40" and k > 40):
+    if case != "prefill" and not (scales == "block8x36" and k > 36):
         return [f"fp8_grouped_mm_decode_m{rows}_{MT[dtype]}"]
     return [f"fp8_grouped_mm_tiled_m{16 if m // e <= 16 else 32}_{MT[dtype]}"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("scales", ["expert", "channel", "block", "block16x48", "block8x40"])
+@pytest.mark.parametrize("scales", ["expert", "channel", "block", "block16x48", "block8x40", "block8x36"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_dequantized_grouped_mm(case, scales, dtype, device):
     ends, n, k = CASES[case]
@@ -160,7 +160,7 @@ def test_checked_mode_on_edge_shapes(device):
     # same shapes on the GPU).
     with mps_ext.sim.checked():
         for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48"),
-                                   ([17, 17, 40], 33, 45, "block8x40")):
+                                   ([17, 17, 40], 33, 45, "block8x36")):
             q, s, block, deq = experts(len(ends), n, k, scales, seed=k)
             x = torch.randn(ends[-1], k + 1, generator=gen(7))[:, 1:]
             offs = torch.tensor(ends, dtype=torch.int32)

@@ -27,7 +27,7 @@ namespace {
 // columns; rows_per_simdgroup), or runs of 2 or 4 of them on the same rows,
 // splitting K.
 constexpr int64_t kDecodeSimdGroups = 4;
-// A slice of K gets at least this many steps (a step is 32 lanes x 16 bytes).
+// A slice of K gets at least this many steps (a step is 32 lanes' chunks).
 constexpr int64_t kDecodeMinStepsPerSlice = 2;
 // Up to this many rows per group on average, streaming each group's weights
 // once per 8 rows beats tiles.
@@ -140,9 +140,10 @@ int64_t decode_rows(int64_t m, int64_t g) {
 // one threadgroup per row of a (only those starting a run of routed rows
 // work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
 // groups with work would not fill the GPU (Backend::fill_simdgroups). `op`
-// names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights:
-// a lane's 16 bytes per step are then 16 weights).
-Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t weight_size, Backend& backend) {
+// names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights);
+// `per_lane` is the weights a lane reads per K-step (16 bytes of b's type, or
+// kFp8GroupedDecodeBytes e4m3fn bytes).
+Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t per_lane, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
@@ -152,7 +153,7 @@ Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_
   const int64_t runs = by_rows ? (m + rows - 1) / rows : g * ((m + rows - 1) / rows);
   const int64_t per_simdgroup = rows_per_simdgroup(rows);
   const int64_t blocks = (n + per_simdgroup - 1) / per_simdgroup;
-  const int64_t per_step = 32 * (16 / weight_size);
+  const int64_t per_step = 32 * per_lane;
   const int64_t steps = (q.k + per_step - 1) / per_step;
   int64_t slices = 1;
   while (slices < kDecodeSimdGroups && runs * blocks * slices < fill &&
@@ -217,8 +218,8 @@ Plan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
 Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   if (decodes(pr)) {
-    const int64_t size = int64_t(c10::elementSize(dtype));
-    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, size, backend);
+    const int64_t per_lane = 16 / int64_t(c10::elementSize(dtype));
+    if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, per_lane, backend);
     if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend);
   }
   return tiled_plan(pr, "grouped_mm", dtype);
@@ -272,11 +273,11 @@ struct Fp8Scales {
 };
 
 // The kernel for a problem: grouped_mm's choice, or for e4m3fn weights the decode kernel where it serves
-// (it scales 16-byte chunks of a row: a block along k must hold whole chunks), else the tiled one.
+// (it scales a lane's chunk of a row at once: a block along k must hold whole chunks), else the tiled one.
 Plan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
   if (!fp8) return plan(pr, dtype, backend);
-  const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % 16 == 0;
-  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, 1, backend)
+  const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % kFp8GroupedDecodeBytes == 0;
+  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, kFp8GroupedDecodeBytes, backend)
                                 : tiled_plan(pr, "fp8_grouped_mm", dtype);
 }
 

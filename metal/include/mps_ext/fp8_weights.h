@@ -11,48 +11,57 @@
 
 namespace mps_ext {
 
-// Elements [k, k + 16) of a row as floats, zeros at or past `end`: 16-byte
-// loads when `vectorized` (the row is then 16-byte aligned); unchecked, the
-// caller guarantees both. e4m3fn bytes
-// come out divided by 256; the result says whether a NaN code was among them.
+// Elements [k, k + Bytes) of a row as floats (Bytes: 8 or 16), zeros at or
+// past `end`: one load of Bytes bytes when `vectorized` (the row is then
+// 16-byte aligned); unchecked, the caller guarantees both. e4m3fn bytes come
+// out divided by 256; the result says whether a NaN code was among them.
 // e5m2 bytes (scaled_mm) come out divided by 256 too, their infinities and
 // NaN as they are.
-template <bool Checked = true>
-inline bool fp8_load16(device const uchar* row, uint k, uint end, bool vectorized, thread float4* out,
-                       bool e5m2 = false) {
-  uint4 u = uint4(0);
-  if (!Checked || (vectorized && k + 16 <= end)) {
-    u = *reinterpret_cast<device const uint4*>(row + k);
+template <uint Bytes, bool Checked = true>
+inline bool fp8_load(device const uchar* row, uint k, uint end, bool vectorized, thread float4* out,
+                     bool e5m2 = false) {
+  constexpr uint W = Bytes / 4;  // 32-bit words, four bytes each
+  typedef metal::vec<uint, W> words;
+  words u = words(0);
+  if (!Checked || (vectorized && k + Bytes <= end)) {
+    u = *reinterpret_cast<device const words*>(row + k);
   } else {
     MPS_EXT_UNROLL
-    for (uint j = 0; j < 16; ++j)
+    for (uint j = 0; j < Bytes; ++j)
       if (k + j < end) u[j / 4] |= uint(row[k + j]) << (8 * (j % 4));
   }
   if (e5m2) {
     MPS_EXT_UNROLL
-    for (uint c = 0; c < 4; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
+    for (uint c = 0; c < W; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
     return false;
   }
   // Subnormal and NaN codes are rare in real weights (subnormals lie below
-  // 2^-6 of the scale): 16 bytes without one take the half decode, the
-  // others the float one.
-  if ((fp8x4_half_inexact(u.x) | fp8x4_half_inexact(u.y) | fp8x4_half_inexact(u.z) | fp8x4_half_inexact(u.w)) ==
-      0) {
+  // 2^-6 of the scale): words without one take the half decode, the others
+  // the float one.
+  uint inexact = 0;
+  MPS_EXT_UNROLL
+  for (uint c = 0; c < W; ++c) inexact |= fp8x4_half_inexact(u[c]);
+  if (inexact == 0) {
     MPS_EXT_UNROLL
-    for (uint c = 0; c < 4; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
+    for (uint c = 0; c < W; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
     return false;
   }
+  bool nan = false;
   MPS_EXT_UNROLL
-  for (uint c = 0; c < 4; ++c) out[c] = fp8x4_to_float4_div256(u[c]);
-  return fp8x4_has_nan(u.x) || fp8x4_has_nan(u.y) || fp8x4_has_nan(u.z) || fp8x4_has_nan(u.w);
+  for (uint c = 0; c < W; ++c) {
+    out[c] = fp8x4_to_float4_div256(u[c]);
+    nan = nan || fp8x4_has_nan(u[c]);
+  }
+  return nan;
 }
 
-// e4m3fn weights for gemv.h's loop: 16 bytes of a row per lane and step as
-// x / 256 (scale() gives the 256 back, with the row's scale when there is
+// e4m3fn weights for gemv.h's loop: Bytes (8 or 16) bytes of a row per lane
+// and step as x / 256 (scale() gives the 256 back, with the row's scale when there is
 // one block along k), NaN codes as NaN; block scales that change along k
-// multiply each chunk (block_k % 16 == 0: a chunk is inside one block).
+// multiply each chunk (block_k % Bytes == 0: a chunk is inside one block).
+template <uint Bytes>
 struct Fp8Weights {
-  enum : uint { kPerLane = 16 };
+  enum : uint { kPerLane = Bytes };
   device const uchar* w;
   ulong row_stride;
   bool vectorized;
@@ -63,11 +72,11 @@ struct Fp8Weights {
 
   template <bool Checked = true>
   void load(uint row, uint k, uint end, thread float4* out) const {
-    const bool nan = fp8_load16<Checked>(w + row * row_stride, k, end, vectorized, out, e5m2);
+    const bool nan = fp8_load<Bytes, Checked>(w + row * row_stride, k, end, vectorized, out, e5m2);
     if (per_chunk && (!Checked || k < end)) {
       const float s = scales[(row / block_n) * scale_cols + k / block_k];
       MPS_EXT_UNROLL
-      for (uint c = 0; c < 4; ++c) out[c] *= s;
+      for (uint c = 0; c < Bytes / 4; ++c) out[c] *= s;
     }
     if (nan) out[0].x = NAN;  // poisons the dot product whatever a holds (NaN x 0 is NaN)
   }

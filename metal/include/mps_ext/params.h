@@ -124,5 +124,11 @@ struct GroupedMmParams {
   mps_ext_u32 block_n, block_k, scale_cols, scale_group;
 };
 static_assert(sizeof(GroupedMmParams) == 84, "GroupedMmParams layout");
+// The e4m3fn bytes of a weight row one lane of fp8_grouped_mm's decode reads
+// per K-step (fp8_linear's GEMV reads 16). With 16, the 2-row decode held 102
+// registers on the CUDA proxy against 64, and ran 1.2-2.0x slower
+// (docs/performance.md); expert rows are short too (Qwen3-30B-A3B's down: 768
+// bytes, one and a half 16-byte steps of a SIMD group, three 8-byte ones).
+enum : mps_ext_u32 { kFp8GroupedDecodeBytes = 8 };
 
 }  // namespace mps_ext
