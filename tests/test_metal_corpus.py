@@ -56,8 +56,9 @@ class Unsupported(NamedTuple):
 # expected failure that must fail for its reason: a file that starts compiling, or fails for another reason,
 # fails the test.
 MPP = Unsupported("MSL 4: Metal Performance Primitives (tensor operations on <metal_tensor>), beyond the MSL 3.1 "
-                  "the package targets", r"'MetalPerformancePrimitives/MetalPerformancePrimitives\.h' file not found")
-LAMBDAS = Unsupported("MSL 4: lambda expressions, beyond the MSL 3.1 the package targets",
+                  "and 3.2 the simulator targets",
+                  r"'MetalPerformancePrimitives/MetalPerformancePrimitives\.h' file not found")
+LAMBDAS = Unsupported("MSL 4: lambda expressions, beyond the MSL 3.1 and 3.2 the simulator targets",
                       r"MSL rule 'no lambdas': lambda expressions need MSL 4")
 NOT_SUPPORTED = {f"mlx/{name}": MPP for name in (
     "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
@@ -95,6 +96,21 @@ def test_corpus_file_compiles(entry):
         if expected and not re.search(expected.error, str(e)):
             pytest.fail(f"expected to fail with {expected.error!r} ({expected.why}), failed with:\n{e}")
         raise
+
+
+MSL32 = corpus.msl32_entries(ENTRIES)
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e.name) for e in MSL32])
+def test_corpus_file_compiles_under_msl32(entry):
+    """The files that read differently when the source targets MSL 3.2 (tools/metal_corpus.py msl32_entries)
+    compile under 3.2 too: MLX's logging.h takes <metal_logging>'s os_log there, which its users log with."""
+    assert entry.name not in NOT_SUPPORTED
+    corpus.compile_entry(entry, msl_version="3.2")
+
+
+def test_msl32_entries_are_the_files_that_read_differently():
+    assert [e.name for e in MSL32] == ["mlx/binary_ops.h", "mlx/indexing/masked_scatter.h", "mlx/logging.h"]
 
 
 def test_every_corpus_file_is_accounted_for():
@@ -292,12 +308,12 @@ def test_mlx_arange(tmp_path, dtype):
     assert torch.equal(out, torch.arange(37, dtype=torch.float64).mul(step).add(start).to(dtype))
 
 
-def _mlx(tmp_path, name: str, headers, instantiations) -> mps_ext.sim.Library:
+def _mlx(tmp_path, name: str, headers, instantiations, msl_version="3.1") -> mps_ext.sim.Library:
     """MLX kernels instantiated as MLX's own .metal files do: utils.h, the headers, instantiate_kernel."""
     includes = "".join(f'#include "mlx/backend/metal/kernels/{h}"\n' for h in ("utils.h", *headers))
     source = tmp_path / f"{name}.metal"
     source.write_text(includes + "".join(f"instantiate_kernel({i})\n" for i in instantiations))
-    return mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()])
+    return mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()], msl_version=msl_version)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -329,6 +345,25 @@ def test_mlx_binary(tmp_path, op, ref):
         getattr(lib, f"vv_{op}")(a, b, out, 77, arg_casts={3: "int32"}, threads=39)
     assert [k.name for k in tr.kernels] == [f"vv_{op}"]
     assert_close(out, ref(a, b), dtype=torch.float32)
+
+
+def test_mlx_integer_power_logs_under_msl32(tmp_path, capfd):
+    """Under MSL 3.2 MLX's binary_ops.h logs a negative integer exponent through <metal_logging>'s os_log (its
+    `constant mlx::os_log logger("mlx", "binary_ops")`) and returns 0."""
+    lib = _mlx(tmp_path, "binary_power_int", ("binary_ops.h", "binary.h"), ['"vv_Power_int", binary_vv, int, int, Power'],
+               msl_version="3.2")
+    base = torch.tensor([2, -3, 5, 7, 0, -2, 4], dtype=torch.int32)
+    exponent = torch.tensor([3, 2, -1, 0, 4, -2, 1], dtype=torch.int32)
+    out = torch.full_like(base, 99)
+    with mps_ext.trace() as tr:
+        lib.vv_Power_int(base, exponent, out, 7, arg_casts={3: "int32"}, threads=4)
+    assert tr.names == ["vv_Power_int"]
+    negative = exponent < 0
+    assert torch.equal(out, torch.where(negative, 0, torch.pow(base, exponent.clamp(min=0))))
+    logged = sorted(re.findall(r"^os_log debug \[mlx:binary_ops\]: (.*?) — kernel 'vv_Power_int'",
+                               capfd.readouterr().err, re.M))
+    assert logged == sorted(f"int pow exp<0 (base={b} exp={e})" for b, e in zip(base[negative].tolist(),
+                                                                                exponent[negative].tolist()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

@@ -329,3 +329,36 @@ def test_msl_version_setting(tmp_path):
         translate(path)
     with pytest.raises(ValueError, match=r"msl_version must be one of '3.1', '3.2', got '4.0'"):
         translate(path, msl_version="4.0")
+
+
+LOGGING = HEADER + """#include <metal_logging>
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  os_log_default.log("thread %u", i);
+  out[i] = 1;
+}
+"""
+
+
+@pytest.mark.parametrize("source,line,what", [
+    (LOGGING, 3, r"shader logging \(<metal_logging>: os_log\)"),
+    (LOGGING.replace("#include <metal_logging>\n", ""), 4, r"shader logging \(os_log_default, <metal_logging>\)"),
+    (HEADER + "constant metal::os_log logger(\"a\", \"b\");\n" + KERNEL.format(body="  out[i] = 1;"), 3,
+     r"shader logging \(os_log, <metal_logging>\)"),
+])
+def test_shader_logging_needs_msl32(tmp_path, source, line, what):
+    path = tmp_path / "logging.metal"
+    path.write_text(source)
+    with pytest.raises(TranslateError, match=rf"^{path}:{line}: MSL rule 'msl version': {what} needs MSL 3.2; "
+                                             r"the source targets MSL 3.1 \(msl_version\)"):
+        translate(path)
+    assert translate(path, msl_version="3.2").kernels
+
+
+def test_own_os_log_is_not_metal_logging(shader):
+    # MLX's logging.h declares an os_log of its own for MSL 3.1: a 3.1 source's names, not <metal_logging>'s.
+    out = torch.zeros(2)
+    shader(HEADER + "namespace mlx {\nstruct os_log {\n  constexpr os_log(constant char*, constant char*) constant {}\n"
+           "  void log_debug(constant char*, int) const constant {}\n};\n}  // namespace mlx\n"
+           "constant mlx::os_log logger(\"mlx\", \"k\");\n" +
+           KERNEL.format(body="  logger.log_debug(\"%d\", int(i));\n  out[i] = 2;"), name="rule_own_os_log").k(out)
+    assert out.tolist() == [2, 2]
