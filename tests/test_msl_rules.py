@@ -44,6 +44,8 @@ CASES = {
              KERNEL.format(body="  switch (i % 2) {\n  case 0: out[i] = 1; break;\n  default: out[i] = 2;\n  }")),
     "thread_local": ("no thread_local", KERNEL.format(body="  thread_local float x = 1;\n  out[i] = x;"),
                      KERNEL.format(body="  thread float x = 1;\n  out[i] = x;")),
+    "register": ("no register", KERNEL.format(body="  register float x = 1;\n  out[i] = x;"),
+                 KERNEL.format(body="  float registered = 1;\n  out[i] = registered;")),
     "lambda": ("no lambdas", KERNEL.format(body="  auto twice = [](float v) { return v * 2; };\n  out[i] = twice(out[i]);"),
                "struct Twice { float operator()(float v) const { return v * 2; } };\n" +
                KERNEL.format(body="  float a[2] = {1, 2};\n  [[maybe_unused]] Twice twice;\n"
@@ -173,6 +175,7 @@ NEEDLES = {
     'dynamic_cast': 'dynamic_cast',
     'goto': 'goto',
     'thread_local': 'thread_local',
+    'register': 'register float',
     'lambda': '[](',
     'std::': 'std::',
     'C library': 'printf',
