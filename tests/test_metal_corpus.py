@@ -381,6 +381,35 @@ def test_mlx_softmax(tmp_path, dtype):
     assert_close(out, torch.softmax(rows.float(), 1).to(dtype), dtype=dtype)
 
 
+# PyTorch's own special functions for its MPS backend (c10/metal/special_math.h), each on inputs in its domain,
+# against torch's CPU ones.
+C10_SPECIAL = {
+    "erf": (torch.special.erf, (-3, 3)), "erfc": (torch.special.erfc, (-3, 3)),
+    "erfinv": (torch.special.erfinv, (-0.99, 0.99)), "i0": (torch.special.i0, (-10, 10)),
+    "i0e": (torch.special.i0e, (-10, 10)), "i1": (torch.special.i1, (-10, 10)), "i1e": (torch.special.i1e, (-10, 10)),
+    "log_gamma": (torch.special.gammaln, (0.1, 10)), "digamma": (torch.special.digamma, (0.1, 10)),
+    "expm1f": (torch.special.expm1, (-3, 3)),
+}
+
+
+def test_c10_special_math(tmp_path):
+    calls = "".join(f"  out[i * {len(C10_SPECIAL)} + {k}] = c10::metal::{name}(x[i * {len(C10_SPECIAL)} + {k}]);\n"
+                    for k, name in enumerate(C10_SPECIAL))
+    source = tmp_path / "c10_special.metal"
+    source.write_text("#include <c10/metal/special_math.h>\nusing namespace metal;\n"
+                      "kernel void special(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],\n"
+                      f"                    uint i [[thread_position_in_grid]]) {{\n{calls}}}\n")
+    lib = mps_ext.sim.compile_file(source, include_dirs=[corpus.torch_include()])
+    n = 101
+    x = torch.stack([torch.linspace(low, high, n) for _, (low, high) in C10_SPECIAL.values()], 1)
+    out = torch.full_like(x, float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        lib.special(x, out, threads=n)
+    assert t.names == ["special"]
+    expected = torch.stack([ref(x[:, k]) for k, (ref, _) in enumerate(C10_SPECIAL.values())], 1)
+    assert_close(out, expected, dtype=torch.float32)  # a failure's column is the function's place in C10_SPECIAL
+
+
 @pytest.mark.parametrize("kernel", ["fp8_to_half_kernel", "fp8_to_half_arithmetic_kernel"])
 def test_fp4_fp8_for_torch_mps_e4m3_decode(kernel):
     """fp4-fp8-for-torch-mps's e4m3fn decodes (a constant half table, arithmetic) of all 256 codes."""
