@@ -94,3 +94,12 @@ def test_vector_arguments_are_compile_errors(shader):
     with pytest.raises(CompileError, match="os_log formats scalars"):
         shader('#include <metal_logging>\nusing namespace metal;\nkernel void vec(device float2* v [[buffer(0)]]) {\n'
                '  os_log_default.log("%f", v[0]);\n}\n', name="logging_vector", msl_version="3.2")
+
+
+def test_a_failed_dispatch_writes_what_it_logged(shader, capfd):
+    lib = shader('#include <metal_logging>\nusing namespace metal;\nkernel void fails(device int* out [[buffer(0)]], '
+                 'uint i [[thread_position_in_grid]]) {\n  os_log_default.log_error("out[%u] = %d", i, out[i]);\n'
+                 '  assert(out[i] >= 0);\n}\n', name="logging_fails", msl_version="3.2")
+    with pytest.raises(mps_ext.sim.SimulatorError, match=r"assertion failed: out \[ i \] >= 0"):
+        lib.fails(torch.tensor([-5], dtype=torch.int32), threads=1)
+    assert [line.split(" — ")[0] for line in logged(capfd.readouterr().err)] == ["os_log error: out[0] = -5"]
