@@ -19,12 +19,13 @@ std::string convert(std::string spec, char conversion, const LogArg& arg) {
       n = std::snprintf(buf, sizeof buf, spec.c_str(),
                         arg.kind == LogArgKind::Floating ? (long long)arg.f : (long long)arg.i);
       break;
-    case 'u': case 'o': case 'x': case 'X': case 'c':
-      if (conversion != 'c') spec.insert(spec.size() - 1, "ll");
-      n = conversion == 'c' ? std::snprintf(buf, sizeof buf, spec.c_str(), int(arg.u))
-                            : std::snprintf(buf, sizeof buf, spec.c_str(),
-                                            arg.kind == LogArgKind::Floating ? (unsigned long long)arg.f
-                                                                             : (unsigned long long)arg.u);
+    case 'u': case 'o': case 'x': case 'X':
+      spec.insert(spec.size() - 1, "ll");
+      n = std::snprintf(buf, sizeof buf, spec.c_str(),
+                        arg.kind == LogArgKind::Floating ? (unsigned long long)arg.f : (unsigned long long)arg.u);
+      break;
+    case 'c':
+      n = std::snprintf(buf, sizeof buf, spec.c_str(), int(arg.i));
       break;
     case 'f': case 'F': case 'e': case 'E': case 'g': case 'G': case 'a': case 'A':
       n = std::snprintf(buf, sizeof buf, spec.c_str(),

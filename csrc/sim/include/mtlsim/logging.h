@@ -71,13 +71,13 @@ namespace metal {
   template <class Self, class... A>                                                                       \
   void name(this const Self& self, ::mtlsim::LogFormat format, const A&... args) {                        \
     const os_log& l = ::mtlsim::as_generic(self);                                                         \
-    ::mtlsim::write_log(l.subsystem_, l.category_, type, format, {::mtlsim::log_arg(args)...});                 \
+    ::mtlsim::write_log(l.subsystem_, l.category_, type, format, {::mtlsim::log_arg(args)...});           \
   }
 #else
 #define MTLSIM_OS_LOG_FUNCTION(name, type)                                                                \
   template <class... A>                                                                                   \
   void name(::mtlsim::LogFormat format, const A&... args) const {                                         \
-    ::mtlsim::write_log(subsystem_, category_, type, format, {::mtlsim::log_arg(args)...});                     \
+    ::mtlsim::write_log(subsystem_, category_, type, format, {::mtlsim::log_arg(args)...});               \
   }
 #endif
 
