@@ -19,6 +19,7 @@ files put before it (utils.h and a few more, see MLX_PRELUDES); so is a .metal
 file that other ggml kernel files include, after the includes they put before it.
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
+    python tools/metal_corpus.py --msl-version 3.2    the same, every file targeting MSL 3.2
     python tools/metal_corpus.py --fetch    fetch only
 """
 
@@ -272,6 +273,7 @@ def msl32_entries(all_entries: list[Entry]) -> list[Entry]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fetch", action="store_true", help="only fetch the corpus")
+    parser.add_argument("--msl-version", default="3.1", help="the MSL version the files target (3.1 or 3.2)")
     args = parser.parse_args()
     fetch()
     if args.fetch:
@@ -285,7 +287,7 @@ def main() -> int:
     for entry in all_entries:
         start = time.time()
         try:
-            compile_entry(entry)
+            compile_entry(entry, args.msl_version)
             ok += 1
             print(f"| {entry.name} | yes ({time.time() - start:.0f} s) | |", flush=True)
         except mps_ext.sim.CompileError as e:
