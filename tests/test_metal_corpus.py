@@ -56,8 +56,9 @@ class Unsupported(NamedTuple):
 # expected failure that must fail for its reason: a file that starts compiling, or fails for another reason,
 # fails the test.
 MPP = Unsupported("MSL 4: Metal Performance Primitives (tensor operations on <metal_tensor>), beyond the MSL 3.1 "
-                  "the package targets", r"'MetalPerformancePrimitives/MetalPerformancePrimitives\.h' file not found")
-LAMBDAS = Unsupported("MSL 4: lambda expressions, beyond the MSL 3.1 the package targets",
+                  "and 3.2 the simulator targets",
+                  r"'MetalPerformancePrimitives/MetalPerformancePrimitives\.h' file not found")
+LAMBDAS = Unsupported("MSL 4: lambda expressions, beyond the MSL 3.1 and 3.2 the simulator targets",
                       r"MSL rule 'no lambdas': lambda expressions need MSL 4")
 NOT_SUPPORTED = {f"mlx/{name}": MPP for name in (
     "gated_delta_nax_ops.h", "gated_delta_update_nax.h", "gated_delta_update_nax_vjp.h",
@@ -95,6 +96,21 @@ def test_corpus_file_compiles(entry):
         if expected and not re.search(expected.error, str(e)):
             pytest.fail(f"expected to fail with {expected.error!r} ({expected.why}), failed with:\n{e}")
         raise
+
+
+MSL32 = corpus.msl32_entries(ENTRIES)
+
+
+@pytest.mark.parametrize("entry", [pytest.param(e, id=e.name) for e in MSL32])
+def test_corpus_file_compiles_under_msl32(entry):
+    """The files that read differently when the source targets MSL 3.2 (tools/metal_corpus.py msl32_entries)
+    compile under 3.2 too: MLX's logging.h takes <metal_logging>'s os_log there, which its users log with."""
+    assert entry.name not in NOT_SUPPORTED
+    corpus.compile_entry(entry, msl_version="3.2")
+
+
+def test_msl32_entries_are_the_files_that_read_differently():
+    assert [e.name for e in MSL32] == ["mlx/binary_ops.h", "mlx/indexing/masked_scatter.h", "mlx/logging.h"]
 
 
 def test_every_corpus_file_is_accounted_for():
@@ -292,12 +308,12 @@ def test_mlx_arange(tmp_path, dtype):
     assert torch.equal(out, torch.arange(37, dtype=torch.float64).mul(step).add(start).to(dtype))
 
 
-def _mlx(tmp_path, name: str, headers, instantiations) -> mps_ext.sim.Library:
+def _mlx(tmp_path, name: str, headers, instantiations, msl_version="3.1") -> mps_ext.sim.Library:
     """MLX kernels instantiated as MLX's own .metal files do: utils.h, the headers, instantiate_kernel."""
     includes = "".join(f'#include "mlx/backend/metal/kernels/{h}"\n' for h in ("utils.h", *headers))
     source = tmp_path / f"{name}.metal"
     source.write_text(includes + "".join(f"instantiate_kernel({i})\n" for i in instantiations))
-    return mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()])
+    return mps_ext.sim.compile_file(source, include_dirs=[corpus.mlx_dir()], msl_version=msl_version)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -331,6 +347,25 @@ def test_mlx_binary(tmp_path, op, ref):
     assert_close(out, ref(a, b), dtype=torch.float32)
 
 
+def test_mlx_integer_power_logs_under_msl32(tmp_path, capfd):
+    """Under MSL 3.2 MLX's binary_ops.h logs a negative integer exponent through <metal_logging>'s os_log (its
+    `constant mlx::os_log logger("mlx", "binary_ops")`) and returns 0."""
+    lib = _mlx(tmp_path, "binary_power_int", ("binary_ops.h", "binary.h"), ['"vv_Power_int", binary_vv, int, int, Power'],
+               msl_version="3.2")
+    base = torch.tensor([2, -3, 5, 7, 0, -2, 4], dtype=torch.int32)
+    exponent = torch.tensor([3, 2, -1, 0, 4, -2, 1], dtype=torch.int32)
+    out = torch.full_like(base, 99)
+    with mps_ext.trace() as tr:
+        lib.vv_Power_int(base, exponent, out, 7, arg_casts={3: "int32"}, threads=4)
+    assert tr.names == ["vv_Power_int"]
+    negative = exponent < 0
+    assert torch.equal(out, torch.where(negative, 0, torch.pow(base, exponent.clamp(min=0))))
+    logged = sorted(re.findall(r"^os_log debug \[mlx:binary_ops\]: (.*?) — kernel 'vv_Power_int'",
+                               capfd.readouterr().err, re.M))
+    assert logged == sorted(f"int pow exp<0 (base={b} exp={e})" for b, e in zip(base[negative].tolist(),
+                                                                                exponent[negative].tolist()))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_mlx_softmax(tmp_path, dtype):
     t = {torch.float32: "float", torch.float16: "half"}[dtype]
@@ -344,6 +379,35 @@ def test_mlx_softmax(tmp_path, dtype):
                              (96, 1, 1), grid_in_threads=False)  # ceil(300 / 4) threads, in whole SIMD groups
     assert [k.name for k in tr.kernels] == [f"softmax_{t}"]
     assert_close(out, torch.softmax(rows.float(), 1).to(dtype), dtype=dtype)
+
+
+# PyTorch's own special functions for its MPS backend (c10/metal/special_math.h), each on inputs in its domain,
+# against torch's CPU ones.
+C10_SPECIAL = {
+    "erf": (torch.special.erf, (-3, 3)), "erfc": (torch.special.erfc, (-3, 3)),
+    "erfinv": (torch.special.erfinv, (-0.99, 0.99)), "i0": (torch.special.i0, (-10, 10)),
+    "i0e": (torch.special.i0e, (-10, 10)), "i1": (torch.special.i1, (-10, 10)), "i1e": (torch.special.i1e, (-10, 10)),
+    "log_gamma": (torch.special.gammaln, (0.1, 10)), "digamma": (torch.special.digamma, (0.1, 10)),
+    "expm1f": (torch.special.expm1, (-3, 3)),
+}
+
+
+def test_c10_special_math(tmp_path):
+    calls = "".join(f"  out[i * {len(C10_SPECIAL)} + {k}] = c10::metal::{name}(x[i * {len(C10_SPECIAL)} + {k}]);\n"
+                    for k, name in enumerate(C10_SPECIAL))
+    source = tmp_path / "c10_special.metal"
+    source.write_text("#include <c10/metal/special_math.h>\nusing namespace metal;\n"
+                      "kernel void special(device const float* x [[buffer(0)]], device float* out [[buffer(1)]],\n"
+                      f"                    uint i [[thread_position_in_grid]]) {{\n{calls}}}\n")
+    lib = mps_ext.sim.compile_file(source, include_dirs=[corpus.torch_include()])
+    n = 101
+    x = torch.stack([torch.linspace(low, high, n) for _, (low, high) in C10_SPECIAL.values()], 1)
+    out = torch.full_like(x, float("nan"))
+    with mps_ext.trace() as t, mps_ext.sim.checked():
+        lib.special(x, out, threads=n)
+    assert t.names == ["special"]
+    expected = torch.stack([ref(x[:, k]) for k, (ref, _) in enumerate(C10_SPECIAL.values())], 1)
+    assert_close(out, expected, dtype=torch.float32)  # a failure's column is the function's place in C10_SPECIAL
 
 
 @pytest.mark.parametrize("kernel", ["fp8_to_half_kernel", "fp8_to_half_arithmetic_kernel"])

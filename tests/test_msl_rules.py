@@ -44,6 +44,8 @@ CASES = {
              KERNEL.format(body="  switch (i % 2) {\n  case 0: out[i] = 1; break;\n  default: out[i] = 2;\n  }")),
     "thread_local": ("no thread_local", KERNEL.format(body="  thread_local float x = 1;\n  out[i] = x;"),
                      KERNEL.format(body="  thread float x = 1;\n  out[i] = x;")),
+    "register": ("no register", KERNEL.format(body="  register float x = 1;\n  out[i] = x;"),
+                 KERNEL.format(body="  float registered = 1;\n  out[i] = registered;")),
     "lambda": ("no lambdas", KERNEL.format(body="  auto twice = [](float v) { return v * 2; };\n  out[i] = twice(out[i]);"),
                "struct Twice { float operator()(float v) const { return v * 2; } };\n" +
                KERNEL.format(body="  float a[2] = {1, 2};\n  [[maybe_unused]] Twice twice;\n"
@@ -173,6 +175,7 @@ NEEDLES = {
     'dynamic_cast': 'dynamic_cast',
     'goto': 'goto',
     'thread_local': 'thread_local',
+    'register': 'register float',
     'lambda': '[](',
     'std::': 'std::',
     'C library': 'printf',
@@ -329,3 +332,36 @@ def test_msl_version_setting(tmp_path):
         translate(path)
     with pytest.raises(ValueError, match=r"msl_version must be one of '3.1', '3.2', got '4.0'"):
         translate(path, msl_version="4.0")
+
+
+LOGGING = HEADER + """#include <metal_logging>
+kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]]) {
+  os_log_default.log("thread %u", i);
+  out[i] = 1;
+}
+"""
+
+
+@pytest.mark.parametrize("source,line,what", [
+    (LOGGING, 3, r"shader logging \(<metal_logging>: os_log\)"),
+    (LOGGING.replace("#include <metal_logging>\n", ""), 4, r"shader logging \(os_log_default, <metal_logging>\)"),
+    (HEADER + "constant metal::os_log logger(\"a\", \"b\");\n" + KERNEL.format(body="  out[i] = 1;"), 3,
+     r"shader logging \(os_log, <metal_logging>\)"),
+])
+def test_shader_logging_needs_msl32(tmp_path, source, line, what):
+    path = tmp_path / "logging.metal"
+    path.write_text(source)
+    with pytest.raises(TranslateError, match=rf"^{path}:{line}: MSL rule 'msl version': {what} needs MSL 3.2; "
+                                             r"the source targets MSL 3.1 \(msl_version\)"):
+        translate(path)
+    assert translate(path, msl_version="3.2").kernels
+
+
+def test_own_os_log_is_not_metal_logging(shader):
+    # MLX's logging.h declares an os_log of its own for MSL 3.1: a 3.1 source's names, not <metal_logging>'s.
+    out = torch.zeros(2)
+    shader(HEADER + "namespace mlx {\nstruct os_log {\n  constexpr os_log(constant char*, constant char*) constant {}\n"
+           "  void log_debug(constant char*, int) const constant {}\n};\n}  // namespace mlx\n"
+           "constant mlx::os_log logger(\"mlx\", \"k\");\n" +
+           KERNEL.format(body="  logger.log_debug(\"%d\", int(i));\n  out[i] = 2;"), name="rule_own_os_log").k(out)
+    assert out.tolist() == [2, 2]

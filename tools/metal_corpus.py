@@ -19,12 +19,14 @@ files put before it (utils.h and a few more, see MLX_PRELUDES); so is a .metal
 file that other ggml kernel files include, after the includes they put before it.
 
     python tools/metal_corpus.py            fetch, compile everything, print the table
+    python tools/metal_corpus.py --msl-version 3.2    the same, every file targeting MSL 3.2
     python tools/metal_corpus.py --fetch    fetch only
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import importlib.util
 import re
@@ -148,6 +150,7 @@ class Entry(NamedTuple):
     name: str  # e.g. "ggml/norm.metal", "mlx/unary.h", "c10/utils.h"
     source: Path  # the .metal file to compile
     include_dirs: tuple[Path, ...]
+    file: Path  # the corpus file it compiles (source, or the file a wrapper includes)
 
 
 def _wrapper(stem: str, text: str) -> Path:
@@ -179,9 +182,9 @@ def _ggml_entries() -> list[Entry]:
         if f.name in preamble:
             text = f'{preamble[f.name]}#include "{f.name}"\n{PROBE}'
             wrapper = _wrapper(f"ggml__{f.name}", text)
-            out.append(Entry(f"ggml/{f.name}", wrapper, (kernels, ggml / "ggml-metal", ggml)))
+            out.append(Entry(f"ggml/{f.name}", wrapper, (kernels, ggml / "ggml-metal", ggml), f))
         else:
-            out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml)))
+            out.append(Entry(f"ggml/{f.name}", f, (ggml / "ggml-metal", ggml), f))
     return out
 
 
@@ -196,23 +199,81 @@ def entries() -> list[Entry]:
         prelude = "".join(f'#include "{h}"\n' for h in mlx_prelude(short)) if tag == "mlx" else ""
         text = f'#include <metal_stdlib>\n{prelude}#include "{rel}"\n{PROBE}'
         wrapper = _wrapper(f"{tag}__{rel.replace('/', '__')}", text)
-        out.append(Entry(f"{tag}/{short}", wrapper, (root,)))
+        out.append(Entry(f"{tag}/{short}", wrapper, (root,), header))
     for package, version, *_ in METAL_WHEELS:
         root = wheel_dir(package, version)
-        out += [Entry(f"{package}/{f.name}", f, (f.parent,)) for f in sorted(root.rglob("*.metal"))]
+        out += [Entry(f"{package}/{f.name}", f, (f.parent,), f) for f in sorted(root.rglob("*.metal"))]
     return out
 
 
-def compile_entry(entry: Entry) -> None:
+def compile_entry(entry: Entry, msl_version: str = "3.1") -> None:
     """Compiles one corpus file for the simulator, building no library (raises mps_ext.sim.CompileError)."""
     from mps_ext.sim import compiler
 
-    compiler.check_file(entry.source, include_dirs=entry.include_dirs)
+    compiler.check_file(entry.source, include_dirs=entry.include_dirs, msl_version=msl_version)
+
+
+# What reads differently when a source targets MSL 3.2 instead of 3.1 (mps_ext.sim's msl_version): the names
+# 3.2 adds (<metal_logging>'s os_log and os_log_default, coherent(device)) and __METAL_VERSION__ compared with
+# a number that 310 and 320 fall on different sides of.
+_MSL32_NAMES = re.compile(r"\b(?:metal_logging|os_log|os_log_default|coherent)\b")
+_VERSION_TEST = re.compile(r"__METAL_VERSION__\s*\)?\s*(>=|<=|==|!=|>|<)\s*(\d+)")
+_COMPARE = {">=": int.__ge__, "<=": int.__le__, "==": int.__eq__, "!=": int.__ne__, ">": int.__gt__,
+            "<": int.__lt__}
+_INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
+
+
+@functools.cache
+def _text(path: Path) -> str:
+    return path.read_text(errors="replace")
+
+
+@functools.cache
+def _reads_differently_under_msl32(path: Path) -> bool:
+    text = _text(path)
+    return bool(_MSL32_NAMES.search(text)) or any(
+        _COMPARE[op](310, int(n)) != _COMPARE[op](320, int(n)) for op, n in _VERSION_TEST.findall(text))
+
+
+@functools.cache
+def _included(f: Path, include_dirs: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The files ``f`` includes with quotes, found as the preprocessor finds them: next to ``f``, then in the
+    include directories."""
+    found = (next((d / name for d in (f.parent, *include_dirs) if (d / name).is_file()), None)
+             for name in _INCLUDE.findall(_text(f)))
+    return tuple(path.resolve() for path in found if path)
+
+
+def _includes(entry: Entry) -> list[Path]:
+    """The files an entry's source includes with quotes, directly or not, the source first."""
+    seen, todo = {}, [entry.source]
+    while todo:
+        f = todo.pop()
+        if f not in seen:
+            seen[f] = None
+            todo += _included(f, entry.include_dirs)
+    return list(seen)
+
+
+def msl32_entries(all_entries: list[Entry]) -> list[Entry]:
+    """The entries that check the corpus under MSL 3.2 too. Only a file that reads differently under 3.2 (names
+    what 3.2 adds, or tests __METAL_VERSION__ against 320) can compile differently, and what it changes is its
+    own code: each such file is compiled under 3.2 once, by its own entry, or by the first entry that
+    includes it when it has none. Any other entry compiles as under 3.1 (the simulator's 3.2 library only adds
+    <metal_logging>'s names, which these files do not use)."""
+    own = {e.file.resolve(): e for e in all_entries}
+    chosen: dict[Path, Entry] = {}
+    for entry in all_entries:
+        for f in _includes(entry):
+            if f not in chosen and _reads_differently_under_msl32(f):
+                chosen[f] = own.get(f, entry)
+    return [e for e in all_entries if e in chosen.values()]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--fetch", action="store_true", help="only fetch the corpus")
+    parser.add_argument("--msl-version", default="3.1", help="the MSL version the files target (3.1 or 3.2)")
     args = parser.parse_args()
     fetch()
     if args.fetch:
@@ -226,7 +287,7 @@ def main() -> int:
     for entry in all_entries:
         start = time.time()
         try:
-            compile_entry(entry)
+            compile_entry(entry, args.msl_version)
             ok += 1
             print(f"| {entry.name} | yes ({time.time() - start:.0f} s) | |", flush=True)
         except mps_ext.sim.CompileError as e:

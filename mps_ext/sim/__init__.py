@@ -286,7 +286,9 @@ def compile_shader(source: str, *, name: str = "shader", include_dirs=(), consta
     ``MTLFunctionConstantValues`` does; each set of values is compiled (and
     cached) separately. ``msl_version`` ("3.1", the default, or "3.2") is the
     MSL the source targets, as ``MTLCompileOptions.languageVersion``:
-    ``__METAL_VERSION__`` and the rules that depend on it follow it.
+    ``__METAL_VERSION__`` and the rules that depend on it follow it, and 3.2
+    adds shader logging (``<metal_logging>``: what kernels log with ``os_log``
+    is written to stderr after each dispatch).
 
     The kernels are compiled to native code and run inside this process with
     its privileges: never pass source you would not run as a program.

@@ -290,13 +290,13 @@ def compile_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1
     return lib
 
 
-def check_file(metal, include_dirs=(), constants=None) -> None:
+def check_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1") -> None:
     """Translate one .metal file and compile it without optimizing, linking or keeping anything: the
     errors :func:`compile_file` would raise, in about a third of its time, for code that is only
     checked to compile (the upstream corpus)."""
     metal = Path(metal).resolve()
     tc = toolchain()
-    cpp_text, lib = _translated(metal, include_dirs, constants, tc)
+    cpp_text, lib = _translated(metal, include_dirs, constants, tc, msl_version)
     checked = lib.with_name(lib.name + ".checked")
     if _verified(lib) or checked.exists():
         return

@@ -309,9 +309,25 @@ void prepare(Job& job, const GuardedBuffers& guards, const Options& options) {
   }
 }
 
+// A dispatch's os_log messages, on stderr (where Metal writes them with MTL_LOG_TO_STDERR=1): those of its
+// first run only (checked mode runs it again under other schedules), also when it failed.
+void write_logs(const Job& job) {
+  size_t dropped = 0;
+  std::string text;
+  for (const std::string& line : job.logs(&dropped)) text += line + "\n";
+  if (dropped)
+    text += "os_log: " + std::to_string(dropped) + " more messages of kernel '" + job.launch.kernel->host_name +
+            "' dropped (" + std::to_string(Job::kMaxLogMessages) + " are kept per dispatch)\n";
+  if (!text.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stderr);
+    std::fflush(stderr);
+  }
+}
+
 std::vector<std::string> run(Job& job, const Options& options) {
   Pool& pool = Pool::instance();
   pool.run(job, options.workers ? options.workers : pool.size(), options);
+  if (job.schedule == Schedule::Forward) write_logs(job);
   const std::string error = job.error();
   if (!error.empty()) throw SimError(error);
   return job.warnings();

@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "checked.h"
+#include "log.h"
 #include "symbolize.h"
 
 namespace mtlsim {
@@ -85,6 +86,18 @@ void Job::warn(const std::string& message) {
   for (const auto& w : warnings_)
     if (w == message) return;
   warnings_.push_back(message);
+}
+
+void Job::log(std::string line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (logs_.size() < kMaxLogMessages) logs_.push_back(std::move(line));
+  else ++dropped_logs_;
+}
+
+std::vector<std::string> Job::logs(size_t* dropped) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  *dropped = dropped_logs_;
+  return logs_;
 }
 
 std::string Job::error() const {
@@ -430,6 +443,15 @@ void* Worker::threadgroup_alloc(uint32_t id, size_t size, size_t align, const Si
 void Worker::yield() { suspend(State::Runnable); }
 
 const ThreadCtx* Worker::current_thread() const { return &fibers_[running_].thread; }
+
+void Worker::log(const LogMessage& m, const Site& site) {
+  in_kernel_ = false;  // runtime code (allocations, a lock), as in threadgroup_alloc
+  std::string line = std::string("os_log ") + log_level_name(m.type);
+  if (m.subsystem) line += std::string(" [") + m.subsystem + (m.category ? std::string(":") + m.category : "") + "]";
+  job_->log(line + ": " + format_log(m) + " — kernel '" + job_->launch.kernel->host_name + "', " +
+            where(running_, &site));
+  in_kernel_ = true;
+}
 
 void Worker::fail(const char* message, const Site& site) {
   in_kernel_ = false;

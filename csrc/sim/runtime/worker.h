@@ -69,13 +69,21 @@ struct Job {
 
   void fail(const std::string& message);  // the first failure wins
   void warn(const std::string& message);  // deduplicated
+  // An os_log message; beyond kMaxLogMessages they are counted, not kept (a
+  // GPU's log buffer is bounded too).
+  void log(std::string line);
   std::string error() const;
   std::vector<std::string> warnings() const;
+  // The os_log messages in the order the threads logged them, then how many more were dropped.
+  std::vector<std::string> logs(size_t* dropped) const;
+  static constexpr size_t kMaxLogMessages = 4096;
 
  private:
   mutable std::mutex mu_;
   std::string error_;
   std::vector<std::string> warnings_;
+  std::vector<std::string> logs_;
+  size_t dropped_logs_ = 0;
 };
 
 class Worker {
@@ -109,6 +117,7 @@ class Worker {
   void* threadgroup_alloc(uint32_t id, size_t size, size_t align, const Site& site);
   void yield();
   [[noreturn]] void fail(const char* message, const Site& site);
+  void log(const LogMessage& message, const Site& site);
   const ThreadCtx* current_thread() const;
 
   // Signal handler support: is a GPU thread running (outside the runtime's

@@ -72,7 +72,7 @@ def translate_text(text: str, *, module_symbol: str = "mtlsim_module_init", stan
         tr = _Translator(_cast_conditional_arms(tokens), standalone, constants)
         tr.run()
         tr.check_constants()
-        cpp = tr.emit(module_symbol, standalone)
+        cpp = tr.emit(module_symbol, standalone, version)
     except TranslateError:
         raise
     except (IndexError, KeyError, ValueError, StopIteration, TypeError, AttributeError, RecursionError) as e:

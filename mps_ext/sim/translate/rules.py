@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .tokens import TranslateError, _closing, _Tok
+from .tokens import TranslateError, _closing, _Tok, needs_version, version_name
 
 # `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
 # types under clang, see mtlsim/address_space.h). `thread` is the default address space.
@@ -68,8 +68,10 @@ _CONCRETE_TYPE = re.compile(r"void|bool|char|uchar|short|ushort|int|uint|long|ul
                             r"atomic_(?:int|uint|bool|float)|unsigned|signed")
 
 
-# Constructs that need a later MSL than the oldest target: name -> (__METAL_VERSION__, what it is).
+# Constructs that need a later MSL than the oldest target: name -> (__METAL_VERSION__, what it is); a call
+# of the first, the metal names of the second (a file may declare names of its own that a later MSL takes).
 _VERSIONED = {"coherent": (320, "memory coherence (coherent(device))")}
+_VERSIONED_NAMES = {name: (320, f"shader logging ({name}, <metal_logging>)") for name in ("os_log", "os_log_default")}
 
 
 class _Rules:
@@ -130,6 +132,8 @@ class _Rules:
         declared = {self.t[k].text for k in range(1, len(self.t) - 1)
                     if self.t[k].kind == "id" and self.text(k + 1) == "(" and
                     (self.t[k - 1].kind == "id" or self.text(k - 1) in ("*", "&", ">"))}
+        own = self.structs | {self.t[k].text for k in range(1, len(self.t) - 1)
+                              if self.text(k - 1) == "using" and self.text(k + 1) == "="}
         for i, tok in enumerate(self.t):
             s = tok.text
             if tok.kind != "id":
@@ -140,10 +144,11 @@ class _Rules:
             if prev in (".", "->"):
                 continue
             if s in _VERSIONED and self.text(i + 1) == "(" and self.version < _VERSIONED[s][0]:
-                needed, what = _VERSIONED[s]
-                self.fail(i, "msl version", f"{what} needs MSL {needed // 100}.{needed % 100 // 10}; the source "
-                                            f"targets MSL {self.version // 100}.{self.version % 100 // 10} "
-                                            f"(msl_version)")
+                self.fail(i, "msl version", needs_version(_VERSIONED[s][1], _VERSIONED[s][0], self.version))
+            if (s in _VERSIONED_NAMES and self.version < _VERSIONED_NAMES[s][0] and s not in own and
+                    (prev != "::" or self.text(i - 2) == "metal")):
+                self.fail(i, "msl version", needs_version(_VERSIONED_NAMES[s][1], _VERSIONED_NAMES[s][0],
+                                                          self.version))
             if s in _FORBIDDEN_KEYWORDS and prev != "::":
                 rule, msg = _FORBIDDEN_KEYWORDS[s]
                 self.fail(i, rule, msg)
@@ -164,7 +169,8 @@ class _Rules:
             return  # a subscript, an array declarator or operator[]
         close = self.close_of(i, "[", "]")
         if self.text(close + 1) in ("(", "{", "mutable", "->", "<"):
-            self.fail(i, "no lambdas", "lambda expressions need MSL 4; this package targets MSL 3.1")
+            self.fail(i, "no lambdas", f"lambda expressions need MSL 4; the source targets MSL "
+                                       f"{version_name(self.version)} (msl_version)")
 
     # scopes
     def brace_kind(self, start: int, i: int, kinds: list[str]) -> str:

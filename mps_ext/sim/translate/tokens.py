@@ -22,6 +22,8 @@ _METAL_HEADERS = (
     "metal_simdgroup", "metal_simdgroup_matrix", "metal_types", "metal_type_traits", "metal_utility",
     "metal_limits", "metal_array", "metal_quadgroup", "metal_bfloat", "metal_uniform",
 )
+# Headers of a later MSL than the oldest target: name -> (__METAL_VERSION__, what it holds).
+VERSIONED_HEADERS = {"metal_logging": (320, "shader logging (<metal_logging>: os_log)")}
 
 
 class TranslateError(Exception):
@@ -75,13 +77,25 @@ def msl_version_number(msl_version: str) -> int:
     return MSL_VERSIONS[msl_version]
 
 
+def version_name(number: int) -> str:
+    """"3.2" for 320: an MSL version as __METAL_VERSION__ numbers it."""
+    return f"{number // 100}.{number % 100 // 10}"
+
+
+def needs_version(what: str, needed: int, version: int) -> str:
+    """The 'msl version' rule's message: ``what`` needs MSL ``needed``, the source targets ``version`` (both
+    __METAL_VERSION__ numbers)."""
+    return f"{what} needs MSL {version_name(needed)}; the source targets MSL {version_name(version)} (msl_version)"
+
+
 def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defines=(),
                msl_version: str = "3.1") -> str:
     """Run the C preprocessor over a .metal file as Apple's compiler would see it for ``msl_version``."""
-    predefined = {**PREDEFINED, "__METAL_VERSION__": str(msl_version_number(msl_version))}
+    version = msl_version_number(msl_version)
+    predefined = {**PREDEFINED, "__METAL_VERSION__": str(version)}
     cxx = cxx or os.environ.get("CXX", "c++")
     with tempfile.TemporaryDirectory(prefix="mtlsim-pp-") as stubs:
-        for name in _METAL_HEADERS:
+        for name in (*_METAL_HEADERS, *(h for h, (needed, _) in VERSIONED_HEADERS.items() if version >= needed)):
             Path(stubs, name).write_text(_STDLIB_MACROS)
         cmd = [*shlex.split(cxx), "-E", "-x", "c++", "-std=c++17", "-undef", "-nostdinc", "-I", stubs,
                *(f"-D{k}={v}" for k, v in predefined.items())]
@@ -94,9 +108,15 @@ def preprocess(source_path: Path, include_dirs=(), cxx: str | None = None, defin
         except (OSError, subprocess.TimeoutExpired) as e:
             raise TranslateError(f"{source_path}:1: preprocessing failed: {e}") from None
     if proc.returncode != 0:
-        missing = re.search(r"^(.*?:\d+):\d+: fatal error: ([^:]+): No such file", proc.stderr, re.M)
-        if missing and _STD_HEADERS.fullmatch(missing.group(2)):
-            raise TranslateError(f"{missing.group(1)}: MSL rule 'no C/C++ standard library': <{missing.group(2)}> "
+        # GCC says `fatal error: x: No such file or directory`, clang `fatal error: 'x' file not found`.
+        missing = re.search(r"^(.*?:\d+):\d+: fatal error: (?:([^:']+): No such file|'([^']+)' file not found)",
+                            proc.stderr, re.M)
+        header = missing and (missing.group(2) or missing.group(3))
+        if header in VERSIONED_HEADERS:
+            needed, what = VERSIONED_HEADERS[header]
+            raise TranslateError(f"{missing.group(1)}: MSL rule 'msl version': {needs_version(what, needed, version)}")
+        if header and _STD_HEADERS.fullmatch(header):
+            raise TranslateError(f"{missing.group(1)}: MSL rule 'no C/C++ standard library': <{header}> "
                                  f"is a C/C++ library header; MSL has only its own <metal_*> headers")
         raise TranslateError(proc.stderr.strip() or f"preprocessing {source_path} failed")
     return proc.stdout

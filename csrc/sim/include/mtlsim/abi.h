@@ -12,7 +12,7 @@
 
 namespace mtlsim {
 
-constexpr uint32_t kAbiVersion = 2;
+constexpr uint32_t kAbiVersion = 3;
 constexpr uint32_t kSimdWidth = 32;
 constexpr uint32_t kMaxThreadsPerThreadgroup = 1024;
 constexpr uint32_t kMaxThreadgroupMemory = 32 * 1024;
@@ -65,6 +65,33 @@ struct ThreadCtx {
 // the shim, so the runtime only moves pointers around.
 using CollectiveFn = void (*)(const void* const* in, void* const* out, uint32_t mask);
 
+// One argument of an os_log message (MSL 3.2's <metal_logging>), as the shim
+// converts it: the runtime formats the message, so each argument travels with
+// its kind instead of as a C variadic argument.
+enum class LogArgKind : uint32_t { Signed, Unsigned, Floating, String, Pointer };
+struct LogArg {
+  LogArgKind kind;
+  union {
+    int64_t i;
+    uint64_t u;
+    double f;
+    const void* p;  // String: a NUL-terminated text
+  };
+};
+
+// A message's level: os_log's log() is the default one, log_info() info, and so on
+// (numbered as the OS's unified logging numbers its levels).
+enum class LogType : uint32_t { Default = 0x00, Info = 0x01, Debug = 0x02, Error = 0x10, Fault = 0x11 };
+
+struct LogMessage {
+  const char* subsystem;  // nullptr for os_log_default
+  const char* category;
+  LogType type;
+  const char* format;  // printf's
+  uint32_t num_args;
+  const LogArg* args;
+};
+
 struct RuntimeAPI {
   uint32_t abi_version;
   // Blocks the calling GPU thread until all live lanes of its SIMD group reach
@@ -83,6 +110,8 @@ struct RuntimeAPI {
   const ThreadCtx* (*current)();
   // Aborts the dispatch with an error naming the thread and the site. Never returns.
   void (*fail)(const char* message, const Site* site);
+  // An os_log message of the calling GPU thread (see LogMessage).
+  void (*log)(const LogMessage* message, const Site* site);
 };
 
 enum class ArgKind : uint32_t { Buffer, Threadgroup, Attribute };

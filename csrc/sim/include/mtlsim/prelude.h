@@ -13,6 +13,11 @@
 #include "mtlsim/internals.h"
 #include "mtlsim/uniform.h"
 #include "mtlsim/conditional.h"
+// MSL 3.2's <metal_logging>, for sources that target 3.2 (the translator defines MTLSIM_MSL_VERSION):
+// a 3.1 source may declare names of its own that 3.2 takes (MLX's logging.h does).
+#if defined(MTLSIM_MSL_VERSION) && MTLSIM_MSL_VERSION >= 320
+#include "mtlsim/logging.h"
+#endif
 
 // The address-space keywords of translated kernels, last: the shim's own code
 // spells them MTLSIM_*. Compiler messages show these names.
