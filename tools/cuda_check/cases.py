@@ -22,10 +22,13 @@ from cuda import DEV
 from replay import Replay, record
 
 F32, F16, BF16, C64 = torch.float32, torch.float16, torch.bfloat16, torch.complex64
-DT = {F32: "fp32", F16: "fp16", BF16: "bf16", C64: "c64"}
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+DT = {F32: "fp32", F16: "fp16", BF16: "bf16", C64: "c64", E4M3: "e4m3fn", E5M2: "e5m2"}
 # Relative L2 error allowed against a float64 reference, by output dtype: the
-# output's own rounding plus float accumulation.
-TOL = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2, C64: 2e-5}
+# output's own rounding plus float accumulation; float8 outputs against the
+# reference rounded to their format (a few elements one step apart where float
+# accumulation lands on the other side of a rounding boundary).
+TOL = {F32: 2e-5, F16: 2e-3, BF16: 1.6e-2, C64: 2e-5, E4M3: 1e-2, E5M2: 1e-2}
 
 
 @dataclasses.dataclass
@@ -175,6 +178,8 @@ def gemv_small():
             cases.append(gemv_case(m, 1001, 300, dt, bias=i % 2 == 0))   # dense
             cases.append(gemv_case(m, 37, 3000, dt, bias=i % 2 == 1))    # split K
         cases += [gemv_case(3, 1001, 300, dt, unaligned=True), gemv_case(1, 37, 3000, dt, unaligned=True)]
+        # One weight row per SIMD group: rows enough to fill the GPU (an H200 keeps at most 132 x 64 warps)
+        cases.append(gemv_case(1, 9000, 40, dt))
     return cases
 
 
@@ -238,7 +243,8 @@ def dequantize_case(rows, cols, br, bc, dt, large=False):
                 "torch: convert and multiply (expanded scales)")
 
 
-def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False, unaligned=False):
+def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False, unaligned=False, scale_result=None):
+    """A float8 out_dtype is the float result times 1 / scale_result, converted (scaled_mm_encode_*)."""
     a = e4m3(randn(m, k, scale=2.0))
     w = e4m3(randn(n, k, scale=2.0))
     if unaligned:
@@ -249,10 +255,13 @@ def scaled_mm_case(m, n, k, out_dt, rowwise, bias=False, large=False, unaligned=
     else:
         sa, sb = torch.tensor([[0.7]]), torch.tensor([[1.3]])
     bias_t = randn(n, dtype=out_dt) if bias else None
-    recording, out = record(mps_ext.scaled_mm, a, b, sa, sb, bias=bias_t, out_dtype=out_dt)
+    sr = None if scale_result is None else torch.tensor(scale_result)
+    recording, out = record(mps_ext.scaled_mm, a, b, sa, sb, bias=bias_t, out_dtype=out_dt, scale_result=sr)
     poison(out)
     a, b, sa, sb, bias_t = on_dev(a, b, sa, sb, bias_t)
     ref = (a.double() * sa.double()) @ (b.double() * sb.double()) + (bias_t.double() if bias else 0)
+    if out_dt in (E4M3, E5M2):
+        ref = (ref / (1.0 if scale_result is None else scale_result)).to(out_dt).double()
 
     def tfn():
         if m % 16 == 0:
@@ -307,6 +316,9 @@ def fp8_small():
         cases.append(scaled_mm_case(37, 40, 72, dt, rowwise=True, bias=True))
         cases.append(fp8_linear_case(37, 40, 72, dt, (16, 24)))
         cases.append(scaled_mm_case(3, 40, 160, dt, rowwise=True, unaligned=True))
+    # float8 outputs
+    cases += [scaled_mm_case(5, 40, 160, E4M3, rowwise=True, scale_result=4.0),
+              scaled_mm_case(20, 40, 72, E5M2, rowwise=False)]
     return cases
 
 
@@ -361,7 +373,7 @@ def grouped_ref(a, b, offs):
 
 def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
     """kind: decode/rows (2D a x 3D b, b the transposed expert weights), decode_kn (2D a x 3D b stored
-    (G, K, N)), none (3D x 3D), cols (3D x 2D), k (2D x 2D)."""
+    (G, K, N)), none (3D x 3D), none_kn (3D x 3D, b stored (G, K, N)), cols (3D x 2D), k (2D x 2D)."""
     offs = None
     if kind in ("decode", "rows"):
         a = randn(m, k, dtype=dt)
@@ -373,6 +385,8 @@ def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
         offs = partition(m, groups, empty_every)
     elif kind == "none":
         a, b = randn(groups, m, k, dtype=dt), randn(groups, n, k, dtype=dt, scale=k ** -0.5).transpose(-2, -1)
+    elif kind == "none_kn":
+        a, b = randn(groups, m, k, dtype=dt), randn(groups, k, n, dtype=dt, scale=k ** -0.5)
     elif kind == "cols":
         a, b = randn(groups, m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5).t()
         offs = partition(n, groups, empty_every)
@@ -400,7 +414,7 @@ def grouped_case(kind, dt, groups, m, n, k, large=False, empty_every=0):
         moved = used * n * k * a.element_size() + nbytes(a) + m * n * a.element_size()
     else:
         moved = nbytes(a, b, out)
-    flops = 2 * m * n * k * (groups if kind == "none" else 1)
+    flops = 2 * m * n * k * (groups if kind.startswith("none") else 1)
     return Case("grouped_mm", f"grouped_mm {kind} G={groups} m={m} n={n} k={k} {DT[dt]}", Replay(recording), check,
                 moved,
                 flops, tfn if large else None, "torch._grouped_mm")
@@ -438,13 +452,18 @@ def fp8_grouped_case(dt, groups, m, n, k, block=None, large=False, empty_every=0
 def grouped_small():
     cases = []
     for dt in (F32, F16, BF16):
-        # decode with 8, 4, 2 and 1 rows per threadgroup (5, 2, 2 and 1 rows per active group), K split
+        # decode with 8, 4, 2 and 1 rows per threadgroup (5, 2, 2 and 1 rows per active group), K split; the
+        # 1-row kernels (batched 3D x 3D with one row) and decode along N with 4 rows (3.4 per group)
         cases += [grouped_case("decode", dt, 5, 21, 40, 48, empty_every=3),
                   grouped_case("decode", dt, 6, 20, 40, 1030, empty_every=2),
                   grouped_case("decode", dt, 8, 13, 24, 520),
                   grouped_case("decode", dt, 64, 9, 24, 300, empty_every=2),
                   grouped_case("decode_kn", dt, 5, 21, 72, 48, empty_every=3),
                   grouped_case("decode_kn", dt, 64, 9, 24, 300, empty_every=2),
+                  grouped_case("decode_kn", dt, 5, 17, 40, 48),
+                  grouped_case("none", dt, 3, 1, 40, 56),
+                  grouped_case("none_kn", dt, 3, 1, 40, 56),
+                  grouped_case("none_kn", dt, 2, 3, 24, 40),
                   grouped_case("rows", dt, 4, 50, 40, 40),      # TM 16
                   grouped_case("rows", dt, 3, 80, 33, 40),      # TM 32
                   grouped_case("rows", dt, 2, 150, 40, 36, empty_every=2),  # TM 64
@@ -452,14 +471,14 @@ def grouped_small():
                   grouped_case("cols", dt, 3, 20, 70, 24),
                   grouped_case("k", dt, 3, 20, 40, 70),
                   # FP8 experts: decode with 2, 4 and 8 rows per run, K split; tiles of 16, 32 and 64 rows,
-                  # and a block along K the decode cannot scale by 16-byte chunks (tiled at 2 rows per expert)
+                  # and a block along K the decode cannot scale by 8-byte chunks (tiled at 2 rows per expert)
                   fp8_grouped_case(dt, 6, 20, 40, 2100, empty_every=2),
                   fp8_grouped_case(dt, 5, 21, 40, 300, (16, 128), empty_every=3),
                   fp8_grouped_case(dt, 8, 13, 24, 520, (16, 32)),
                   fp8_grouped_case(dt, 4, 50, 40, 40, (16, 24)),
                   fp8_grouped_case(dt, 3, 80, 33, 72),
                   fp8_grouped_case(dt, 2, 150, 40, 36, (32, 16), empty_every=2),
-                  fp8_grouped_case(dt, 5, 11, 40, 48, (16, 24))]
+                  fp8_grouped_case(dt, 5, 11, 40, 48, (16, 20))]
     return cases
 
 

@@ -241,9 +241,10 @@ def large_cases(launcher, families, copy_gbs, reps):
     return rows
 
 
-def dry_run(families) -> list[str]:
+def dry_run(families) -> tuple[list[str], list[str]]:
     """Every small case on the CPU: its recording run in the simulator instead of on CUDA, then its check
-    (every launched name must be a host name of the translation). Returns the failed checks."""
+    (every launched name must be a host name of the translation). Returns the failed checks, and the host
+    names no case launched (of every family: meaningful when `families` are all of them)."""
     names = {k for n in host_names().values() for k in n}
     used, failed = set(), []
     for fam in families:
@@ -257,8 +258,9 @@ def dry_run(families) -> list[str]:
             ok, msg = case.check()
             if not ok:
                 failed.append(f"{case.name}: {msg}")
-    log(f"dry run: {len(used)} of {len(names)} kernels launched by the sweep; never: {sorted(names - used)}")
-    return failed
+    never = sorted(names - used)
+    log(f"dry run: {len(used)} of {len(names)} kernels launched by the sweep; never: {never}")
+    return failed, never
 
 
 def main():
@@ -275,7 +277,7 @@ def main():
                     help="no GPU: every small case recorded, run in the simulator and checked")
     args = ap.parse_args()
     if args.dry_run:
-        failed = dry_run(args.families.split(","))
+        failed, _ = dry_run(args.families.split(","))
         if failed:
             raise SystemExit("dry run: checks failed in the simulator:\n  " + "\n  ".join(failed))
         return None
