@@ -125,21 +125,23 @@ def test_softmax_records_its_threadgroup_memory():
 
 def test_fill_policy_is_asked_per_kernel_and_sizes_the_plan():
     x, w = _randn(1, 3000, dtype=BF16), _randn(1001, 3000, dtype=BF16, seed=1)
-    asked = []
+    asked = {1 << 20: set(), 1: set()}
 
-    def fill(kernel, threads):
-        asked.append((kernel, threads))
-        return 1 << 20
+    def fill(simdgroups):
+        return lambda kernel, threads: asked[simdgroups].add((kernel, threads)) or simdgroups
 
-    with mps_ext.sim.record_launches(fill_simdgroups=fill) as wide:
+    with mps_ext.sim.record_launches(fill_simdgroups=fill(1 << 20)) as wide:
         mps_ext.linear(x, w)
-    with mps_ext.sim.record_launches(fill_simdgroups=1) as narrow:
+    with mps_ext.sim.record_launches(fill_simdgroups=fill(1)) as narrow:
         mps_ext.linear(x, w)
     # A GPU that 1001 rows cannot fill splits K (3 slices of 6 steps); one they fill runs a row per SIMD group.
     assert [(l.kernel, l.grid, l.threadgroup) for l in wide.launches] == \
         [("gemv_splitk_m1_r2_bfloat", (501, 1, 1), (96, 1, 1))]
-    assert [l.kernel for l in narrow.launches] == ["gemv_dense_m1_r1_bfloat"]
-    assert set(asked) == {("gemv_dense_m1_r1_bfloat", 128), ("gemv_splitk_m1_r2_bfloat", 128)}
+    assert [(l.kernel, l.grid, l.threadgroup) for l in narrow.launches] == \
+        [("gemv_dense_m1_r1_bfloat", (251, 1, 1), (128, 1, 1))]
+    # Only about kernels that exist (the CUDA check answers from each kernel's occupancy).
+    assert asked[1 << 20] == {("gemv_dense_m1_r1_bfloat", 128), ("gemv_splitk_m1_r2_bfloat", 128)}
+    assert asked[1] == {("gemv_dense_m1_r1_bfloat", 128)}
 
 
 @pytest.mark.parametrize("cores", [8, 80])

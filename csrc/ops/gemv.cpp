@@ -47,6 +47,11 @@ struct Plan {
   Size3 grid, threads;
 };
 
+// Threadgroups of kDenseSimdGroups SIMD groups, each on its own `blocks` of rows.
+GemvGeometry dense_geometry(int64_t blocks) {
+  return {1, {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)}, {32 * kDenseSimdGroups}};
+}
+
 // The kernel and geometry for these sizes. Rows of W per SIMD group: for one
 // row of x, one when that many SIMD groups fill the GPU (most resident), two
 // otherwise (more loads in flight each); two for more rows of x.
@@ -57,7 +62,9 @@ Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backen
   const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket, rows);
   const std::string tile = "m" + std::to_string(bucket) + "_r" + std::to_string(rows);
   const std::string split = host_name("gemv", ("splitk_" + tile).c_str(), {dtype});
-  const GemvGeometry g = gemv_geometry(n, (k + per_step - 1) / per_step, rows, backend, split);
+  // One row per SIMD group only where those fill the GPU, so never split (there is no such split kernel).
+  const GemvGeometry g =
+      rows == 1 ? dense_geometry(n) : gemv_geometry(n, (k + per_step - 1) / per_step, rows, backend, split);
   return {g.slices > 1 ? split : host_name("gemv", ("dense_" + tile).c_str(), {dtype}), g.grid, g.threads};
 }
 
@@ -80,7 +87,7 @@ GemvGeometry gemv_geometry(int64_t n, int64_t steps, int64_t rows_per_simdgroup,
     while (slices > 2 && backend.unavailable(split_kernel, uint32_t(32 * slices))) slices /= 2;
     return {slices, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
   }
-  return {1, {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)}, {32 * kDenseSimdGroups}};
+  return dense_geometry(blocks);
 }
 
 std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::Tensor& weight,
