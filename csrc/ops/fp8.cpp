@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <tuple>
 
 #include "backend.h"
 #include "overrides/overrides.h"
@@ -77,6 +78,12 @@ at::ScalarType fp8_storage_dtype(const c10::Device& device) {
 #endif
   (void)device;
   return at::kFloat8_e4m3fn;
+}
+
+std::pair<int64_t, int64_t> fp8_block_size(const char* op, at::IntArrayRef block_size) {
+  TORCH_CHECK_VALUE(block_size.size() == 2 && block_size[0] > 0 && block_size[1] > 0, op,
+                    ": block_size must be two positive ints (block_n, block_k), got ", block_size);
+  return {block_size[0], block_size[1]};
 }
 
 // ------------------------------------------------------------------ quantize
@@ -327,10 +334,7 @@ at::Tensor fp8_linear(const at::Tensor& input, const at::Tensor& weight, const a
                    ": weight_scale must be a float tensor, got ", weight_scale.scalar_type());
   int64_t block_n = n, block_k = k;
   if (block_size) {
-    TORCH_CHECK_VALUE(block_size->size() == 2 && (*block_size)[0] > 0 && (*block_size)[1] > 0, op,
-                      ": block_size must be two positive ints (block_n, block_k), got ", *block_size);
-    block_n = (*block_size)[0];
-    block_k = (*block_size)[1];
+    std::tie(block_n, block_k) = fp8_block_size(op, *block_size);
     const int64_t rows = (n + block_n - 1) / block_n, cols = (k + block_k - 1) / block_k;
     TORCH_CHECK_VALUE(weight_scale.dim() == 2 && weight_scale.size(0) == rows && weight_scale.size(1) == cols, op,
                       ": weight_scale must have shape (", rows, ", ", cols, ") for block_size ", *block_size,

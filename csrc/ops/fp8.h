@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace mps_ext::ops {
 
@@ -12,6 +13,10 @@ namespace mps_ext::ops {
 // uint8 holding the same bits elsewhere (mps before torch 2.15). Every op
 // takes either.
 at::ScalarType fp8_storage_dtype(const c10::Device& device);
+
+// block_size of a block-scaled weight as (block_n, block_k), checked: two
+// positive ints, or a ValueError naming `op`'s argument.
+std::pair<int64_t, int64_t> fp8_block_size(const char* op, at::IntArrayRef block_size);
 
 // x (2-D) / scale rounded to e4m3fn, scale = amax / 448 of each
 // block_rows x block_cols block (1 for an all-zero block); returns (q, scale

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <sstream>
+#include <tuple>
 #include <vector>
 
 #include "backend.h"
@@ -386,10 +387,7 @@ at::Tensor fp8_grouped_mm(const at::Tensor& x, const at::Tensor& weight, const a
                     ",), one row end per expert, got ", offs.sizes());
   int64_t block_n = 1, block_k = std::max<int64_t>(k, 1);
   if (block_size) {
-    TORCH_CHECK_VALUE(block_size->size() == 2 && (*block_size)[0] > 0 && (*block_size)[1] > 0, op,
-                      ": block_size must be two positive ints (block_n, block_k), got ", *block_size);
-    block_n = (*block_size)[0];
-    block_k = (*block_size)[1];
+    std::tie(block_n, block_k) = fp8_block_size(op, *block_size);
     const int64_t rows = (n + block_n - 1) / block_n, cols = (k + block_k - 1) / block_k;
     TORCH_CHECK_VALUE(weight_scale.dim() == 3 && weight_scale.size(0) == e && weight_scale.size(1) == rows &&
                           weight_scale.size(2) == cols,
