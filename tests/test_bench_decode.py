@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import mps_ext
 from mps_ext import bench
@@ -86,3 +87,22 @@ def test_each_case_runs_our_kernel_against_torchs_op(case):
         assert_close_normwise(same, want)
     else:
         assert calls.bf16 is None
+
+
+@pytest.mark.parametrize("family", list(KERNEL))
+def test_calls_rotate_through_input_sets_that_move_the_rotation_bytes(family, monkeypatch):
+    # Small cases get several input sets (a weight read from the system-level cache would time its
+    # bandwidth); each call takes the next, ours and torch's in step, and the cycle comes back to the first.
+    case = next(c for c in SMALL if c.family == family)
+    monkeypatch.setattr(decode, "ROTATE_BYTES", 3 * decode.CALLS[family](case, "cpu").moved - 1)
+    calls = decode.rotating(case, "cpu")
+    with mps_ext.trace() as ours:
+        got = [calls.ours() for _ in range(4)]
+    want = [calls.theirs() for _ in range(4)]
+    assert len(ours.kernels) >= 4 and all(k.name.startswith(KERNEL[family]) for k in ours.kernels)
+    for g, w in zip(got, want):
+        assert_close_normwise(g, w)
+    assert not torch.equal(got[0], got[1]) and not torch.equal(got[1], got[2]) and torch.equal(got[3], got[0])
+    if calls.bf16:
+        for w in want:
+            assert_close_normwise(calls.bf16(), w)
