@@ -93,10 +93,11 @@ LIBCXX = Path("/usr/lib/llvm-19/include/c++/v1")
 NM, CXXFILT = "llvm-nm-19", "llvm-cxxfilt-19"
 APT_PACKAGES = ("clang-19", "libc++-19-dev", "llvm-19")
 
-# The torch header most of our C++ sources include: compiled once per torch
-# version into a precompiled header, which every C++ source that reads torch's
-# headers is compiled with (see prefix_header).
-PREFIX_HEADER = "ATen/ATen.h"
+# The torch header the most expensive of our C++ sources include (the Python
+# bindings; the others read ATen/ATen.h, which it includes): compiled once per
+# torch version into a precompiled header, which every C++ source that reads
+# torch's headers is compiled with (see PrefixHeaders).
+PREFIX_HEADER = "torch/extension.h"
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 # A cache of another layout than this one's is fetched anew (v2 added the export lists).
@@ -251,8 +252,8 @@ def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | Non
     major, minor = DEPLOYMENT
     if obj is None:
         output = ["--analyze", "-Xclang", "-analyzer-werror", "-o", os.devnull]
-    elif header:
-        output = ["-x", "c++-header", "-o", str(obj)]
+    elif header:  # the templates it instantiates, instantiated once in it rather than in every source
+        output = ["-x", "c++-header", "-fpch-instantiate-templates", "-o", str(obj)]
     else:  # -O0: every torch function the code calls stays a call, to be looked up in torch's exports
         output = ["-c", "-O0", "-o", str(obj)]
     return [
@@ -289,11 +290,14 @@ class PrefixHeaders:
 
     Parsing torch's headers is most of a compile's time, so a C++ source that
     reads them is compiled with the precompiled header instead, as if it began
-    with #include <ATen/ATen.h>. That changes nothing for a source that
-    includes torch's headers anyway except that ATen is visible from its first
-    line: a source that forgot an include of ATen would pass here, but not the
-    Linux build, which compiles every C++ source as it is. Objective-C++ is
-    compiled without: it is compiled nowhere else."""
+    with #include <torch/extension.h>. That changes nothing for a source that
+    includes torch's headers anyway except that all of torch (and Python's C
+    API) is visible from its first line: a source that forgot an include would
+    pass here, but not the Linux build, which compiles every C++ source as it
+    is. Objective-C++ is compiled without: it is compiled nowhere else. One
+    header for all, rather than ATen/ATen.h (which it includes) for the
+    sources without Python bindings, spares building a second one per torch
+    version, and loading it costs those sources nothing measurable."""
 
     def __init__(self, directory: Path):
         self.directory, self.lock, self.built = directory, Lock(), {}
