@@ -17,9 +17,9 @@ the headers of that version's macOS arm64 wheel:
 - for Foundation, Metal and MetalPerformanceShaders(Graph), whose headers are
   not to be had here, the declarations in tools/macos_sdk_stubs/.
 
-Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and
-goes once through clang's static analyzer, which checks the retain/release
-balance of manual reference counting. Our files get -Wall -Wextra -Werror;
+Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and,
+once it compiles, goes through clang's static analyzer, which checks the
+retain/release balance of manual reference counting. Our files get -Wall -Wextra -Werror;
 torch's and Apple's headers are system headers.
 
 Each compile makes an arm64 Mach-O object (at -O0, so every torch function
@@ -418,24 +418,29 @@ def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     version) define nor torch's dylibs export.
 
     The newest torch goes first: a source that read none of its headers
-    compiles alike with the others, and is not compiled again for them."""
+    compiles alike with the others, and is not compiled again for them. The
+    analyzer, which costs three compiles, takes only sources that compiled:
+    it would report their compile errors again."""
     newest, older = versions[-1], versions[:-1]
     jobs = [(s, newest, sdk, False) for s in sources for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
-    jobs += [(s, newest, sdks[-1], True) for s in sources if s.suffix == ".mm"]
     cache = ResultCache(cache_dir() / "results")
     with ThreadPoolExecutor(os.cpu_count()) as pool, tempfile.TemporaryDirectory() as tmp:
         prefix = PrefixHeaders(Path(tmp))
         results = list(pool.map(lambda job: compile_job(*job, cache, prefix), jobs))
-        first = {(s, sdk): r for (s, _, sdk, analyze), r in zip(jobs, results) if not analyze}
-        again = [(s, v, sdk, False) for v in older for s, sdk in first]
+        first = {(s, sdk): r for (s, _, sdk, _), r in zip(jobs, results)}
+        more = [(s, newest, sdk, True) for (s, sdk), r in first.items()
+                if s.suffix == ".mm" and sdk == sdks[-1] and not r["returncode"]]
+        more += [(s, v, sdk, False) for v in older for s, sdk in first]
 
-        def run_again(job):
+        def run_more(job):
             done = first[job[0], job[2]]
             read_torch = any(Path(p).is_relative_to(torch_cache(newest)) for p in done["inputs"])
-            return done if not done["returncode"] and not read_torch else compile_job(*job, cache, prefix)
+            if job[3] or done["returncode"] or read_torch:
+                return compile_job(*job, cache, prefix)
+            return done
 
-        results += list(pool.map(run_again, again))
-        jobs += again
+        results += list(pool.map(run_more, more))
+        jobs += more
 
     ours = {v: set() for v in versions}  # our namespaces, and what of torch's headers is inline
     for (_, version, _, _), result in zip(jobs, results):
