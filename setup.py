@@ -80,8 +80,8 @@ def record_torch() -> None:
 
 
 # The Python bindings: each reads torch/extension.h and instantiates pybind11's templates, which is most
-# of its compile, so they are compiled together, as one source (half the CPU time of compiling them one by
-# one). tools/check_macos.py still compiles each on its own.
+# of its compile, so they are compiled together, as one source (a third of the CPU time of compiling them
+# one by one). tools/check_macos.py still compiles each on its own.
 BINDINGS = ("extension.cpp", "recording_bindings.cpp", "stream_bindings.cpp", "sim/bindings.cpp")
 
 
