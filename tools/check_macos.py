@@ -17,9 +17,9 @@ the headers of that version's macOS arm64 wheel:
 - for Foundation, Metal and MetalPerformanceShaders(Graph), whose headers are
   not to be had here, the declarations in tools/macos_sdk_stubs/.
 
-Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and
-goes once through clang's static analyzer, which checks the retain/release
-balance of manual reference counting. Our files get -Wall -Wextra -Werror;
+Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and,
+once it compiles, goes through clang's static analyzer, which checks the
+retain/release balance of manual reference counting. Our files get -Wall -Wextra -Werror;
 torch's and Apple's headers are system headers.
 
 Each compile makes an arm64 Mach-O object (at -O0, so every torch function
@@ -93,10 +93,11 @@ LIBCXX = Path("/usr/lib/llvm-19/include/c++/v1")
 NM, CXXFILT = "llvm-nm-19", "llvm-cxxfilt-19"
 APT_PACKAGES = ("clang-19", "libc++-19-dev", "llvm-19")
 
-# The torch header most of our C++ sources include: compiled once per torch
-# version into a precompiled header, which every C++ source that reads torch's
-# headers is compiled with (see prefix_header).
-PREFIX_HEADER = "ATen/ATen.h"
+# The torch header the most expensive of our C++ sources include (the Python
+# bindings; the others read ATen/ATen.h, which it includes): compiled once per
+# torch version into a precompiled header, which every C++ source that reads
+# torch's headers is compiled with (see PrefixHeaders).
+PREFIX_HEADER = "torch/extension.h"
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 
 # A cache of another layout than this one's is fetched anew (v2 added the export lists).
@@ -251,8 +252,8 @@ def compile_command(source: Path, torch_include: Path, sdk: str, obj: Path | Non
     major, minor = DEPLOYMENT
     if obj is None:
         output = ["--analyze", "-Xclang", "-analyzer-werror", "-o", os.devnull]
-    elif header:
-        output = ["-x", "c++-header", "-o", str(obj)]
+    elif header:  # the templates it instantiates, instantiated once in it rather than in every source
+        output = ["-x", "c++-header", "-fpch-instantiate-templates", "-o", str(obj)]
     else:  # -O0: every torch function the code calls stays a call, to be looked up in torch's exports
         output = ["-c", "-O0", "-o", str(obj)]
     return [
@@ -289,11 +290,14 @@ class PrefixHeaders:
 
     Parsing torch's headers is most of a compile's time, so a C++ source that
     reads them is compiled with the precompiled header instead, as if it began
-    with #include <ATen/ATen.h>. That changes nothing for a source that
-    includes torch's headers anyway except that ATen is visible from its first
-    line: a source that forgot an include of ATen would pass here, but not the
-    Linux build, which compiles every C++ source as it is. Objective-C++ is
-    compiled without: it is compiled nowhere else."""
+    with #include <torch/extension.h>. That changes nothing for a source that
+    includes torch's headers anyway except that all of torch (and Python's C
+    API) is visible from its first line: a source that forgot an include would
+    pass here, but not the Linux build, which compiles every C++ source as it
+    is. Objective-C++ is compiled without: it is compiled nowhere else. One
+    header for all, rather than ATen/ATen.h (which it includes) for the
+    sources without Python bindings, spares building a second one per torch
+    version, and loading it costs those sources nothing measurable."""
 
     def __init__(self, directory: Path):
         self.directory, self.lock, self.built = directory, Lock(), {}
@@ -414,24 +418,29 @@ def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
     version) define nor torch's dylibs export.
 
     The newest torch goes first: a source that read none of its headers
-    compiles alike with the others, and is not compiled again for them."""
+    compiles alike with the others, and is not compiled again for them. The
+    analyzer, which costs three compiles, takes only sources that compiled:
+    it would report their compile errors again."""
     newest, older = versions[-1], versions[:-1]
     jobs = [(s, newest, sdk, False) for s in sources for sdk in (sdks if s.suffix == ".mm" else sdks[-1:])]
-    jobs += [(s, newest, sdks[-1], True) for s in sources if s.suffix == ".mm"]
     cache = ResultCache(cache_dir() / "results")
     with ThreadPoolExecutor(os.cpu_count()) as pool, tempfile.TemporaryDirectory() as tmp:
         prefix = PrefixHeaders(Path(tmp))
         results = list(pool.map(lambda job: compile_job(*job, cache, prefix), jobs))
-        first = {(s, sdk): r for (s, _, sdk, analyze), r in zip(jobs, results) if not analyze}
-        again = [(s, v, sdk, False) for v in older for s, sdk in first]
+        first = {(s, sdk): r for (s, _, sdk, _), r in zip(jobs, results)}
+        more = [(s, newest, sdk, True) for (s, sdk), r in first.items()
+                if s.suffix == ".mm" and sdk == sdks[-1] and not r["returncode"]]
+        more += [(s, v, sdk, False) for v in older for s, sdk in first]
 
-        def run_again(job):
+        def run_more(job):
             done = first[job[0], job[2]]
             read_torch = any(Path(p).is_relative_to(torch_cache(newest)) for p in done["inputs"])
-            return done if not done["returncode"] and not read_torch else compile_job(*job, cache, prefix)
+            if job[3] or done["returncode"] or read_torch:
+                return compile_job(*job, cache, prefix)
+            return done
 
-        results += list(pool.map(run_again, again))
-        jobs += again
+        results += list(pool.map(run_more, more))
+        jobs += more
 
     ours = {v: set() for v in versions}  # our namespaces, and what of torch's headers is inline
     for (_, version, _, _), result in zip(jobs, results):

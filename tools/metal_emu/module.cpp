@@ -1,6 +1,8 @@
 // _metal_emu: loading it makes the mps device the emulated Metal GPU, with
 // csrc/metal as mps_ext's Metal backend (README: The Metal layer on an emulated Metal).
-#include <torch/extension.h>
+// pybind11 alone: its functions take and return no tensors, and torch/extension.h would be most of the
+// emulation's build.
+#include <pybind11/pybind11.h>
 
 #include "hooks.h"
 
