@@ -167,6 +167,9 @@ CASES = {
                            "  out[0] = more[0];\n}\n",
                            "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
                            "  uint more [[threads_per_grid]]) {\n  out[i] = more;\n}\n"),
+    "vector initializer": ("vector initializer", KERNEL.format(body="  float2 v = {1, 2, 3};\n  out[i] = v.x;"),
+                           KERNEL.format(body="  float2 v = {1, 2};\n  uint4 u{1, 2, 3};\n"
+                                              "  float4 w = {v, 4, 5};\n  out[i] = v.y + u.z + w.w;")),
     "index type": ("attribute type",
                    "kernel void k(device float* out [[buffer(0)]],\n  uint2 lane [[thread_index_in_simdgroup]]) {\n"
                    "  out[lane.x] = 1;\n}\n",
@@ -216,6 +219,7 @@ NEEDLES = {
     'position type': 'int i [[',
     'position vector width': 'uint4 i',
     'index type': 'uint2 lane',
+    'vector initializer': '{1, 2, 3}',
     'threadgroup initializer': 'float t = 1',
     'buffer index range': 'buffer(31)',
     'buffer bound twice': 'float* more',
