@@ -391,8 +391,9 @@ def _copied_value(x: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
 def test_structs_copied_by_value_out_of_every_address_space(monkeypatch, mode):
     """MSL copies a struct out of device, constant or threadgroup memory wherever one is initialized by
-    value: `S s(buf[i]);`, `S s{buf[i]};`, an argument for a by-value parameter (of a template too) and
-    `return buf[i];`, for structs holding vectors, packed vectors and a nested struct."""
+    value: `S s(buf[i]);`, `S s{buf[i]};`, an argument for a by-value parameter (of a template too),
+    `return buf[i];` and functional casts (`S(buf[i])`), for structs holding vectors, packed vectors and a
+    nested struct."""
     monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
     lib = mps_ext.sim.compile_shader(HEAD + COPIED_STRUCTS + """
 kernel void k(device const S* b [[buffer(0)]], constant S* c [[buffer(1)]], device S* o [[buffer(2)]],
@@ -418,7 +419,7 @@ kernel void k(device const S* b [[buffer(0)]], constant S* c [[buffer(1)]], devi
   row[5] = value(from_nested);
   row[6] = value(returned);
   cplx<float> w{z[i]};
-  row[7] = same(z[i]).re + w.im;
+  row[7] = same(z[i]).re + w.im + cplx<float>(z[i]).im - S{c[i]}.a;
   o[i] = load(b, i);
 }
 """, name="struct_copies")
@@ -431,7 +432,7 @@ kernel void k(device const S* b [[buffer(0)]], constant S* c [[buffer(1)]], devi
         lib.k(b, c, o, out, z, threads=n, group_size=n)
     assert tr.names == ["k"]
     v = _copied_value(x)
-    expected = torch.stack([v, v, v + 5, v, v, v, v + 5 * x[:, 7], z[0::2] + z[1::2]], 1)
+    expected = torch.stack([v, v, v + 5, v, v, v, v + 5 * x[:, 7], z[0::2] + 2 * z[1::2] - x[:, 8]], 1)
     assert_close(out, expected)
     assert torch.equal(o[:, :9], x[:, :9])  # every member (a copy need not keep the padding)
     assert torch.equal(b, x) and torch.equal(c, x)  # copies: the buffers unchanged

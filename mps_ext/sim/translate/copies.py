@@ -1,11 +1,11 @@
 """Objects copied by value out of the device, constant and threadgroup address spaces.
 
 MSL makes a thread-space copy wherever an object is initialized from one in another space: a new variable
-(`S s = buf[i];`, `S s(buf[i]);`, `S s{buf[i]};`), a parameter taken by value (`f(buf[i])`) and a value
-returned (`return buf[i];`). C++'s implicit copy constructor binds thread-space objects only, and a
-constructor of the translator's own would take away a struct's aggregate initialization, so each of these
-initializers is wrapped in MTLSIM_COPY (mtlsim/address_space.h), which copies an object of another space
-and leaves every other expression as it is. The shim's own types (built-in types here) have constructors
+(`S s = buf[i];`, `S s(buf[i]);`, `S s{buf[i]};`), a parameter taken by value (`f(buf[i])`), a value
+returned (`return buf[i];`) and a functional cast (`S(buf[i])`). C++'s implicit copy constructor binds
+thread-space objects only, and a constructor of the translator's own would take away a struct's aggregate
+initialization, so each of these initializers is wrapped in MTLSIM_COPY (mtlsim/address_space.h), which
+copies an object of another space and leaves every other expression as it is. The shim's own types (built-in types here) have constructors
 for objects in every space and need no wrapping."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _BEFORE_CALL = {"=", "(", ",", "return", "{", "}", ";", ".", "->", "+", "-", "/"
 
 class _Copies(_TokenStream):
     def by_value_copies(self) -> None:
+        """Wraps each initializer that MSL copies by value (see the module's docstring)."""
         structs = {self.text(k + 1) for k in range(len(self.t) - 1)
                    if self.text(k) in ("struct", "class", "union") and self.t[k + 1].kind == "id"}
         takes = self.by_value_parameters()
@@ -56,15 +57,19 @@ class _Copies(_TokenStream):
         self.out[after] = [self.new(")", after), *self.emitted(after)]
 
     def declared_copy(self, i: int, in_function: bool) -> None:
-        """``S s = X;``, ``S s{X};`` and (in a function, where it cannot declare one) ``S s(X);``."""
+        """``S s = X;``, ``S s{X};``, and in a function (where these declare no function) ``S s(X);`` and the
+        functional casts ``S(X)``, ``S{X}`` in an expression."""
+        k = self.matching_angle(i + 1) + 1 if self.text(i + 1) == "<" else i + 1
+        if in_function and self.text(k) in ("(", "{") and self.text(i - 1) in _BEFORE_CALL - {"{", "}", ";", ":"}:
+            args = self.arguments(k)
+            if args is not None and len(args) == 1 and not self.declares(*args[0]):
+                self.wrap(k, args[0][1])
+            return
         j = i - 1
         while self.text(j) in ("const", "thread", "struct", "class", "union"):
             j -= 1
-        if self.text(j) not in (";", "{", "}", ":"):
+        if self.text(j) not in (";", "{", "}", ":") or self.t[k].kind != "id":
             return  # not a declaration statement, or a constant one (program scope, static)
-        k = self.matching_angle(i + 1) + 1 if self.text(i + 1) == "<" else i + 1
-        if self.t[k].kind != "id":
-            return
         opener = self.text(k + 1)
         if opener == "=" and self.text(k + 2) != "{":
             end, depth, angles = k + 2, 0, False
@@ -117,8 +122,8 @@ class _Copies(_TokenStream):
                 self.wrap(start - 1, end)
 
     def function_head(self, brace: int) -> tuple[str, bool] | None:
-        """(name, whether it returns an object of a class by value) of the function whose body opens at
-        ``brace``; None for other braces."""
+        """(name, whether it returns by value an object that may be a struct: not a built-in type, void or a
+        reference) of the function whose body opens at ``brace``; None for other braces."""
         j = brace - 1
         while self.text(j) in _FUNCTION_QUALIFIERS:
             j -= 1
