@@ -156,6 +156,20 @@ CASES = {
                               "  out[i.x] = 1;\n}\n",
                               "kernel void k(device float* out [[buffer(0)]],\n  uint3 i [[thread_position_in_grid]]) {\n"
                               "  out[i.x] = 1;\n}\n"),
+    "threadgroup initializer": ("threadgroup initializer", KERNEL.format(body="  threadgroup float t = 1;\n  out[i] = t;"),
+                                KERNEL.format(body="  threadgroup float t;\n  if (i == 0) t = 1;\n"
+                                                   "  threadgroup_barrier(mem_flags::mem_threadgroup);\n  out[i] = t;")),
+    "buffer index range": ("argument index", "kernel void k(device float* out [[buffer(31)]]) {\n  out[0] = 1;\n}\n",
+                           "kernel void k(device float* out [[buffer(0)]],\n  uint i [[thread_position_in_grid]]) {\n"
+                           "  out[i] = 30;  // the last slot\n}\n"),
+    "buffer bound twice": ("argument index",
+                           "kernel void k(device float* out [[buffer(0)]],\n  device float* more [[buffer(0)]]) {\n"
+                           "  out[0] = more[0];\n}\n",
+                           "kernel void k(device float* out [[buffer(0)]], uint i [[thread_position_in_grid]],\n"
+                           "  uint more [[threads_per_grid]]) {\n  out[i] = more;\n}\n"),
+    "vector initializer": ("vector initializer", KERNEL.format(body="  float2 v = {1, 2, 3};\n  out[i] = v.x;"),
+                           KERNEL.format(body="  float2 v = {1, 2};\n  uint4 u{1, 2, 3};\n"
+                                              "  float4 w = {v, 4, 5};\n  out[i] = v.y + u.z + w.w;")),
     "index type": ("attribute type",
                    "kernel void k(device float* out [[buffer(0)]],\n  uint2 lane [[thread_index_in_simdgroup]]) {\n"
                    "  out[lane.x] = 1;\n}\n",
@@ -205,6 +219,10 @@ NEEDLES = {
     'position type': 'int i [[',
     'position vector width': 'uint4 i',
     'index type': 'uint2 lane',
+    'vector initializer': '{1, 2, 3}',
+    'threadgroup initializer': 'float t = 1',
+    'buffer index range': 'buffer(31)',
+    'buffer bound twice': 'float* more',
 }
 
 
@@ -263,6 +281,45 @@ def test_program_scope_constant_is_initialized_by_a_constant_expression(shader):
     out = torch.zeros(3)
     shader(valid, name="rule_constant_initializer_twin").k(out)
     assert out.tolist() == [6, 6, 6]
+
+
+# Rules of MSL section 2 and 4 that the C++ compiler or the shim's types enforce, their errors not named as
+# rules: case -> (invalid body, valid neighbour that writes the value expected in out[i]).
+COMPILER_CASES = {
+    "vector constructor": ("  float4 v = float4(float2(1), 2);  // BAD\n  out[i] = v.x;",
+                           "  float4 v = float4(float2(1), 2, 3);\n  out[i] = v.w;", 3),
+    "vector component": ("  float2 v = 1;\n  out[i] = v.z;  // BAD", "  float2 v = float2(1, 4);\n  out[i] = v.g;", 4),
+    "swizzle sets": ("  float4 v = 1;\n  float2 w = v.xg;  // BAD\n  out[i] = w.x;",
+                     "  float4 v = float4(5, 6, 7, 8);\n  float2 w = v.rg;\n  out[i] = w.x;", 5),
+    "repeated lane assigned": ("  float4 v = 1;\n  v.xx = float2(1, 2);  // BAD\n  out[i] = v.x;",
+                               "  float4 v = 1;\n  v.xy = float2(3, 2);\n  float2 w = v.xx;\n  out[i] = v.x + w.y;", 6),
+    "as_type size": ("  out[i] = as_type<float>(half(1));  // BAD",
+                     "  out[i] = float(as_type<half2>(as_type<float>(half2(7))).y);", 7),
+    "constant write": ("  scale = 2;  // BAD\n  out[i] = scale;", "  out[i] = scale * 8;", 8),
+    "vector conversion": ("  float4 b = int4(1);  // BAD\n  out[i] = b.x;",
+                          "  float4 b = float4(int4(9));\n  out[i] = b.x;", 9),
+    "vector to scalar": ("  float s = float4(1);  // BAD\n  out[i] = s;", "  float s = float4(10).x;\n  out[i] = s;", 10),
+}
+
+
+def _compiler_cases(which: int) -> str:
+    return HEADER + "constant float scale = 1;\n" + "".join(
+        KERNEL.format(body=case[which]).replace("void k(", f"void k{n}(") for n, case in enumerate(COMPILER_CASES.values()))
+
+
+def test_rules_the_compiler_enforces(shader):
+    # One compiler run reports every violation, each at its own line.
+    source = _compiler_cases(0)
+    with pytest.raises(CompileError) as info:
+        shader(source, name="rule_compiler_cases")
+    bad = [n for n, text in enumerate(source.splitlines(), 1) if "// BAD" in text]
+    for case, line in zip(COMPILER_CASES, bad, strict=True):
+        assert f".metal:{line}:" in str(info.value), case
+    lib = shader(_compiler_cases(1), name="rule_compiler_twins")
+    for n, (case, (_, _, expected)) in enumerate(COMPILER_CASES.items()):
+        out = torch.zeros(2)
+        getattr(lib, f"k{n}")(out)
+        assert out.tolist() == [expected, expected], case
 
 
 def test_literals_in_strings_and_comments_are_not_code(tmp_path):

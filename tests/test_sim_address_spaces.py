@@ -13,6 +13,7 @@ import torch
 
 import mps_ext.sim
 from mps_ext.sim import compiler
+from mps_ext.testing import assert_close
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLCHAIN = compiler.toolchain()
@@ -100,6 +101,24 @@ kernel void k(device float* d [[buffer(0)]]) {
 kernel void k(device uint* d [[buffer(0)]]) {
   atomic_uint a;
   d[0] = atomic_fetch_add_explicit(&a, 1u, memory_order_relaxed);  // BAD
+}""",
+    "struct_thread_ref_to_device": """
+struct S { float4 v; float a; };
+kernel void k(device S* d [[buffer(0)]]) {
+  thread S& r = d[0];  // BAD
+  r.a = 1;
+}""",
+    "struct_thread_ref_parameter_from_device": """
+struct S { float4 v; float a; };
+void f(thread S& r) { r.a = 1; }
+kernel void k(device S* d [[buffer(0)]]) {
+  f(d[0]);  // BAD
+}""",
+    "struct_thread_ref_returned_from_device": """
+struct S { float4 v; float a; };
+thread S& at(device S* d) { return d[0]; }  // BAD
+kernel void k(device S* d [[buffer(0)]]) {
+  at(d).a = 1;
 }""",
     "simdgroup_load_from_thread_memory": """
 kernel void k(device float* d [[buffer(0)]]) {
@@ -347,6 +366,76 @@ kernel void k(device const block* x [[buffer(0)]], device block* y [[buffer(1)]]
     y = torch.zeros(16)
     lib.k(x, y, threads=8)  # 8 blocks of 8 bytes
     assert torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+
+
+# A struct with vectors (float4, half2, a packed vector) and a nested struct: 48 bytes, 12 floats, in MSL's
+# layout (inner at float 4, its half2 the halves 8 and 9, its packed_float3 floats 5..7; a at float 8).
+COPIED_STRUCTS = """
+struct inner { half2 h; packed_float3 p; };
+struct S { float4 v; inner in; float a; };
+template <typename T> struct cplx { T re, im; };
+float value(S s) { return s.v.x + 2 * s.v.w + 3 * float(s.in.h.y) + 4 * s.in.p[2] + 5 * s.a; }
+float bumped(S s) { s.a += 1; return value(s); }
+template <typename T> T same(T x) { return x; }
+S load(device const S* b, uint i) { return b[i]; }
+S load(threadgroup const S& r) { return r; }
+inner nested(constant S& c) { return c.in; }
+"""
+
+
+def _copied_value(x: torch.Tensor) -> torch.Tensor:
+    h = x.view(torch.float16)[:, 9].float()
+    return x[:, 0] + 2 * x[:, 3] + 3 * h + 4 * x[:, 7] + 5 * x[:, 8]
+
+
+@pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])
+def test_structs_copied_by_value_out_of_every_address_space(monkeypatch, mode):
+    """MSL copies a struct out of device, constant or threadgroup memory wherever one is initialized by
+    value: `S s(buf[i]);`, `S s{buf[i]};`, an argument for a by-value parameter (of a template too),
+    `return buf[i];` and functional casts (`S(buf[i])`), for structs holding vectors, packed vectors and a
+    nested struct."""
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", mode)
+    lib = mps_ext.sim.compile_shader(HEAD + COPIED_STRUCTS + """
+kernel void k(device const S* b [[buffer(0)]], constant S* c [[buffer(1)]], device S* o [[buffer(2)]],
+              device float* out [[buffer(3)]], device cplx<float>* z [[buffer(4)]],
+              uint i [[thread_position_in_grid]], uint l [[thread_position_in_threadgroup]]) {
+  threadgroup S t[4];
+  t[l] = b[i];
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  S paren(b[i]);
+  S brace{c[i]};
+  S tg(t[l]);
+  inner n(same(c[i]).in);
+  S from_nested = load(b, i);
+  from_nested.in = nested(c[i]);
+  S returned = load(t[l]);
+  returned.a += n.p[2];
+  device float* row = out + 8 * i;
+  row[0] = value(paren);
+  row[1] = value(brace);
+  row[2] = bumped(b[i]);
+  row[3] = value(same(t[l]));
+  row[4] = value(tg);
+  row[5] = value(from_nested);
+  row[6] = value(returned);
+  cplx<float> w{z[i]};
+  row[7] = same(z[i]).re + w.im + cplx<float>(z[i]).im - S{c[i]}.a;
+  o[i] = load(b, i);
+}
+""", name="struct_copies")
+    n = 4
+    x = torch.arange(n * 12, dtype=torch.float32).reshape(n, 12) % 7
+    x.view(torch.float16)[:, 8:10] = torch.tensor([[0.5, 1.5], [2.0, -1.0], [3.25, 0.0], [-2.5, 4.0]])
+    z = torch.arange(2 * n, dtype=torch.float32)
+    b, c, o, out = x.clone(), x.clone(), torch.zeros(n, 12), torch.zeros(n, 8)
+    with mps_ext.trace() as tr:
+        lib.k(b, c, o, out, z, threads=n, group_size=n)
+    assert tr.names == ["k"]
+    v = _copied_value(x)
+    expected = torch.stack([v, v, v + 5, v, v, v, v + 5 * x[:, 7], z[0::2] + 2 * z[1::2] - x[:, 8]], 1)
+    assert_close(out, expected)
+    assert torch.equal(o[:, :9], x[:, :9])  # every member (a copy need not keep the padding)
+    assert torch.equal(b, x) and torch.equal(c, x)  # copies: the buffers unchanged
 
 
 @pytest.mark.parametrize("mode", ["0", "1"], ids=["erased", "strict"])

@@ -1,10 +1,9 @@
-"""Address spaces where C++ has none: member functions qualified with one, assignments and copies between
+"""Address spaces where C++ has none: member functions qualified with one, assignments between
 objects in different ones, array parameters, and objects built in the constant address space."""
 
 from __future__ import annotations
 
 from .stream import _TokenStream
-from .tokens import _CLOSE, _OPEN
 
 _SPECIFIERS = {"static", "constexpr", "const", "inline", "volatile", "extern", "constant"}
 # Where a string literal stays one (not a `constant char*`): attributes and compile-time text.
@@ -40,30 +39,6 @@ class _AddressSpaces(_TokenStream):
             return
         kept = self.emitted(close)
         self.out[close] = self.code(f"MTLSIM_LOCAL_SPACE_ASSIGNMENT({name})", close) + kept
-
-    def struct_copies(self) -> None:
-        """``S s = buf[i];`` for a struct S of the file -> ``S s = MTLSIM_COPY(buf[i]);`` (see
-        mtlsim/address_space.h): the initializer may be an object in any address space."""
-        structs = {self.text(k + 1) for k in range(len(self.t) - 1)
-                   if self.text(k) in ("struct", "class", "union") and self.t[k + 1].kind == "id"}
-        for i, tok in enumerate(self.t):
-            if tok.text not in structs or self.t[i + 1].kind != "id" or self.text(i + 2) != "=" or \
-                    self.text(i + 3) == "{" or self.text(i - 1) in ("::", ".", "->"):
-                continue
-            j = i - 1
-            while self.text(j) in ("const", "thread", "struct", "class", "union"):
-                j -= 1
-            if self.text(j) not in (";", "{", "}", ":"):
-                continue  # not a declaration statement, or a constant one (program scope, static)
-            end, depth = i + 3, 0
-            while end < len(self.t) and not (depth == 0 and self.text(end) in (";", ",")):
-                depth += (self.text(end) in _OPEN) - (self.text(end) in _CLOSE)
-                end += 1
-            if end == len(self.t) or self.out[i + 2] is not None:
-                continue
-            self.out[i + 2] = [self.t[i + 2], *self.code("MTLSIM_COPY (", i + 2)]
-            kept = self.emitted(end)
-            self.out[end] = [self.new(")", end), *kept]
 
     def opens_namespace(self, brace: int) -> bool:
         j = brace - 1

@@ -46,7 +46,7 @@ class _Arguments(_TokenStream):
                         if name in ("buffer", "threadgroup"):
                             index = self.slot_index(j, name, args)
                             if index in explicit[name]:
-                                self.err(j, f"[[{name}({index})]] is bound twice")
+                                self.err(j, f"MSL rule 'argument index': [[{name}({index})]] is bound twice")
                             explicit[name].add(index)
                             binding = (name, index)
                         elif name not in _STANDARD_ATTRIBUTES and name != "function_constant" and binding is None:
@@ -140,7 +140,8 @@ class _Arguments(_TokenStream):
                 self.err(at, f"[[{name}({text})]]: the function constant '{text}' has no value")
             self.err(at, f"[[{name}({text})]]: the index must be an integer literal or a function constant")
         if not 0 <= index < _SLOTS:
-            self.err(at, f"[[{name}({index})]]: Metal has {_SLOTS} {name} slots, 0 to {_SLOTS - 1}")
+            self.err(at, f"MSL rule 'argument index': [[{name}({index})]]: Metal has {_SLOTS} {name} slots, "
+                         f"0 to {_SLOTS - 1}")
         return index
 
     def check_attribute_type(self, attribute: str, param: list[int]) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .tokens import TranslateError, _closing, _Tok, needs_version, version_name
+from .tokens import _CLOSE, _OPEN, TranslateError, _closing, _Tok, needs_version, version_name
 
 # `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
 # types under clang, see mtlsim/address_space.h). `thread` is the default address space.
@@ -59,6 +59,7 @@ _C_LIBRARY = {"printf", "fprintf", "sprintf", "snprintf", "vprintf", "puts", "pu
 _FUNCTION_CONSTANT_TYPE = re.compile(r"(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float|"
                                      r"u?int(?:8|16|32|64)_t)[234]?|vec <.*>|unsigned(?: int| short| char)?")
 _MATRIX_TYPE = re.compile(r"(?:half|float|bfloat)([234])x([234])")
+_VECTOR_TYPE = re.compile(r"(?:packed_)?(?:bool|char|uchar|short|ushort|int|uint|long|ulong|half|bfloat|float)([234])")
 # Built-in types (and `vec`): pointers and references to them must carry an address space, and the
 # attribute type rule judges them (template parameters and typedefs may carry a space or be anything,
 # so they are not judged).
@@ -126,6 +127,7 @@ class _Rules:
                 start = i + 1
         self.kernel_calls()
         self.matrix_indices()
+        self.vector_initializers()
 
     # token-level rules
     def tokens(self) -> None:
@@ -413,6 +415,26 @@ class _Rules:
         if index >= bound:
             self.fail(open_, "matrix index", f"'{name}[{index}]': the matrix has {bound} {what}; a constant index "
                                              f"out of range is a compile-time error")
+
+
+    def vector_initializers(self) -> None:
+        """A braced initializer of a vector variable with more elements than the vector has lanes
+        (``float2 v = {1, 2, 3}``): each element gives one lane or more."""
+        for i, tok in enumerate(self.t):
+            m = _VECTOR_TYPE.fullmatch(tok.text)
+            if not m or self.text(i - 1) in (".", "->", "::") or self.t[i + 1].kind != "id":
+                continue
+            brace = i + 2 + (self.text(i + 2) == "=")
+            if self.text(brace) != "{":
+                continue
+            close, elements, depth = self.close_of(brace, "{", "}"), 0, 0
+            for k in range(brace + 1, min(close, len(self.t))):
+                depth += (self.text(k) in _OPEN) - (self.text(k) in _CLOSE)
+                elements += depth == 0 and self.text(k) == "," and self.text(k + 1) != "}"
+            elements += close > brace + 1
+            if elements > int(m.group(1)):
+                self.fail(brace, "vector initializer", f"'{tok.text} {self.text(i + 1)}' has {m.group(1)} lanes; its "
+                                                       f"initializer gives {elements} elements")
 
 
 def check_rules(tokens: list[_Tok], version: int = 310) -> None:

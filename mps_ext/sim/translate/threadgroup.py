@@ -52,7 +52,8 @@ class _ThreadgroupMemory(_TokenStream):
         for d in declarators:
             name = self.t[d[0]].text
             if any(self.t[k].text == "=" for k in d):
-                self.err(d[0], "threadgroup variables cannot have initializers")
+                self.err(d[0], "MSL rule 'threadgroup initializer': a threadgroup variable cannot have an initializer "
+                               "(assign it after its declaration, then a barrier)")
             dims = " ".join(self.t[k].text for k in d[1:])
             if kernel:
                 kernel["threadgroup"].append((i, f"{type_src} {dims}"))

@@ -7,6 +7,7 @@ import dataclasses
 
 from .address_spaces import _AddressSpaces
 from .arguments import _Arguments
+from .copies import _Copies
 from .expressions import _number
 from .glue import Kernel, _Glue
 from .kernels import _Kernels
@@ -23,7 +24,7 @@ class Translation:
     threadgroup_sites: int
 
 
-class _Translator(_Kernels, _Arguments, _ProgramScope, _ThreadgroupMemory, _AddressSpaces, _Glue):
+class _Translator(_Kernels, _Arguments, _ProgramScope, _ThreadgroupMemory, _AddressSpaces, _Copies, _Glue):
     """Walks the tokens once, handing each declaration to its part, then runs the passes that need them all.
     Subclasses (tools/cuda_check/translate_cuda.py) replace ``add_entry``, ``threadgroup_declaration`` and
     ``rewrite_tokens`` to emit CUDA instead."""
@@ -106,7 +107,7 @@ class _Translator(_Kernels, _Arguments, _ProgramScope, _ThreadgroupMemory, _Addr
                 continue
             i += 1
         self.member_address_spaces()
-        self.struct_copies()
+        self.by_value_copies()
         self.array_parameters()
         self.constant_objects()
         self.rewrite_tokens()

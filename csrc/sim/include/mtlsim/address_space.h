@@ -89,13 +89,17 @@ template <class T> constexpr bool device_or_threadgroup_v =
 #endif
 template <class T, class Class> constexpr bool is_in_space_v = in_space_v<T> && std::is_same_v<value_type_t<T>, Class>;
 
-// A thread-space copy of an object in any address space. The translator wraps the initializer of a
-// user struct's variable in it (MTLSIM_COPY): MSL copies `S s = buf[i];` out of device memory, while
-// C++'s implicit copy constructor binds only thread-space objects, and a constructor of our own would
-// take away the struct's aggregate initialization.
+// A thread-space copy of an object in another address space; any other expression as it is (a
+// constant stays one, a thread-space reference one). The translator wraps in it (MTLSIM_COPY) what MSL
+// copies by value: a new variable's initializer (`S s(buf[i]);`), an argument for a parameter taken by
+// value (`f(buf[i])`), a returned value (`return buf[i];`). C++'s implicit copy constructor binds only
+// thread-space objects, and a constructor of our own would take away a struct's aggregate
+// initialization (see mps_ext/sim/translate/copies.py).
 template <class T>
-constexpr value_type_t<T> copy_of(const T& x) {
-  return as_generic(x);
+constexpr decltype(auto) copy_of(T&& x) {
+  if constexpr (in_space_v<T> && !std::is_array_v<std::remove_reference_t<T>>)  // (an array decays)
+    return value_type_t<T>(as_generic(x));
+  else return static_cast<T&&>(x);
 }
 
 }  // namespace mtlsim
