@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .rules import _CONCRETE_TYPE
 from .stream import _TokenStream
-from .tokens import _CLOSE, _OPEN
+from .tokens import _CLOSE, _OPEN, split_parameters
 
 # What may stand between a function's parameters and its body.
 _FUNCTION_QUALIFIERS = {"const", "volatile", "thread", "device", "constant", "threadgroup", "&", "&&", "noexcept",
@@ -182,23 +182,14 @@ class _Copies(_TokenStream):
         return takes
 
     def parameters_by_value(self, open_: int, close: int) -> list[bool]:
-        params, start, depth, k, attributes = [], open_ + 1, 0, open_ + 1, set()
-        while k <= close:
-            s = self.text(k)
+        tokens, k = [], open_ + 1
+        while k < close:
             if self.is_attr_start(k):
-                attributes.update(range(k, self.attr_end(k)))
                 k = self.attr_end(k)
                 continue
-            if k == close or (depth == 0 and s == ","):
-                params.append([m for m in range(start, k) if m not in attributes])
-                start = k + 1
-            elif s in ("<", "(", "[", "{"):
-                depth += 1
-            elif s in (">", ")", "]", "}"):
-                depth -= 1
-            elif s == ">>":
-                depth -= 2
+            tokens.append(k)
             k += 1
+        params = split_parameters(tokens, self.text)
         result = []
         for param in params:
             words = [self.text(m) for m in param]

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from .tokens import _CLOSE, _OPEN, TranslateError, _closing, _Tok, needs_version, version_name
+from .tokens import (_CLOSE, _OPEN, TranslateError, _closing, _Tok, needs_version, split_parameters,
+                     version_name)
 
 # `device`, `constant` and `threadgroup` stay: the simulator's prelude defines them (distinct
 # types under clang, see mtlsim/address_space.h). `thread` is the default address space.
@@ -349,22 +350,7 @@ class _Rules:
         if paren is None:
             return
         close = self.close_of(paren, "(", ")")
-        params, cur, depth = [], [], 0
-        for j in self.decl_tokens(paren + 1, close):
-            s = self.t[j].text
-            if s in ("(", "[", "{", "<"):
-                depth += 1
-            elif s in (")", "]", "}", ">"):
-                depth -= 1
-            elif s == ">>":
-                depth -= 2
-            if s == "," and depth == 0:
-                params.append(cur)
-                cur = []
-            else:
-                cur.append(j)
-        params.append(cur)
-        for p in params:
+        for p in split_parameters(self.decl_tokens(paren + 1, close), self.text):
             if p:
                 self.pointer_declaration(p, "parameter")
 

@@ -138,6 +138,27 @@ def _closing(tokens: list[_Tok], i: int, open_: str, close: str) -> int | None:
 _OPEN, _CLOSE = "([{", ")]}"
 
 
+def split_parameters(indices: list[int], text) -> list[list[int]]:
+    """A parameter list's token indices (without its parentheses) split at the commas that are not inside
+    brackets, braces, parentheses or template arguments; ``text(i)`` is token i's text."""
+    params, current, depth = [], [], 0
+    for i in indices:
+        s = text(i)
+        if s in ("(", "[", "{", "<"):
+            depth += 1
+        elif s in (")", "]", "}", ">"):
+            depth -= 1
+        elif s == ">>":
+            depth -= 2
+        if s == "," and depth == 0:
+            params.append(current)
+            current = []
+        else:
+            current.append(i)
+    params.append(current)
+    return params
+
+
 def _template_args_end(toks: list[_Tok], i: int) -> int | None:
     """Index of the ``>`` closing what looks like a template argument list opened at toks[i] (a ``<`` after a
     name), or None when it reads as a comparison."""
