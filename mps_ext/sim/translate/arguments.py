@@ -8,6 +8,7 @@ import re
 from .rules import (_CONCRETE_TYPE, _INDEX_ATTRIBUTES, _INDEX_TYPES, _MATCHING_ATTRIBUTES, _POSITION_ATTRIBUTES,
                     _POSITION_TYPES, _STANDARD_ATTRIBUTES, _UNSUPPORTED_ATTRIBUTES)
 from .stream import _TokenStream
+from .tokens import split_parameters
 
 # Buffer and threadgroup argument slots of a Metal kernel.
 _SLOTS = 31
@@ -18,20 +19,9 @@ class _Arguments(_TokenStream):
 
     def parameters(self, paren: int, close: int, check: bool) -> list[str]:
         """C++ binder types for the kernel parameters between the parentheses."""
-        params, depth, cur = [], 0, []
-        for j in range(paren + 1, close):
-            s = self.t[j].text
-            if s in "([{<":
-                depth += 1
-            elif s in ")]}>":
-                depth -= 1
-            if s == "," and depth == 0:
-                params.append(cur)
-                cur = []
-            else:
-                cur.append(j)
-        if cur:
-            params.append(cur)
+        params = split_parameters(range(paren + 1, close), self.text)
+        if not params[-1]:
+            params.pop()
         if len(params) == 1 and [self.t[j].text for j in params[0]] == ["void"]:
             params = []
 
