@@ -147,10 +147,7 @@ class CudaTranslator(T._Translator):
                 continue
             tok = self.t[i]
             if self.is_attr_start(i):
-                end = self.attr_end(i)
-                if not all(n in T._STANDARD_ATTRIBUTES for n, _ in self.attributes(i)):
-                    self.drop(i, end)
-                i = end
+                i = self.pass_attribute(i)
                 continue
             prev = self.text(i - 1)
             if tok.kind == "id":

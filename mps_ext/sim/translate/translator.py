@@ -123,6 +123,14 @@ class _Translator(_Kernels, _Arguments, _ProgramScope, _ThreadgroupMemory, _Addr
         """Whether token i begins a statement (possibly after an attribute)."""
         return self.text(i - 1) in ("{", ";", "}", ":") or (self.text(i - 1) == "]" and self.text(i - 2) == "]")
 
+    def pass_attribute(self, i: int) -> int:
+        """Index after the attribute specifier at i, which the output keeps only when every attribute in it is
+        standard C++ (the others are Metal's, for the translator alone)."""
+        end = self.attr_end(i)
+        if not all(n in _STANDARD_ATTRIBUTES for n, _ in self.attributes(i)):
+            self.drop(i, end)
+        return end
+
     def rewrite_tokens(self) -> None:
         """Token-level rewrites of everything not already replaced."""
         i = 0
@@ -132,11 +140,7 @@ class _Translator(_Kernels, _Arguments, _ProgramScope, _ThreadgroupMemory, _Addr
                 continue
             tok = self.t[i]
             if self.is_attr_start(i):
-                end = self.attr_end(i)
-                names = [n for n, _ in self.attributes(i)]
-                if not all(n in _STANDARD_ATTRIBUTES for n in names):
-                    self.drop(i, end)
-                i = end
+                i = self.pass_attribute(i)
                 continue
             if tok.kind == "id":
                 if tok.text == "coherent" and self.text(i + 1) == "(":
