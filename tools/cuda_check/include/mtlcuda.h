@@ -174,7 +174,17 @@ struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
   template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
   MTLCUDA_FN explicit vec(const vec<U, N>& o) {
     const vec<U, N> whole(o);  // one access of o's width (vcopy), as Metal loads a vector, then converted
-    for (int i = 0; i < N; ++i) (*this)[i] = T(whole[i]);
+    if constexpr (std::is_same_v<U, mtl_bfloat> && std::is_same_v<T, float> && N % 2 == 0) {
+      // A bfloat is the top half of a float: a 32-bit word holds two, each one operation from its float (a
+      // conversion per element costs an extract and a shift).
+      const unsigned* words = reinterpret_cast<const unsigned*>(&whole);
+      for (int i = 0; i < N / 2; ++i) {
+        (*this)[2 * i] = __uint_as_float(words[i] << 16);
+        (*this)[2 * i + 1] = __uint_as_float(words[i] & 0xFFFF0000u);
+      }
+    } else {
+      for (int i = 0; i < N; ++i) (*this)[i] = T(whole[i]);
+    }
   }
   MTLCUDA_FN T& operator[](int i) { return reinterpret_cast<T*>(this)[i]; }
   MTLCUDA_FN const T& operator[](int i) const { return reinterpret_cast<const T*>(this)[i]; }
@@ -266,6 +276,12 @@ typedef metal::vec<mtl_bfloat, 4> mtl_bfloat4;
 // ------------------------------------------------------------------ functions
 
 namespace metal {
+
+// What the kernels use of <metal_type_traits>, which shares it with <type_traits>.
+using std::conditional;
+using std::conditional_t;
+using std::is_same;
+using std::is_same_v;
 
 // select(a, b, c): b where c, else a; per component for vectors.
 template <class T>
