@@ -11,10 +11,10 @@
 // Two kernels each:
 // - gemv (m <= 8, decode): the decode GEMV loop of mps_ext/gemv.h with an
 //   e4m3fn weight policy: one SIMD group per row of w for one row of a, per
-//   four rows for more; each lane reads 16 bytes of each row per step (a
-//   SIMD group 512 contiguous bytes), decodes them once with the shift trick
-//   of mps_ext/fp8.h and uses them for every row of a (from cache: a is
-//   small). Each weight byte is read once per call. The 256 the trick
+//   four rows for more; each lane reads 16-byte chunks of each row (a SIMD
+//   group 512 contiguous bytes per chunk), decodes them once with the shift
+//   trick of mps_ext/fp8_decode.h and uses them for every row of a (from
+//   cache: a is small). Each weight byte is read once per call. The 256 the trick
 //   divides by is folded in once per dot product. The host sizes the grid
 //   as for the dense GEMV (ops::gemv_geometry): K split over gemv_slices
 //   SIMD groups when the rows alone would not fill the GPU.
@@ -23,8 +23,8 @@
 //
 // Block scales that change along k are applied per 16-byte chunk (gemv; the
 // host guarantees block_k % 16 == 0) or per element (tiled); a single block
-// along k scales the finished dot products. NaN codes poison their dot
-// products as in torch (the gemv checks four bytes at a time).
+// along k scales the finished dot products. NaN codes decode to NaN and
+// poison their dot products as in torch.
 #include <metal_stdlib>
 
 #include "mps_ext/fp8.h"
@@ -92,7 +92,7 @@ kernel void fp8_dequantize(device const fp8* q [[buffer(0)]], device const float
 
 // ------------------------------------------------------------------ matmul
 
-// What the rows of an operand of this type come out divided by (mps_ext::fp8_load: 256).
+// What the rows of an operand of this type come out divided by (mps_ext::fp8_decode: 256).
 inline float load_factor(fp8) { return 256.0f; }
 template <typename T>
 inline float load_factor(T) { return 1.0f; }
@@ -117,8 +117,8 @@ struct Fp8XRows {
 
   template <uint Count, bool Checked = true>
   void load(uint i, uint k, uint end, thread float4* out) const {
-    if (mps_ext::fp8_load<Count, Checked>(x + min(i, m - 1) * row_stride, k, end, vectorized, out, e5m2))
-      for (uint c = 0; c < Count / 4; ++c) out[c] = float4(NAN);
+    mps_ext::fp8_decode<Count>(mps_ext::fp8_fetch<Count, Checked>(x + min(i, m - 1) * row_stride, k, end, vectorized), out,
+                        e5m2);
   }
 };
 
@@ -139,10 +139,15 @@ struct RowsOf<fp8> {
 
 // Rows of w per SIMD group of the FP8 GEMV: one for one row of a (most SIMD
 // groups resident: the decode's registers weigh more than the bf16 GEMV's),
-// four for more (on the CUDA proxy 3-18% faster than two at m = 4).
-// csrc/ops/fp8.cpp's gemv_rows_per_simdgroup says the same.
+// four for more (on the CUDA proxy 3-18% faster than two at m = 4). And
+// 16-byte chunks of each row a lane reads per step: two for one row of a, so
+// a lane has 32 bytes in flight (on the CUDA proxy 12-15% faster than one on
+// the larger Llama shapes), one for more (four rows already give 64).
+// csrc/ops/fp8.cpp's gemv_rows_per_simdgroup and gemv_step say the same.
 template <uint M>
 constexpr uint fp8_rows_per_simdgroup() { return M == 1 ? 1 : 4; }
+template <uint M>
+constexpr uint fp8_chunks_per_lane() { return M == 1 ? 2 : 1; }
 
 // M: the rows of a the kernel is built for (1, 2, 4, 8); it serves any m <= M.
 // Runs of p.gemv_slices SIMD groups share R rows of w, each on every
@@ -163,10 +168,11 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
   // never do (the grid has one threadgroup per block of rows), so every
   // thread reaches gemv_sum_slices' barrier.
   if (first >= p.n) return;
-  const mps_ext::Fp8Weights<16> weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
+  const mps_ext::Fp8Weights<16, metal::is_same<In, fp8>::value> weights{w,         p.w_stride, p.w_vectorized != 0,       w_scale,       p.block_n,
                            p.block_k, p.scale_cols, p.scale_in_epilogue == 0, p.w_e5m2 != 0};
   const typename RowsOf<In>::type rows = RowsOf<In>::make(a, p);
-  mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R>(weights, rows, first, p.n, p.k, sg % slices, slices, lane);
+  mps_ext::Tile<M, R> t = mps_ext::gemv_simdgroup<M, R, fp8_chunks_per_lane<M>()>(weights, rows, first, p.n, p.k,
+                                                                                  sg % slices, slices, lane);
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
   const float unfold = load_factor(In());

@@ -23,12 +23,14 @@ namespace mps_ext::ops {
 namespace {
 
 constexpr uint32_t kAmaxThreads = 256, kTileThreads = 128, kTile = 32;
-constexpr int64_t kFp8GemvStep = 512;  // K per step of an fp8_gemv SIMD group: 32 lanes x 16 bytes
 constexpr int64_t kAmaxElementsPerGroup = 16384;  // what one amax threadgroup reduces at most
 constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 
-// Rows of w per SIMD group of fp8_gemv (fp8_rows_per_simdgroup in metal/fp8.metal).
+// Rows of w per SIMD group of fp8_gemv, and K per step of one (32 lanes x 16
+// bytes x fp8_chunks_per_lane): fp8_rows_per_simdgroup and
+// fp8_chunks_per_lane in metal/fp8.metal.
 int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : 4; }
+int64_t gemv_step(int64_t m) { return 512 * (m <= 1 ? 2 : 1); }
 
 uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
 
@@ -192,7 +194,7 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   TORCH_CHECK(backend, op, ": ", why);
   if (few_rows) {
     const GemvGeometry g =
-        gemv_geometry(n, (k + kFp8GemvStep - 1) / kFp8GemvStep, gemv_rows_per_simdgroup(m), *backend, kernel);
+        gemv_geometry(n, (k + gemv_step(m) - 1) / gemv_step(m), gemv_rows_per_simdgroup(m), *backend, kernel);
     p.gemv_slices = uint32_t(g.slices);
     grid = g.grid;
     threads = g.threads;

@@ -13,15 +13,13 @@ kernel void decode(device const uchar* codes [[buffer(0)]], device float* out [[
 }
 
 // The inner-loop decodes, scaled back: four codes per thread through floats
-// and through halves, the codes the half decode gets wrong and NaN codes
-// flagged.
+// and through halves, and the codes the half decode is not trusted with.
 kernel void decode_fast(device const uint* codes [[buffer(0)]], device float4* out [[buffer(1)]],
-                        device float4* out_half [[buffer(2)]], device uint* inexact [[buffer(3)]],
-                        device uint* has_nan [[buffer(4)]], uint i [[thread_position_in_grid]]) {
+                        device float4* out_half [[buffer(2)]], device uint* not_normal [[buffer(3)]],
+                        uint i [[thread_position_in_grid]]) {
   out[i] = mps_ext::fp8x4_to_float4_div256(codes[i]) * 256.0f;
   out_half[i] = float4(mps_ext::fp8x4_to_half4_div256(codes[i])) * 256.0f;
-  inexact[i] = mps_ext::fp8x4_half_inexact(codes[i]);
-  has_nan[i] = mps_ext::fp8x4_has_nan(codes[i]) ? 1 : 0;
+  not_normal[i] = mps_ext::fp8x4_not_normal(codes[i]) & 0x80808080u;
 }
 
 kernel void encode(device const float* values [[buffer(0)]], device uchar* out [[buffer(1)]],

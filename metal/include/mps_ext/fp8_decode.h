@@ -7,13 +7,13 @@
 //   exactly x / 256 for zeros and normal codes, whose smallest, 2^-6 / 256, is
 //   half's smallest normal, in nine integer operations for four bytes. An
 //   e4m3 subnormal would become a half subnormal, which a GPU may
-//   flush to zero, and a NaN code a finite value: fp8x4_half_inexact says
-//   where the decode is exact.
-// - fp8x4_to_float4_div256: the same values for every code, through floats,
-//   never through a denormal, at about four times the operations: the decode
-//   of bytes among which the half decode is inexact.
-//   Callers fold the 256 back into a scale once per dot product. NaN codes
-//   decode to finite values: use fp8x4_has_nan to catch them.
+//   flush to zero, and a NaN code a finite value: fp8x4_not_normal says
+//   where the decode may be inexact.
+// - fp8x4_to_float4_div256: the same values for every code, NaN codes as NaN,
+//   through floats, never through a denormal, at about four times the
+//   operations: the decode of bytes among which the half decode may be
+//   inexact.
+//   Callers fold the 256 back into a scale once per dot product.
 // - e5m2x4_to_half4: e5m2 is the top byte of a half, so its decode is a
 //   shift, exact for every code.
 #pragma once
@@ -32,14 +32,16 @@ inline half4 fp8x4_to_half4_div256(uint w) {
   return half4(even.x, odd.x, even.y, odd.y);
 }
 
-// Bit 7 of each byte of the result is set where that byte of w is a code the
-// half decode does not give exactly on every GPU: a subnormal (a half
-// subnormal, which a GPU may flush) or NaN (a finite half). Per byte of the
-// magnitudes m (no sum carries into the next byte): m + 0x7F sets bit 7
-// unless m is 0, m + 0x78 unless m < 8 (exponent 0), m + 1 only for NaN.
-inline uint fp8x4_half_inexact(uint w) {
+// Bit 7 of each byte of the result is set where that byte of w is not a
+// normal code (magnitude 8..126): a subnormal (a half subnormal, which a GPU
+// may flush), NaN (a finite half) or zero; bits 0-6 are noise. Per byte of
+// the magnitudes m (no sum carries into the next byte): m + 0x78 leaves bit 7
+// clear when m < 8, m + 1 sets it only for NaN. Zeros decode exactly but share
+// the test: telling them apart costs two more operations per word, and
+// quantized weights hold fewer zeros than subnormals.
+inline uint fp8x4_not_normal(uint w) {
   const uint m = w & 0x7F7F7F7Fu;
-  return (((m + 0x7F7F7F7Fu) & ~(m + 0x78787878u)) | (m + 0x01010101u)) & 0x80808080u;
+  return ~(m + 0x78787878u) | (m + 0x01010101u);
 }
 
 // Four e4m3 bytes (little-endian in w) as float values x / 256.
@@ -49,12 +51,10 @@ inline float4 fp8x4_to_float4_div256(uint w) {
   // Exponent e (bias 7) becomes e + 112 (bias 127, less 8 for the / 256).
   const float4 normal = metal::as_type<float4>((magnitude << 20) + (112u << 23));
   const float4 subnormal = float4(magnitude) * (1.0f / 131072.0f);
-  const float4 value = metal::select(normal, subnormal, (magnitude >> 3) == 0u);
+  float4 value = metal::select(normal, subnormal, (magnitude >> 3) == 0u);
+  value = metal::select(value, float4(NAN), magnitude == 0x7Fu);
   return metal::as_type<float4>(metal::as_type<uint4>(value) | ((bytes & 0x80u) << 24));
 }
-
-// Whether any of the four bytes is a NaN code (a magnitude of 0x7F carries into bit 7).
-inline bool fp8x4_has_nan(uint w) { return (((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0; }
 
 // Four e5m2 bytes (little-endian in w) as half values.
 inline half4 e5m2x4_to_half4(uint w) {

@@ -13,9 +13,13 @@
 // results through threadgroup memory.
 //
 // A weight policy supplies: `enum { kPerLane }` (elements of K a lane
-// consumes per step), `load(row, k, end, out)` (those elements of a row as
-// floats, zeros at or past `end`) and `scale(row)` (a factor applied to the
-// finished dot product, before the bias).
+// consumes per chunk), `Raw` (their bits), `fetch<Checked>(row, k, end)` (the
+// load of those elements of a row, zeros at or past `end`),
+// `decode<Checked>(raw, row, k, end, out)` (them as floats) and `scale(row)`
+// (a factor applied to the finished dot product, before the bias). Fetching
+// apart from decoding lets a step issue every load before it decodes one:
+// each chunk in flight holds only its raw bits, and one chunk's floats at a
+// time are live.
 #pragma once
 
 #include <metal_stdlib>
@@ -47,35 +51,60 @@ inline void unpack16(uint4 u, thread float4* out, T) {
   out[1] = float4(metal::as_type<metal::vec<T, 4>>(hi));
 }
 
+// The 16 bytes of elements [k, k + 16 / sizeof(T)) of `p`: one load when
+// `vectorized` (p + k is then 16-byte aligned, the caller guarantees it), one
+// per element otherwise and for a chunk that reaches past `end`, whose
+// missing elements read as 0. Unchecked, the caller guarantees both
+// (gemv_simdgroup's full steps): no test in the loop.
+template <bool Checked = true, typename T>
+inline uint4 fetch16(device const T* p, uint k, uint end, bool vectorized) {
+  if (!Checked || (vectorized && k + 16 / sizeof(T) <= end)) return *reinterpret_cast<device const uint4*>(p + k);
+  typedef metal::conditional_t<sizeof(T) == 4, uint, ushort> Bits;  // T's bits, whatever T is
+  constexpr uint kPerWord = 4 / sizeof(T);
+  device const Bits* bits = reinterpret_cast<device const Bits*>(p);
+  uint4 u = uint4(0);
+  MPS_EXT_UNROLL
+  for (uint j = 0; j < 16 / sizeof(T); ++j)
+    if (k + j < end) u[j / kPerWord] |= uint(bits[k + j]) << (32 / kPerWord * (j % kPerWord));
+  return u;
+}
+
 // Elements [k, k + Count) of `p` as floats (Count a multiple of 16 bytes'
-// worth): 16-byte loads when `vectorized` (p + k is then 16-byte aligned,
-// the caller guarantees it), one load per element otherwise and for a chunk
-// that reaches past `end`, whose missing elements read as 0. Unchecked, the
-// caller guarantees both (gemv_simdgroup's full steps): no test in the loop.
+// worth), loaded as fetch16 does.
 template <uint Count, bool Checked = true, typename T>
 inline void load_floats(device const T* p, uint k, uint end, bool vectorized, thread float4* out) {
   constexpr uint kPer16 = 16 / sizeof(T);
-  if (!Checked || (vectorized && k + Count <= end)) {
-    device const uint4* chunks = reinterpret_cast<device const uint4*>(p + k);
-    MPS_EXT_UNROLL
-    for (uint c = 0; c < Count / kPer16; ++c) unpack16(chunks[c], out + c * (kPer16 / 4), T());
-  } else {
-    MPS_EXT_UNROLL
-    for (uint j = 0; j < Count; ++j) out[j / 4][j % 4] = k + j < end ? float(p[k + j]) : 0.0f;
-  }
+  MPS_EXT_UNROLL
+  for (uint c = 0; c < Count / kPer16; ++c)
+    unpack16(fetch16<Checked>(p, k + c * kPer16, end, vectorized), out + c * (kPer16 / 4), T());
 }
+
+// kPerLane floats: what a weight policy whose decode is one operation per
+// element (a conversion) keeps in flight, converted as they arrive.
+template <uint Count>
+struct Floats {
+  float4 v[Count / 4];
+};
 
 // Dense row-major weights of type T with any row stride.
 template <typename T>
 struct DenseWeights {
   enum : uint { kPerLane = 16 / sizeof(T) };
+  typedef Floats<kPerLane> Raw;
   device const T* w;
   ulong row_stride;
   bool vectorized;  // w and every row start 16-byte aligned
 
   template <bool Checked = true>
-  void load(uint row, uint k, uint end, thread float4* out) const {
-    load_floats<kPerLane, Checked>(w + row * row_stride, k, end, vectorized, out);
+  Raw fetch(uint row, uint k, uint end) const {
+    Raw raw;
+    unpack16(fetch16<Checked>(w + row * row_stride, k, end, vectorized), raw.v, T());
+    return raw;
+  }
+  template <bool Checked = true>
+  void decode(Raw raw, uint, uint, uint, thread float4* out) const {
+    MPS_EXT_UNROLL
+    for (uint c = 0; c < kPerLane / 4; ++c) out[c] = raw.v[c];
   }
   float scale(uint) const { return 1.0f; }
 };
@@ -101,38 +130,55 @@ struct Tile {
   float v[R][M];
 };
 
+// acc + a . b as one chain of multiply-adds (one FMA per element where the
+// compiler fuses them: dot() and an add cost one instruction more).
+inline float dot_add(float4 a, float4 b, float acc) {
+  acc += a.x * b.x;
+  acc += a.y * b.y;
+  acc += a.z * b.z;
+  return acc + a.w * b.w;
+}
+
 // One K-step of gemv_simdgroup at k0: all weight loads of the step first (R x
-// U 16-byte loads in flight per lane; chunks past k read as zeros when
-// Checked), then the M rows of x against them.
+// U chunks in flight per lane; chunks past k read as zeros when Checked),
+// then per chunk its R rows decoded and the M rows of x against them.
 template <uint M, uint R, uint U, bool Checked, typename Weights, typename X>
 inline void gemv_step(Weights w, X x, thread const uint* rows, uint k0, uint k, thread Tile<M, R>& t) {
   constexpr uint P = Weights::kPerLane, kChunk = 32 * P;
-  float4 wv[R][U][P / 4];
+  typename Weights::Raw raw[R][U];
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
     MPS_EXT_UNROLL
-    for (uint u = 0; u < U; ++u) w.template load<Checked>(rows[r], k0 + u * kChunk, k, wv[r][u]);
+    for (uint u = 0; u < U; ++u) raw[r][u] = w.template fetch<Checked>(rows[r], k0 + u * kChunk, k);
   MPS_EXT_UNROLL
-  for (uint i = 0; i < M; ++i)
+  for (uint u = 0; u < U; ++u) {
+    const uint ku = k0 + u * kChunk;
+    float4 wv[R][P / 4];
     MPS_EXT_UNROLL
-    for (uint u = 0; u < U; ++u) {
+    for (uint r = 0; r < R; ++r) w.template decode<Checked>(raw[r][u], rows[r], ku, k, wv[r]);
+    MPS_EXT_UNROLL
+    for (uint i = 0; i < M; ++i) {
       float4 xv[P / 4];
-      x.template load<P, Checked>(i, k0 + u * kChunk, k, xv);
+      x.template load<P, Checked>(i, ku, k, xv);
       MPS_EXT_UNROLL
       for (uint r = 0; r < R; ++r)
         MPS_EXT_UNROLL
-        for (uint c = 0; c < P / 4; ++c) t.v[r][i] += metal::dot(wv[r][u][c], xv[c]);
+        for (uint c = 0; c < P / 4; ++c) t.v[r][i] = dot_add(wv[r][c], xv[c], t.v[r][i]);
     }
+  }
 }
 
 // The dot products of rows [first, first + R) of `w` (rows past n - 1 read
 // row n - 1) with the M rows of x, over the K-steps of slice `slice` of
-// `slices` (a step is U chunks of 32 lanes), summed over the SIMD group:
-// every lane gets the totals. Steps that lie wholly inside K, with 16-byte
-// aligned rows, run without a bounds test per load.
+// `slices`, summed over the SIMD group: every lane gets the totals. A step is
+// U chunks of 32 lanes; with aligned rows, the chunks past the last whole
+// step go one at a time (dealt out to the slices as the steps are), so a K
+// that is not a multiple of U chunks costs no zero-filled loads. Chunks that
+// lie wholly inside K, with 16-byte aligned rows, run without a bounds test
+// per load.
 template <uint M, uint R, uint U = 1, typename Weights, typename X>
 inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
-  constexpr uint P = Weights::kPerLane, kStep = U * 32 * P;
+  constexpr uint P = Weights::kPerLane, kChunk = 32 * P, kStep = U * kChunk;
   Tile<M, R> t;
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
@@ -141,10 +187,20 @@ inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uin
   uint rows[R];
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r) rows[r] = metal::min(first + r, n - 1);
+  const bool aligned = w.vectorized && x.vectorized;
   uint s0 = slice * kStep;  // the step's first element (lane 0's)
-  if (w.vectorized && x.vectorized)
+  if (aligned)
     for (; s0 + kStep <= k; s0 += slices * kStep) gemv_step<M, R, U, false>(w, x, rows, s0 + lane * P, k, t);
-  for (; s0 < k; s0 += slices * kStep) gemv_step<M, R, U, true>(w, x, rows, s0 + lane * P, k, t);
+  if (U == 1 || !aligned) {
+    for (; s0 < k; s0 += slices * kStep) gemv_step<M, R, U, true>(w, x, rows, s0 + lane * P, k, t);
+  } else {
+    for (uint c0 = k / kStep * kStep + slice * kChunk; c0 < k; c0 += slices * kChunk) {
+      if (c0 + kChunk <= k)
+        gemv_step<M, R, 1, false>(w, x, rows, c0 + lane * P, k, t);
+      else
+        gemv_step<M, R, 1, true>(w, x, rows, c0 + lane * P, k, t);
+    }
+  }
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
     MPS_EXT_UNROLL
