@@ -15,7 +15,9 @@
 //   the host picks M from m and G: see decode_rows in csrc/ops/grouped_mm.cpp;
 //   a shorter run of one row takes the 1-row computation)
 //   and 4 x R / slices columns of out (R = rows_per_simdgroup(M)): the GEMV
-//   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows,
+//   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows
+//   (a lane reads kGroupedDecodeChunks 16-byte chunks of each per step, or
+//   kFp8GroupedDecodeBytes e4m3fn bytes: mps_ext/params.h),
 //   K split over `slices` SIMD groups when the host finds too few SIMD groups
 //   to fill the GPU. Grid: ceil(n / (4 R / slices)) x m when split by rows
 //   (one threadgroup per row of a: only threadgroups at the start of a run
@@ -134,6 +136,7 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
   constexpr uint R = rows_per_simdgroup<M>();
+  constexpr uint U = is_same<W, fp8>::value ? 1 : mps_ext::kGroupedDecodeChunks;
   threadgroup float partial[kDecodeSimdGroups * R * M];
   uint g;
   Extent rows;
@@ -148,13 +151,13 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   mps_ext::Tile<M, R> t;
   if (M > 1 && rows.size == 1) {
     // A run of one row (most runs where experts get one or two rows): no x loads or sums for absent rows.
-    const mps_ext::Tile<1, R> one = mps_ext::gemv_simdgroup<1, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    const mps_ext::Tile<1, R> one = mps_ext::gemv_simdgroup<1, R, U>(w, x, first, p.n, p.k, sg % slices, slices, lane);
     MPS_EXT_UNROLL
     for (uint r = 0; r < R; ++r)
       MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i) t.v[r][i] = i == 0 ? one.v[r][0] : 0.0f;
   } else {
-    t = mps_ext::gemv_simdgroup<M, R>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    t = mps_ext::gemv_simdgroup<M, R, U>(w, x, first, p.n, p.k, sg % slices, slices, lane);
   }
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;
@@ -285,12 +288,10 @@ struct Fp8ExpertTile {
         if (k0 + c + j < k) u[j / 4] |= uint(w[ulong(r) * row_stride + k0 + c + j]) << (8 * (j % 4));
     const float4 lo = mps_ext::fp8x4_to_float4_div256(u.x), hi = mps_ext::fp8x4_to_float4_div256(u.y);
     for (uint j = 0; j < 8; ++j) {
-      const uint kk = k0 + c + j, byte = (u[j / 4] >> (8 * (j % 4))) & 0xFFu;
+      const uint kk = k0 + c + j;
       float v = 0.0f;
       if (r < n && kk < k)
-        v = (byte & 0x7Fu) == 0x7Fu ? NAN
-                                    : (j < 4 ? lo[j] : hi[j - 4]) *
-                                          (256.0f * scales[((col + r) / block_n) * scale_cols + kk / block_k]);
+        v = (j < 4 ? lo[j] : hi[j - 4]) * (256.0f * scales[((col + r) / block_n) * scale_cols + kk / block_k]);
       tile[(c + j) * kTileN + r] = v;
     }
   }

@@ -179,11 +179,11 @@ def test_decode_grid_covers_routed_rows_only(tokens, kernel, device):
 def test_decode_fills_the_gpu(cores, slices):
     # One token, top-8 of 128 experts, 96 columns: the host counts 8 routed rows as 4 runs of two, x 48 SIMD
     # groups (two columns each) = 192 SIMD groups. An 8-core GPU (256 resident) gets pairs of SIMD groups
-    # per column splitting K (k = 2048: 4 of 8 steps each); an 80-core one (2560) runs of four, as many as a
-    # threadgroup has (2 steps each).
+    # per column splitting K (k = 4096: 4 of 8 steps of 512 each); an 80-core one (2560) runs of four, as many
+    # as a threadgroup has (2 steps each).
     offs = routing(1, 128, 8, seed=2)
     with mps_ext.sim.gpu_cores(cores):
-        _, t = check(data(8, 2048, dtype=torch.bfloat16), experts(128, 2048, 96, torch.bfloat16), offs,
+        _, t = check(data(8, 4096, dtype=torch.bfloat16), experts(128, 4096, 96, torch.bfloat16), offs,
                      kernel="decode_m2", torch_too=True)
     assert t.kernels[0].grid[:2] == (12 * slices, 8) and t.kernels[0].threadgroup[0] == 128, t.kernels
 

@@ -142,8 +142,8 @@ int64_t decode_rows(int64_t m, int64_t g) {
 // work) and 4 x rows_per_simdgroup / slices columns. K is split when the SIMD
 // groups with work would not fill the GPU (Backend::fill_simdgroups). `op`
 // names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights);
-// `per_lane` is the weights a lane reads per K-step (16 bytes of b's type, or
-// kFp8GroupedDecodeBytes e4m3fn bytes).
+// `per_lane` is the weights a lane reads per K-step (kGroupedDecodeChunks x 16
+// bytes of b's type, or kFp8GroupedDecodeBytes e4m3fn bytes).
 Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t per_lane, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
@@ -219,7 +219,7 @@ Plan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
 Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   if (decodes(pr)) {
-    const int64_t per_lane = 16 / int64_t(c10::elementSize(dtype));
+    const int64_t per_lane = kGroupedDecodeChunks * 16 / int64_t(c10::elementSize(dtype));
     if (q.b_k == 1 || q.k == 1) return decode_plan(pr, "grouped_mm", dtype, per_lane, backend);
     if (q.b_col == 1) return decode_kn_plan(pr, dtype, backend);
   }
