@@ -19,7 +19,8 @@ the headers of that version's macOS arm64 wheel:
 
 Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and,
 once it compiles, goes through clang's static analyzer, which checks the
-retain/release balance of manual reference counting. Our files get -Wall -Wextra -Werror;
+retain/release balance of manual reference counting (--no-analyze leaves the
+analyzer out: three compiles' time, for a check of compiles and symbols only). Our files get -Wall -Wextra -Werror;
 torch's and Apple's headers are system headers.
 
 Each compile makes an arm64 Mach-O object (at -O0, so every torch function
