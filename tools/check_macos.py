@@ -19,7 +19,8 @@ the headers of that version's macOS arm64 wheel:
 
 Objective-C++ is compiled twice, as with a macOS 14 and a macOS 15 SDK, and,
 once it compiles, goes through clang's static analyzer, which checks the
-retain/release balance of manual reference counting. Our files get -Wall -Wextra -Werror;
+retain/release balance of manual reference counting (--no-analyze leaves the
+analyzer out: three compiles' time, for a check of compiles and symbols only). Our files get -Wall -Wextra -Werror;
 torch's and Apple's headers are system headers.
 
 Each compile makes an arm64 Mach-O object (at -O0, so every torch function
@@ -43,6 +44,7 @@ is not caught.
                                                here by tools/generate_sources.py)
     python tools/check_macos.py --fetch-only   install clang and llvm, fetch the wheels
     python tools/check_macos.py --torch 2.13.0 --sdk 15 FILE...   these files only
+    python tools/check_macos.py --no-analyze ...   without the static analyzer
 
 The wheels come from PyPI (sha256 checked). Kept of them are the headers and,
 for each of those dylibs, the sorted list of the symbols it exports, in
@@ -410,10 +412,10 @@ def compile_job(source: Path, version: str, sdk: str, analyze: bool, cache: Resu
         return {**out, "inputs": {str(p): "" for p in inputs}}
 
 
-def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
+def check(sources: list[Path], versions, sdks, analyze: bool = True) -> tuple[int, int]:
     """Every source with every torch version; Objective-C++ with every SDK
-    (only it has SDK-dependent code), the rest with the newest; and
-    Objective-C++ through the static analyzer once. A compile fails too when
+    (only it has SDK-dependent code), the rest with the newest; and, with
+    analyze, Objective-C++ through the static analyzer once. A compile fails too when
     its object uses a torch symbol that neither our objects (of that torch
     version) define nor torch's dylibs export.
 
@@ -429,7 +431,7 @@ def check(sources: list[Path], versions, sdks) -> tuple[int, int]:
         results = list(pool.map(lambda job: compile_job(*job, cache, prefix), jobs))
         first = {(s, sdk): r for (s, _, sdk, _), r in zip(jobs, results)}
         more = [(s, newest, sdk, True) for (s, sdk), r in first.items()
-                if s.suffix == ".mm" and sdk == sdks[-1] and not r["returncode"]]
+                if analyze and s.suffix == ".mm" and sdk == sdks[-1] and not r["returncode"]]
         more += [(s, v, sdk, False) for v in older for s, sdk in first]
 
         def run_more(job):
@@ -469,6 +471,8 @@ def main() -> int:
                         help="install clang and llvm, fetch the headers and export lists, check nothing")
     parser.add_argument("--torch", action="append", choices=TORCH_VERSIONS, help="torch version (default: all)")
     parser.add_argument("--sdk", action="append", choices=list(SDKS), help="macOS SDK of .mm files (default: all)")
+    parser.add_argument("--no-analyze", dest="analyze", action="store_false",
+                        help="compile and check symbols only, without the static analyzer (three compiles' time)")
     parser.add_argument("files", nargs="*", type=Path, help="sources to check (default: the whole macOS build)")
     args = parser.parse_args()
     versions, sdks = args.torch or TORCH_VERSIONS, sorted(args.sdk or SDKS)
@@ -478,7 +482,7 @@ def main() -> int:
     start = time.monotonic()
     sources = [f.resolve() for f in args.files] or [
         *sorted((ROOT / "csrc").rglob("*.mm")), *sorted((ROOT / "csrc").rglob("*.cpp")), *generated_sources()]
-    passed, failed = check(sources, versions, sdks)
+    passed, failed = check(sources, versions, sdks, args.analyze)
     print(f"check_macos: {len(sources)} sources, torch {', '.join(versions)}: {time.monotonic() - start:.0f} s")
     print(f"check_macos: {passed} passed, {failed} failed")
     return 1 if failed else 0

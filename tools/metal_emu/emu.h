@@ -19,6 +19,13 @@ void encode(id<MTLCommandBuffer> buffer, Command command);
 // The emulated GPU: the simulator, behind command queues.
 id<MTLDevice> device();
 
+// Torch's work on its current stream: encoded now, run when the GPU gets
+// there (torch_mps.mm, built per torch runtime).
+void enqueue(std::function<void()> work);
+
+// Commits torch's current stream and waits for it.
+void wait_current_stream();
+
 // Released: its memory stays, so what still points at it can tell.
 bool is_zombie(id object);
 
