@@ -29,14 +29,14 @@
 using namespace metal;
 using mps_ext::GemvParams;
 
-// Chunks per lane and step: two for one row of x over two rows of W (four
-// 16-byte loads per lane in flight; on the CUDA proxy down m=1 ran 49 -> 38
-// us); one otherwise: one row of W keeps the fewest registers (the most SIMD
-// groups resident: lm_head fp16 ran 281 us with two, 262 with one), and more
-// rows of x already fill a step with their loads (two ran slower there).
-// csrc/ops/gemv.cpp's chunks_per_lane says the same.
+// Chunks per lane and step: two for one row of x (two or four 16-byte loads
+// per lane in flight; on the CUDA proxy down m=1 ran 49 -> 38 us with two
+// rows of W; a step fetches before it decodes, so with one row two chunks
+// hold 40 registers, as one does); one for more rows of x, whose loads
+// already fill a step (two ran slower there). csrc/ops/gemv.cpp's
+// chunks_per_lane says the same.
 template <uint M, uint R>
-constexpr uint chunks_per_lane() { return M == 1 && R == 2 ? 2 : 1; }
+constexpr uint chunks_per_lane() { return M == 1 ? 2 : 1; }
 
 template <typename T, uint M, uint R>
 kernel void gemv_dense(device const T* w [[buffer(0)]], device const T* x [[buffer(1)]],

@@ -136,7 +136,6 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
                               uint sg [[simdgroup_index_in_threadgroup]],
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]]) {
   constexpr uint R = rows_per_simdgroup<M>();
-  constexpr uint U = is_same<W, fp8>::value ? 1 : mps_ext::kGroupedDecodeChunks;
   threadgroup float partial[kDecodeSimdGroups * R * M];
   uint g;
   Extent rows;
@@ -148,6 +147,7 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   const auto w = weights_of(b, scales, p, g);
   const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row, p.a_row, rows.size,
                             p.a_vectorized != 0};
+  constexpr uint U = is_same<W, fp8>::value ? 1 : mps_ext::kGroupedDecodeChunks;
   mps_ext::Tile<M, R> t;
   if (M > 1 && rows.size == 1) {
     // A run of one row (most runs where experts get one or two rows): no x loads or sums for absent rows.

@@ -40,7 +40,7 @@ int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8
 
 // 16-byte chunks of each weight row a lane reads per step (chunks_per_lane
 // in metal/gemv.metal).
-int64_t chunks_per_lane(int64_t bucket, int64_t rows) { return bucket == 1 && rows == 2 ? 2 : 1; }
+int64_t chunks_per_lane(int64_t bucket) { return bucket == 1 ? 2 : 1; }
 
 struct Plan {
   std::string kernel;
@@ -59,7 +59,7 @@ Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backen
   const int64_t bucket = rows_bucket(m);
   const std::string one_row = host_name("gemv", "dense_m1_r1", {dtype});
   const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups(one_row, 32 * kDenseSimdGroups) ? 1 : 2;
-  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket, rows);
+  const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket);
   const std::string tile = "m" + std::to_string(bucket) + "_r" + std::to_string(rows);
   const std::string split = host_name("gemv", ("splitk_" + tile).c_str(), {dtype});
   // One row per SIMD group only where those fill the GPU, so never split (there is no such split kernel).

@@ -79,32 +79,22 @@ inline void load_floats(device const T* p, uint k, uint end, bool vectorized, th
     unpack16(fetch16<Checked>(p, k + c * kPer16, end, vectorized), out + c * (kPer16 / 4), T());
 }
 
-// kPerLane floats: what a weight policy whose decode is one operation per
-// element (a conversion) keeps in flight, converted as they arrive.
-template <uint Count>
-struct Floats {
-  float4 v[Count / 4];
-};
-
 // Dense row-major weights of type T with any row stride.
 template <typename T>
 struct DenseWeights {
   enum : uint { kPerLane = 16 / sizeof(T) };
-  typedef Floats<kPerLane> Raw;
+  typedef uint4 Raw;
   device const T* w;
   ulong row_stride;
   bool vectorized;  // w and every row start 16-byte aligned
 
   template <bool Checked = true>
   Raw fetch(uint row, uint k, uint end) const {
-    Raw raw;
-    unpack16(fetch16<Checked>(w + row * row_stride, k, end, vectorized), raw.v, T());
-    return raw;
+    return fetch16<Checked>(w + row * row_stride, k, end, vectorized);
   }
   template <bool Checked = true>
   void decode(Raw raw, uint, uint, uint, thread float4* out) const {
-    MPS_EXT_UNROLL
-    for (uint c = 0; c < kPerLane / 4; ++c) out[c] = raw.v[c];
+    unpack16(raw, out, T());
   }
   float scale(uint) const { return 1.0f; }
 };
