@@ -29,13 +29,14 @@ REASONS = [
      "each step a lane issues 8 x-row loads (from cache) beside its 4 weight loads and 256 FMAs; 120 registers, "
      "4 threadgroups per SM: instruction-bound at m=8"),
     (r"^linear m=1 n=4096 k=14336",
-     "too few SIMD groups: 256 threadgroups fill 24% of the 132 x 8 resident slots; the host splits K only below "
-     "kFillSimdGroups = 1024 SIMD groups (sized for an M-series GPU)"),
+     "at the border, as torch is; docs/performance.md, which times CUDA graphs of many calls with inputs rotated "
+     "through 4x the L2, has this shape at 90% of copy bandwidth"),
     (r"^linear m=1 n=128 k=7168", "1.8 MB, L2-resident, 32 threadgroups: launch-bound (torch alike)"),
     (r"scaled_mm m=(1|8) |fp8_linear m=(1|4) ",
-     "the e4m3 decode (shift trick, half-to-float conversions, NaN test per 4 bytes) costs more ALU time per "
-     "weight byte than its transfer; the m >= 2 variants keep 48-160 bytes of stack (cuobjdump). torch's own "
-     "fp8 GEMV (_scaled_mm) is no faster"),
+     "the e4m3 decode (shift trick, half-to-float conversions, a test of normal codes per 4 bytes) costs more "
+     "instructions per weight byte than its transfer on this GPU (about 109 per 16 bytes at m = 1: "
+     "docs/performance.md); the m >= 2 variants keep 16-136 bytes of stack (cuobjdump). torch's own fp8 GEMV "
+     "(_scaled_mm) is no faster"),
     (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows",
      "compute-bound tiles, and simdgroup_matrix is emulated with warp shuffles here (correctness, not speed)"),
     (r"fp8.quantize",
@@ -43,8 +44,9 @@ REASONS = [
      "2-byte loads and 1-byte stores, no vector accesses. Flag: several elements per thread"),
     (r"fp8.dequantize", "one element per thread: 1-byte loads and 2-byte stores, no vector accesses"),
     (r"grouped_mm decode",
-     "189 registers leave 2 threadgroups (8 SIMD groups) per SM, each SIMD group streaming 4 weight rows of 4 KB "
-     "(8 steps): too little in flight; groups of more than 8 rows re-read their weights (m=1024)"),
+     "8 or 32 routed rows take a few tens of microseconds, latency as much as bytes (torch alike); "
+     "docs/performance.md times CUDA graphs of such calls beside MLX's and ggml's kernels. At m = 1024 runs of 8 "
+     "rows read their expert's weights once each, so an expert with more rows reads them again"),
     (r"^solve_triangular batch=4096 n=4 ",
      "4096 systems of order 4 are a few hundred KB: launch-bound, and a SIMD group per right-hand side keeps 4 "
      "of its 32 lanes busy"),
