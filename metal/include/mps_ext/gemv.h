@@ -5,12 +5,12 @@
 // threadgroup reads (one per expert in grouped matmul).
 //
 // Mapping: one SIMD group owns R consecutive rows of W. Each step, every lane
-// reads U 16-byte chunks of each of those rows, 512 bytes apart (so a lane
-// has R x U 16-byte loads in flight, and a SIMD group reads U x 512
-// contiguous bytes of each row), and the matching K-ranges of every x row
-// (from cache: x is small), accumulating M x R dot products in float. A K
-// range may be split over several SIMD groups ("slices") that add their
-// results through threadgroup memory.
+// reads U chunks (16 bytes; fp8_grouped_mm's are 8) of each of those rows,
+// 32 chunks apart (so a lane has R x U loads in flight, and a SIMD group
+// reads U x 32 contiguous chunks of each row), and the matching K-ranges of
+// every x row (from cache: x is small), accumulating M x R dot products in
+// float. A K range may be split over several SIMD groups ("slices") that
+// add their results through threadgroup memory.
 //
 // A weight policy supplies: `enum { kPerLane }` (elements of K a lane
 // consumes per chunk), `Raw` (their bits), `fetch<Checked>(row, k, end)` (the
