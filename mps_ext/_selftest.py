@@ -190,8 +190,9 @@ def fp8_cases() -> Iterator[Case]:
             full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:40, :72]
             return got, (x.float() @ (w.float() * full).t()).to(dtype), 1.0
 
-        def fp8_linear_split(device, dtype=dtype):  # K long enough for the gemv to split it over SIMD groups
-            x, w = ints(1, 2048, seed=9).to(dtype), ints(8, 2048, seed=10).to(f8)
+        # K long enough for the gemv to split it over SIMD groups, with a whole chunk and a tail past its steps
+        def fp8_linear_split(device, dtype=dtype):
+            x, w = ints(1, 4700, seed=9).to(dtype), ints(8, 4700, seed=10).to(f8)
             got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), torch.tensor(0.5).to(device))
             return got, (x.float() @ (w.float() * 0.5).t()).to(dtype), 1.0
 
@@ -211,7 +212,7 @@ def fp8_cases() -> Iterator[Case]:
 
         t = SHORT[dtype]
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
-        yield Case(f"fp8_linear gemv split K {t} 1x2048x8", fp8_linear_split)
+        yield Case(f"fp8_linear gemv split K {t} 1x4700x8", fp8_linear_split)
         # Decode pipelines by the rows an expert has on average (at least two), per channel and in blocks.
         for ends, rows in (((1, 2, 3), 2), ((4, 4, 12), 4), ((8, 8, 24), 8)):
             yield Case(f"fp8_grouped_mm decode_m{rows} {t} {ends[-1]}x72x24x3",

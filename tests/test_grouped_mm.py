@@ -397,7 +397,7 @@ def test_opcheck():
 def test_checked(case, device):
     offs = offsets([2, 0, 3])
     args = {"decode": (data(13, 40), experts(3, 40, 9, torch.float32), offsets([2, 0, 11])),
-            "decode split K": (data(6, 1030), experts(3, 1030, 9, torch.float32), offsets([1, 0, 4])),
+            "decode split K": (data(6, 1180), experts(3, 1180, 9, torch.float32), offsets([1, 0, 4])),
             "decode_kn": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
             "decode_kn 4 chunks": (data(13, 70), data(3, 70, 37, seed=1), offsets([2, 0, 11])),
             "tiled_m16": (data(30, 40), data(3, 40, 9, seed=1), offsets([10, 0, 30])),
