@@ -153,6 +153,18 @@ def test_layouts(device, dtype):
     check(data(2 * 64 + 1, dtype=dtype)[1:].view(2, 64), data(40 * 64 + 3, dtype=dtype)[3:].view(40, 64), device=device)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [520, 522, 600])
+def test_k_tails_of_aligned_rows(device, dtype, k):
+    # One row of x (a step: two 16-byte chunks per lane) with rows of W and x 16-byte aligned (stride 640): the
+    # whole steps load without a bounds test; the chunks past them join the last one (K = 520, 600: some lanes'
+    # chunks lie past K) or, one being partial (K = 522), take a checked step of their own. Checked mode
+    # proves that no load strays past a row.
+    x, w = data(1, 640, dtype=dtype)[:, :k], data(67, 640, dtype=dtype, seed=1)[:, :k]
+    with mps_ext.sim.checked():
+        check(x, w, kernel="dense_m1_r2", device=device)
+
+
 @pytest.mark.fallback("weight rows not contiguous")
 def test_weight_not_row_major_goes_to_torch():
     x, w = data(2, 64), data(64, 30).t()  # W.t() of a row-major matrix: column-major weight

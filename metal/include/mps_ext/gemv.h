@@ -129,44 +129,95 @@ inline float dot_add(float4 a, float4 b, float acc) {
   return acc + a.w * b.w;
 }
 
-// One K-step of gemv_simdgroup at k0: all weight loads of the step first (R x
-// U chunks in flight per lane; chunks past k read as zeros when Checked),
-// then per chunk its R rows decoded and the M rows of x against them.
-template <uint M, uint R, uint U, bool Checked, typename Weights, typename X>
-inline void gemv_step(Weights w, X x, thread const uint* rows, uint k0, uint k, thread Tile<M, R>& t) {
-  constexpr uint P = Weights::kPerLane, kChunk = 32 * P;
-  typename Weights::Raw raw[R][U];
+// The raw weight chunks of one K-step: R rows x N chunks per lane.
+template <typename Weights, uint R, uint N>
+struct StepChunks {
+  typename Weights::Raw v[R][N];
+};
+
+// Where a chunk of a lane lies against K: wholly inside (no bounds test),
+// wholly inside or wholly past (one test, no partial chunk: K a multiple of
+// a chunk's elements), or anywhere (each element tested; zeros past K).
+enum ChunkBounds : uint { kInside, kInsideOrPast, kChecked };
+
+template <ChunkBounds B, typename Weights>
+inline typename Weights::Raw gemv_fetch_chunk(Weights w, uint row, uint ku, uint k) {
+  if (B == kChecked) return w.template fetch<true>(row, ku, k);
+  if (B == kInsideOrPast && ku >= k) return typename Weights::Raw(0);
+  return w.template fetch<false>(row, ku, k);
+}
+
+// The weight loads of the K-step at k0, all issued before any is used:
+// chunks [0, Whole) inside K, the others as Tail says.
+template <uint R, uint N, uint Whole, ChunkBounds Tail, typename Weights>
+inline StepChunks<Weights, R, N> gemv_fetch(Weights w, thread const uint* rows, uint k0, uint k) {
+  constexpr uint kChunk = 32 * Weights::kPerLane;
+  StepChunks<Weights, R, N> c;
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
     MPS_EXT_UNROLL
-    for (uint u = 0; u < U; ++u) raw[r][u] = w.template fetch<Checked>(rows[r], k0 + u * kChunk, k);
+    for (uint u = 0; u < N; ++u)
+      c.v[r][u] = u < Whole ? gemv_fetch_chunk<kInside>(w, rows[r], k0 + u * kChunk, k)
+                            : gemv_fetch_chunk<Tail>(w, rows[r], k0 + u * kChunk, k);
+  return c;
+}
+
+// Chunk u of a fetched step (at ku, this lane's first element of it): its R
+// rows decoded and the M rows of x against them.
+template <uint M, uint R, ChunkBounds B, typename Weights, typename X, uint N>
+inline void gemv_chunk(Weights w, X x, thread const uint* rows, thread const StepChunks<Weights, R, N>& c, uint u,
+                       uint ku, uint k, thread Tile<M, R>& t) {
+  constexpr uint P = Weights::kPerLane;
+  if (B == kInsideOrPast && ku >= k) return;
+  float4 wv[R][P / 4];
   MPS_EXT_UNROLL
-  for (uint u = 0; u < U; ++u) {
-    const uint ku = k0 + u * kChunk;
-    float4 wv[R][P / 4];
+  for (uint r = 0; r < R; ++r) w.template decode<B == kChecked>(c.v[r][u], rows[r], ku, k, wv[r]);
+  MPS_EXT_UNROLL
+  for (uint i = 0; i < M; ++i) {
+    float4 xv[P / 4];
+    x.template load<P, B == kChecked>(i, ku, k, xv);
     MPS_EXT_UNROLL
-    for (uint r = 0; r < R; ++r) w.template decode<Checked>(raw[r][u], rows[r], ku, k, wv[r]);
-    MPS_EXT_UNROLL
-    for (uint i = 0; i < M; ++i) {
-      float4 xv[P / 4];
-      x.template load<P, Checked>(i, ku, k, xv);
+    for (uint r = 0; r < R; ++r)
       MPS_EXT_UNROLL
-      for (uint r = 0; r < R; ++r)
-        MPS_EXT_UNROLL
-        for (uint c = 0; c < P / 4; ++c) t.v[r][i] = dot_add(wv[r][c], xv[c], t.v[r][i]);
-    }
+      for (uint c4 = 0; c4 < P / 4; ++c4) t.v[r][i] = dot_add(wv[r][c4], xv[c4], t.v[r][i]);
   }
+}
+
+// The arithmetic of the K-step at k0 from its fetched chunks, chunk by chunk.
+template <uint M, uint R, uint N, uint Whole, ChunkBounds Tail, typename Weights, typename X>
+inline void gemv_accumulate(Weights w, X x, thread const uint* rows, thread const StepChunks<Weights, R, N>& c,
+                            uint k0, uint k, thread Tile<M, R>& t) {
+  constexpr uint kChunk = 32 * Weights::kPerLane;
+  MPS_EXT_UNROLL
+  for (uint u = 0; u < N; ++u) {
+    if (u < Whole)
+      gemv_chunk<M, R, kInside>(w, x, rows, c, u, k0 + u * kChunk, k, t);
+    else
+      gemv_chunk<M, R, Tail>(w, x, rows, c, u, k0 + u * kChunk, k, t);
+  }
+}
+
+// One K-step of gemv_simdgroup at k0 (N chunks: [0, Whole) inside K, the
+// others as Tail says): its loads, then its arithmetic.
+template <uint M, uint R, uint N, uint Whole, ChunkBounds Tail, typename Weights, typename X>
+inline void gemv_step(Weights w, X x, thread const uint* rows, uint k0, uint k, thread Tile<M, R>& t) {
+  gemv_accumulate<M, R, N, Whole, Tail>(w, x, rows, gemv_fetch<R, N, Whole, Tail>(w, rows, k0, k), k0, k, t);
 }
 
 // The dot products of rows [first, first + R) of `w` (rows past n - 1 read
 // row n - 1) with the M rows of x, over the K-steps of slice `slice` of
 // `slices`, summed over the SIMD group: every lane gets the totals. A step is
-// U chunks of 32 lanes; with aligned rows, the chunks past the last whole
-// step go one at a time (dealt out to the slices as the steps are), so a K
-// that is not a multiple of U chunks costs no zero-filled loads. Chunks that
-// lie wholly inside K, with 16-byte aligned rows, run without a bounds test
-// per load.
-template <uint M, uint R, uint U = 1, typename Weights, typename X>
+// U chunks of 32 lanes, dealt out to the slices in turn. With 16-byte aligned
+// rows, the whole steps run without a bounds test per load, and the chunks
+// past the last whole step, when fewer than U, join it: one step of up to
+// 2U - 1 chunks, its chunks past K read as zeros, so a short K costs no extra
+// round of loads (Qwen3-30B-A3B's experts' K = 768 is 3 chunks of bfloat per
+// lane: one round, not two). Ahead: the whole steps fetch the next step's
+// chunks before they decode their own, so a SIMD group's loads stay in flight
+// while it decodes (for weights whose decode is long, e4m3fn's; it holds
+// twice the chunks in registers, which the 16-bit weights' short decode does
+// not repay).
+template <uint M, uint R, uint U = 1, bool Ahead = false, typename Weights, typename X>
 inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
   constexpr uint P = Weights::kPerLane, kChunk = 32 * P, kStep = U * kChunk;
   Tile<M, R> t;
@@ -177,19 +228,32 @@ inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uin
   uint rows[R];
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r) rows[r] = metal::min(first + r, n - 1);
+  const uint lane_k = lane * P;
+  // The tail: the chunks past the whole steps (up to U, the last partial).
+  // Unaligned rows have no whole steps, only checked ones; a tail joins the
+  // last whole step when it has fewer than U chunks, none partial.
   const bool aligned = w.vectorized && x.vectorized;
-  uint s0 = slice * kStep;  // the step's first element (lane 0's)
-  if (aligned)
-    for (; s0 + kStep <= k; s0 += slices * kStep) gemv_step<M, R, U, false>(w, x, rows, s0 + lane * P, k, t);
-  if (U == 1 || !aligned) {
-    for (; s0 < k; s0 += slices * kStep) gemv_step<M, R, U, true>(w, x, rows, s0 + lane * P, k, t);
-  } else {
-    for (uint c0 = k / kStep * kStep + slice * kChunk; c0 < k; c0 += slices * kChunk) {
-      if (c0 + kChunk <= k)
-        gemv_step<M, R, 1, false>(w, x, rows, c0 + lane * P, k, t);
-      else
-        gemv_step<M, R, 1, true>(w, x, rows, c0 + lane * P, k, t);
+  const uint whole = aligned ? k / kStep : 0, tail = (k - whole * kStep + kChunk - 1) / kChunk;
+  const bool join = U > 1 && tail > 0 && tail < U && whole > 0 && k % P == 0;
+  const uint plain = join ? whole - 1 : whole;  // whole steps on their own
+  uint s = slice;
+  if (Ahead && s < plain) {
+    StepChunks<Weights, R, U> c = gemv_fetch<R, U, U, kInside>(w, rows, s * kStep + lane_k, k);
+    for (; s + slices < plain; s += slices) {
+      const StepChunks<Weights, R, U> ahead =
+          gemv_fetch<R, U, U, kInside>(w, rows, (s + slices) * kStep + lane_k, k);
+      gemv_accumulate<M, R, U, U, kInside>(w, x, rows, c, s * kStep + lane_k, k, t);
+      c = ahead;
     }
+    gemv_accumulate<M, R, U, U, kInside>(w, x, rows, c, s * kStep + lane_k, k, t);
+    s += slices;
+  } else {
+    for (; s < plain; s += slices) gemv_step<M, R, U, U, kInside>(w, x, rows, s * kStep + lane_k, k, t);
+  }
+  if (join) {
+    if (s == plain) gemv_step<M, R, 2 * U - 1, U, kInsideOrPast>(w, x, rows, plain * kStep + lane_k, k, t);
+  } else {
+    for (; s * kStep < k; s += slices) gemv_step<M, R, U, 0, kChecked>(w, x, rows, s * kStep + lane_k, k, t);
   }
   MPS_EXT_UNROLL
   for (uint r = 0; r < R; ++r)
