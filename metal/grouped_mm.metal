@@ -17,7 +17,8 @@
 //   and 4 x R / slices columns of out (R = rows_per_simdgroup(M)): the GEMV
 //   mapping of mps_ext/gemv.h streams those rows of W_g once for all M rows
 //   (a lane reads kGroupedDecodeChunks 16-byte chunks of each per step, or
-//   kFp8GroupedDecodeBytes e4m3fn bytes: mps_ext/params.h),
+//   kFp8GroupedDecodeBytes e4m3fn bytes: mps_ext/params.h, fetched a step
+//   ahead of their decode),
 //   K split over `slices` SIMD groups when the host finds too few SIMD groups
 //   to fill the GPU. Grid: ceil(n / (4 R / slices)) x m when split by rows
 //   (one threadgroup per row of a: only threadgroups at the start of a run
@@ -147,17 +148,19 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
   const auto w = weights_of(b, scales, p, g);
   const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(rows.start) * p.a_row, p.a_row, rows.size,
                             p.a_vectorized != 0};
-  constexpr uint U = is_same<W, fp8>::value ? 1 : mps_ext::kGroupedDecodeChunks;
+  constexpr bool kFp8 = is_same<W, fp8>::value;
+  constexpr uint U = kFp8 ? 1 : mps_ext::kGroupedDecodeChunks;
   mps_ext::Tile<M, R> t;
   if (M > 1 && rows.size == 1) {
     // A run of one row (most runs where experts get one or two rows): no x loads or sums for absent rows.
-    const mps_ext::Tile<1, R> one = mps_ext::gemv_simdgroup<1, R, U>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    const mps_ext::Tile<1, R> one =
+        mps_ext::gemv_simdgroup<1, R, U, kFp8>(w, x, first, p.n, p.k, sg % slices, slices, lane);
     MPS_EXT_UNROLL
     for (uint r = 0; r < R; ++r)
       MPS_EXT_UNROLL
       for (uint i = 0; i < M; ++i) t.v[r][i] = i == 0 ? one.v[r][0] : 0.0f;
   } else {
-    t = mps_ext::gemv_simdgroup<M, R, U>(w, x, first, p.n, p.k, sg % slices, slices, lane);
+    t = mps_ext::gemv_simdgroup<M, R, U, kFp8>(w, x, first, p.n, p.k, sg % slices, slices, lane);
   }
   if (slices > 1) t = mps_ext::gemv_sum_slices(t, partial, sg, slices, lane);
   if (sg % slices != 0) return;

@@ -412,6 +412,22 @@ def test_fp8_linear_splits_a_long_k(rows, granularity, device):
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
 
 
+@pytest.mark.parametrize("granularity", ["tensor", "block"])
+def test_fp8_linear_streams_a_long_k_alone(granularity):
+    # On one core the 64 rows fill the GPU, so no SIMD group splits K = 4112 with another: each streams four
+    # whole steps of 1024 bytes, fetching a step's bytes before it decodes the step before, the last one
+    # with the 16 bytes past them (rows 16-byte aligned, so no bounds test inside the whole steps).
+    n, k = 64, 4112
+    q, s, block, deq = weight_and_scale(n, k, granularity, seed=7)
+    x = torch.randn(1, k, generator=gen(13)).to(torch.bfloat16)
+    with mps_ext.sim.gpu_cores(1), mps_ext.trace() as t:
+        got = mps_ext.fp8_linear(x, q, s, block_size=block)
+    ran(t, "cpu", "fp8_linear_gemv_m1_bfloat")
+    assert t.kernels[0].grid[0] * t.kernels[0].threadgroup[0] == 32 * n, t.kernels  # a SIMD group per row
+    want = F.linear(x.float(), deq).to(torch.bfloat16)
+    assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
+
+
 def test_fp8_linear_bits_strides_and_errors(device):
     q, s, _, deq = weight_and_scale(48, 96, "channel", seed=11)
     x = torch.randn(3, 97, generator=gen(12))[:, 1:]  # rows at an odd offset

@@ -83,6 +83,23 @@ def test_matches_dequantized_grouped_mm(case, scales, dtype, device):
     assert_close_dot(got[:rows], want, mag, k)
 
 
+@pytest.mark.parametrize("scales", ["channel", "block"])
+@pytest.mark.parametrize("cores", [1, 32])
+def test_decode_streams_a_long_k(cores, scales):
+    # K = 4112 (16-byte aligned rows): sixteen whole steps of 256 bytes and 16 bytes past them. Alone (one
+    # core: 2 runs x 32 SIMD groups fill it) each SIMD group streams all of them, fetching a step's bytes
+    # before it decodes the step before; on 32 cores four SIMD groups split them, four steps or five each.
+    ends, n, k = [1, 2, 2, 4], 64, 4112
+    q, s, block, deq = experts(len(ends), n, k, scales, seed=3)
+    x, offs = torch.randn(ends[-1], k, generator=gen(4)).to(torch.bfloat16), torch.tensor(ends, dtype=torch.int32)
+    with mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
+        got = mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)
+    ran(t, "cpu", "fp8_grouped_mm_decode_m2_bfloat")
+    assert t.kernels[0].threadgroup[0] == 128 and t.kernels[0].grid[0] == (8 if cores == 1 else 32), t.kernels
+    want, mag = reference(x, deq, offs, torch.bfloat16)
+    assert_close_dot(got, want, mag, k)
+
+
 @pytest.mark.parametrize("ends", [[1, 3, 4], [20, 40, 45]], ids=["decode", "tiled"])
 def test_nan_codes_poison_their_output_column_as_in_torch(ends):
     q, s, _, deq = experts(3, 24, 40, "channel", seed=11)
