@@ -82,12 +82,13 @@ def record_torch() -> None:
 # Sources compiled together, as one source each: each of them reads torch's headers, whose parsing (and, for
 # the Python bindings, pybind11's templates) is most of its compile, so one compile of a group costs little
 # more than one of its members (the bindings: a third of the CPU time of compiling them one by one; the
-# overrides: 20 CPU seconds instead of 87). An error still names the member's file and line. csrc/ops is
-# compiled file by file: its files define helpers of the same names. tools/check_macos.py compiles each
-# member on its own.
+# overrides: 20 CPU seconds instead of 87). An error still names the member's file and line; the helpers
+# the host plans share live in csrc/ops/plan_helpers.h, so no two members define a helper of one name.
+# tools/check_macos.py compiles each member on its own.
 UNITY = {
     "python_bindings": ("extension.cpp", "recording_bindings.cpp", "stream_bindings.cpp", "sim/bindings.cpp"),
-    "overrides": tuple(f"overrides/{p.name}" for p in sorted((ROOT / "csrc" / "overrides").glob("*.cpp"))),
+    **{group: tuple(f"{group}/{p.name}" for p in sorted((ROOT / "csrc" / group).glob("*.cpp")))
+       for group in ("overrides", "ops")},
 }
 
 

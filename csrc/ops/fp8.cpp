@@ -17,6 +17,7 @@
 #include "mps_ext/params.h"
 #include "ops/gemv.h"
 #include "ops/naming.h"
+#include "ops/plan_helpers.h"
 
 namespace mps_ext::ops {
 
@@ -32,15 +33,9 @@ constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : 4; }
 int64_t gemv_step(int64_t m) { return 512 * (m <= 1 ? 2 : 1); }
 
-uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
-
-bool float_type(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 bool fp8_bits(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte; }
 bool fp8_type(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 bool fnuz_type(at::ScalarType t) { return t == at::kFloat8_e4m3fnuz || t == at::kFloat8_e5m2fnuz; }
-
-// The bytes of an e4m3fn (or uint8) tensor, as the kernels bind them.
-at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }
 
 void check_fp8(const at::Tensor& t, const char* op, const char* arg) {
   TORCH_CHECK_TYPE(fp8_bits(t), op, ": ", arg, " must be float8_e4m3fn (or uint8 holding e4m3fn bits), got ",

@@ -13,6 +13,7 @@
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
+#include "ops/plan_helpers.h"
 
 namespace mps_ext::ops {
 
@@ -25,24 +26,11 @@ constexpr uint32_t kDenseSimdGroups = 4;
 constexpr int64_t kMinStepsPerSlice = 2;
 constexpr int64_t kMaxSlices = 16;
 
-bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
-
-// Whether the address the kernel sees for `t`'s first element is 16-byte
-// aligned. A CPU tensor's storage is memory; an MPS tensor's is an MTLBuffer
-// bound at the storage offset, its start aligned.
-bool aligned16(const at::Tensor& t) {
-  const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
-  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
-}
-
-// The rows of x (m) a kernel is built for: 1, 2, 4 or 8.
-int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
-
 // 16-byte chunks of each weight row a lane reads per step (chunks_per_lane
 // in metal/gemv.metal).
 int64_t chunks_per_lane(int64_t bucket) { return bucket == 1 ? 2 : 1; }
 
-struct Plan {
+struct GemvPlan {
   std::string kernel;
   Size3 grid, threads;
 };
@@ -55,7 +43,7 @@ GemvGeometry dense_geometry(int64_t blocks) {
 // The kernel and geometry for these sizes. Rows of W per SIMD group: for one
 // row of x, one when that many SIMD groups fill the GPU (most resident), two
 // otherwise (more loads in flight each); two for more rows of x.
-Plan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
+GemvPlan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
   const int64_t bucket = rows_bucket(m);
   const std::string one_row = host_name("gemv", "dense_m1_r1", {dtype});
   const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups(one_row, 32 * kDenseSimdGroups) ? 1 : 2;
@@ -95,7 +83,7 @@ std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::T
   std::string why;
   Backend* backend = backend_for(input.device(), &why);
   if (!backend) return why;
-  if (!supported_dtype(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
+  if (!float_type(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
   const bool has_bias = bias && bias->defined();
   if (weight.scalar_type() != input.scalar_type() || (has_bias && bias->scalar_type() != input.scalar_type()))
     return "mixed dtypes";
@@ -112,7 +100,7 @@ std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::T
   if (weight.stride(1) != 1 && k != 1) return "weight rows not contiguous";
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
   if (n > kMax || k > kMax || weight.stride(0) > kMax || (has_bias && bias->stride(0) > kMax)) return "size >= 2^31";
-  const Plan p = plan(m, n, k, input.scalar_type(), *backend);
+  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend);
   if (auto reason = backend->unavailable(p.kernel, p.threads.x * p.threads.y * p.threads.z)) return reason;
   return std::nullopt;
 }
@@ -140,7 +128,7 @@ at::Tensor gemv(const at::Tensor& input, const at::Tensor& weight, const std::op
     q.has_bias = 1;
     b = bias->stride(0) == 1 ? *bias : bias->contiguous();
   }
-  const Plan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()));
+  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()));
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(weight).tensor(x).tensor(b).tensor(y).bytes(q));
   return y.view(shape);
 }

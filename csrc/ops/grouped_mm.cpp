@@ -19,6 +19,7 @@
 #include "mps_ext/params.h"
 #include "ops/fp8.h"
 #include "ops/naming.h"
+#include "ops/plan_helpers.h"
 
 namespace mps_ext::ops {
 
@@ -35,16 +36,6 @@ constexpr int64_t kDecodeMinStepsPerSlice = 2;
 constexpr int64_t kDecodeMaxAverageRows = 8;
 constexpr int64_t kTileColumns = 32;  // kTileN in mps_ext/mma.h
 constexpr uint32_t kThreads = 128;
-
-bool float_type(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
-
-// Whether the address the kernel sees for `t`'s first element is 16-byte
-// aligned (a CPU tensor's storage is memory; an MPS tensor's an MTLBuffer
-// bound at the storage offset, its start aligned).
-bool aligned16(const at::Tensor& t) {
-  const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
-  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
-}
 
 // torch's rule for a's and b's last two dimensions (GroupedMMUtils.h).
 std::optional<std::string> torch_stride_rule(const at::Tensor& t) {
@@ -112,15 +103,12 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   return pr;
 }
 
-struct Plan {
+struct GroupedPlan {
   std::string kernel;
   Size3 grid, threads;
   uint32_t decode_slices = 1;
   uint32_t decode_chunks = 4;
 };
-
-// The rows of a group a decode threadgroup serves at once: 1, 2, 4 or 8.
-int64_t rows_bucket(int64_t rows) { return rows <= 1 ? 1 : rows <= 2 ? 2 : rows <= 4 ? 4 : 8; }
 
 // Weight rows per SIMD group of the kernel for `bucket` rows
 // (rows_per_simdgroup in mps_ext/gemv.h).
@@ -144,7 +132,7 @@ int64_t decode_rows(int64_t m, int64_t g) {
 // names the kernel family (grouped_mm, or fp8_grouped_mm for e4m3fn weights);
 // `per_lane` is the weights a lane reads per K-step (kGroupedDecodeChunks x 16
 // bytes of b's type, or kFp8GroupedDecodeBytes e4m3fn bytes).
-Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t per_lane, Backend& backend) {
+GroupedPlan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_t per_lane, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const bool by_rows = q.split == kGroupedSplitRows;
@@ -173,7 +161,7 @@ Plan decode_plan(const Problem& pr, const char* op, at::ScalarType dtype, int64_
 // threadgroups' SIMD groups would not reach half the fill: on the CUDA proxy
 // 2 chunks ran gpt-oss's down projection for one token 1.5x faster and its
 // gate_up (twice the columns) 1.1x slower (docs/performance.md).
-Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
+GroupedPlan decode_kn_plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   const bool by_rows = q.split == kGroupedSplitRows;
   const int64_t rows = by_rows ? decode_rows(q.m, pr.groups) : rows_bucket(q.m);
@@ -182,7 +170,7 @@ Plan decode_kn_plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const int64_t per_chunk = 16 / int64_t(c10::elementSize(dtype));
   const int64_t wide = (q.n + 4 * per_chunk - 1) / (4 * per_chunk) * threadgroup_rows * kDecodeSimdGroups;
   const int64_t chunks = 2 * wide < backend.fill_simdgroups(kernel, kThreads) ? 2 : 4, columns = chunks * per_chunk;
-  Plan p{kernel,
+  GroupedPlan p{kernel,
          {uint32_t((q.n + columns - 1) / columns), uint32_t(threadgroup_rows)},
          {kThreads}};
   p.decode_chunks = uint32_t(chunks);
@@ -200,7 +188,7 @@ bool decodes(const Problem& pr) {
 
 // Tiles as tall as the average group (`op`: grouped_mm, or fp8_grouped_mm
 // for e4m3fn weights).
-Plan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
+GroupedPlan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
   const GroupedMmParams& q = pr.params;
   const int64_t g = pr.groups, m = q.m, n = q.n;
   const int64_t average = q.split == kGroupedSplitRows ? m / std::max<int64_t>(g, 1) : m;
@@ -216,7 +204,7 @@ Plan tiled_plan(const Problem& pr, const char* op, at::ScalarType dtype) {
 
 // Decode along K when the groups' weights are row-major (b the transposed
 // expert weights), along N when b is stored (G, K, N); tiles otherwise.
-Plan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
+GroupedPlan plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
   const GroupedMmParams& q = pr.params;
   if (decodes(pr)) {
     const int64_t per_lane = kGroupedDecodeChunks * 16 / int64_t(c10::elementSize(dtype));
@@ -275,7 +263,7 @@ struct Fp8Scales {
 
 // The kernel for a problem: grouped_mm's choice, or for e4m3fn weights the decode kernel where it serves
 // (it scales a lane's chunk of a row at once: a block along k must hold whole chunks), else the tiled one.
-Plan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
+GroupedPlan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
   if (!fp8) return plan(pr, dtype, backend);
   const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % kFp8GroupedDecodeBytes == 0;
   return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, kFp8GroupedDecodeBytes, backend)
@@ -308,7 +296,7 @@ at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::opti
   at::Tensor out = at::empty_strided(layout.size, layout.stride, a.options());
   Problem pr = problem_of(a, b, offs, layout);
   if (out.numel() == 0 || pr.groups == 0) return out;  // nothing to write
-  const Plan p = plan_for(pr, a.scalar_type(), *backend_for(a.device()), fp8);
+  const GroupedPlan p = plan_for(pr, a.scalar_type(), *backend_for(a.device()), fp8);
   pr.params.decode_slices = p.decode_slices;
   pr.params.decode_chunks = p.decode_chunks;
   if (fp8) {
@@ -326,9 +314,6 @@ at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::opti
                .tensor(fp8 ? fp8->scales : b));  // read by the FP8 kernel only
   return out;
 }
-
-// An e4m3fn tensor's bytes, as the kernels bind them.
-at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }
 
 // The experts' weights in `dtype`, for the calls the kernels do not take (torch's grouped_mm runs them):
 // one dequantize launch when no block straddles two experts, else one per expert.

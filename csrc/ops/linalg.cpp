@@ -17,6 +17,7 @@
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
+#include "ops/plan_helpers.h"
 
 namespace mps_ext::ops {
 
@@ -31,8 +32,6 @@ constexpr int64_t kInverseMinRhs = 8;      // triangular solves through the inve
 constexpr int64_t kMaxElements = std::numeric_limits<int32_t>::max();
 
 using Shape = std::vector<int64_t>;
-
-uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
 
 bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kComplexFloat; }
 

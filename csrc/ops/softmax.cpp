@@ -14,6 +14,7 @@
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/naming.h"
+#include "ops/plan_helpers.h"
 
 namespace mps_ext::ops {
 
@@ -31,25 +32,21 @@ constexpr uint32_t kStridedThreads = 256;
 // this it cannot fill a GPU, so the reduced dimension is moved last instead.
 constexpr int64_t kMinStridedColumns = 1024;
 
-uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b); }
-
-bool supported_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
-
 struct Step {
   std::string kernel;
   Size3 grid, threads;
 };
 
 // How a softmax of this shape runs: which kernels, with which geometry.
-struct Plan {
+struct SoftmaxPlan {
   int64_t dim;        // wrapped
   bool move_dim_last;  // run on input.movedim(dim, -1) and move it back
   SoftmaxParams params{};
   std::vector<Step> steps;
 };
 
-Plan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype, bool log) {
-  Plan p;
+SoftmaxPlan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype, bool log) {
+  SoftmaxPlan p;
   p.dim = c10::maybe_wrap_dim(dim, input.dim());
   const int64_t cols = input.dim() ? input.size(p.dim) : 1;
   int64_t inner = 1;
@@ -99,7 +96,7 @@ std::optional<std::string> softmax_unsupported(const at::Tensor& input, int64_t 
   std::string why;
   Backend* backend = backend_for(input.device(), &why);
   if (!backend) return why;
-  if (!supported_dtype(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
+  if (!float_type(input.scalar_type())) return std::string("dtype ") + c10::toString(input.scalar_type());
   if (out_dtype != input.scalar_type() && !(out_dtype == at::kFloat && input.scalar_type() != at::kFloat))
     return std::string("output dtype ") + c10::toString(out_dtype) + " from " + c10::toString(input.scalar_type());
   if (input.numel() > std::numeric_limits<int32_t>::max()) return "more than 2^31 elements";
@@ -109,7 +106,7 @@ std::optional<std::string> softmax_unsupported(const at::Tensor& input, int64_t 
 }
 
 at::Tensor softmax_kernels(const at::Tensor& self, int64_t dim, at::ScalarType out_dtype, bool log) {
-  Plan p = plan(self, dim, out_dtype, log);
+  SoftmaxPlan p = plan(self, dim, out_dtype, log);
   if (p.move_dim_last) {
     const at::Tensor moved = self.movedim(p.dim, -1);
     const at::Tensor out = softmax_kernels(moved, -1, out_dtype, log).movedim(-1, p.dim);
