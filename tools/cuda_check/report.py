@@ -37,12 +37,16 @@ REASONS = [
      "instructions per weight byte than its transfer on this GPU (about 109 per 16 bytes at m = 1: "
      "docs/performance.md); the m >= 2 variants keep 16-136 bytes of stack (cuobjdump). torch's own fp8 GEMV "
      "(_scaled_mm) is no faster"),
-    (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows",
+    (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows|fp8_grouped_mm G=128 m=4096 ",
      "compute-bound tiles, and simdgroup_matrix is emulated with warp shuffles here (correctness, not speed)"),
     (r"fp8.quantize",
      "two kernels (amax reads x, quantize re-reads it: 1.5x the minimal traffic) and one element per thread: "
      "2-byte loads and 1-byte stores, no vector accesses. Flag: several elements per thread"),
     (r"fp8.dequantize", "one element per thread: 1-byte loads and 2-byte stores, no vector accesses"),
+    (r"fp8_grouped_mm G=128 m=(8|32) ",
+     "8 or 32 routed rows take a few tens of microseconds, latency as much as bytes, as for grouped_mm's "
+     "decode, and the e4m3 decode's instructions as for fp8_linear; docs/performance.md times CUDA graphs of "
+     "such calls beside our bf16 decode"),
     (r"grouped_mm decode",
      "8 or 32 routed rows take a few tens of microseconds, latency as much as bytes (torch alike); "
      "docs/performance.md times CUDA graphs of such calls beside MLX's and ggml's kernels. At m = 1024 runs of 8 "
@@ -53,6 +57,10 @@ REASONS = [
     (r"batch=4096 n=4 ",
      "4096 systems of order 4 are a few hundred KB: 64 threadgroups (a thread per system) for 132 SMs, "
      "launch-bound (torch slower still)"),
+    (r"^qr batch=4096 ",
+     "latency-bound: one SIMD group per matrix steps through its reflectors one after another, each a "
+     "column sum and a broadcast across the SIMD group before the next can start (4 x 4 matrices: a few "
+     "hundred KB in all, launch-bound)"),
     (r"batch=4096 n=(32|64) ",
      "latency-bound: a SIMD group (trsm_inverse: a threadgroup) per system steps through n dependent "
      "pivot/substitution steps with barriers or broadcasts"),
