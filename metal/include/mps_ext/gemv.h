@@ -209,14 +209,14 @@ inline void gemv_step(Weights w, X x, thread const uint* rows, uint k0, uint k, 
 // `slices`, summed over the SIMD group: every lane gets the totals. A step is
 // U chunks of 32 lanes, dealt out to the slices in turn. With 16-byte aligned
 // rows, the whole steps run without a bounds test per load, and the chunks
-// past the last whole step, when fewer than U, join it: one step of up to
-// 2U - 1 chunks, its chunks past K read as zeros, so a short K costs no extra
-// round of loads (Qwen3-30B-A3B's experts' K = 768 is 3 chunks of bfloat per
-// lane: one round, not two). Ahead: the whole steps fetch the next step's
-// chunks before they decode their own, so a SIMD group's loads stay in flight
-// while it decodes (for weights whose decode is long, e4m3fn's; it holds
-// twice the chunks in registers, which the 16-bit weights' short decode does
-// not repay).
+// past the last whole step, when fewer than U and none partial, join it: one
+// step of up to 2U - 1 chunks, a lane skipping those past K, so a short K
+// costs no extra round of loads (Qwen3-30B-A3B's experts' K = 768 is 3
+// chunks of bfloat per lane: one round, not two). Ahead: the whole steps
+// fetch the next step's chunks before they decode their own, so a SIMD
+// group's loads stay in flight while it decodes (for weights whose decode is
+// long, e4m3fn's; it holds twice the chunks in registers, which the 16-bit
+// weights' short decode does not repay).
 template <uint M, uint R, uint U = 1, bool Ahead = false, typename Weights, typename X>
 inline Tile<M, R> gemv_simdgroup(Weights w, X x, uint first, uint n, uint k, uint slice, uint slices, uint lane) {
   constexpr uint P = Weights::kPerLane, kChunk = 32 * P, kStep = U * kChunk;
