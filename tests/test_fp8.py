@@ -416,11 +416,12 @@ def test_fp8_linear_splits_a_long_k(rows, granularity, device):
 def test_fp8_linear_streams_a_long_k_alone(granularity):
     # On one core the 64 rows fill the GPU, so no SIMD group splits K = 4112 with another: each streams four
     # whole steps of 1024 bytes, fetching a step's bytes before it decodes the step before, the last one
-    # with the 16 bytes past them (rows 16-byte aligned, so no bounds test inside the whole steps).
+    # with the 16 bytes past them (rows 16-byte aligned, so no bounds test inside the whole steps; checked
+    # mode proves that no load strays past a row).
     n, k = 64, 4112
     q, s, block, deq = weight_and_scale(n, k, granularity, seed=7)
     x = torch.randn(1, k, generator=gen(13)).to(torch.bfloat16)
-    with mps_ext.sim.gpu_cores(1), mps_ext.trace() as t:
+    with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(1), mps_ext.trace() as t:
         got = mps_ext.fp8_linear(x, q, s, block_size=block)
     ran(t, "cpu", "fp8_linear_gemv_m1_bfloat")
     assert t.kernels[0].grid[0] * t.kernels[0].threadgroup[0] == 32 * n, t.kernels  # a SIMD group per row

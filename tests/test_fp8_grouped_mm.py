@@ -92,7 +92,7 @@ def test_decode_streams_a_long_k(cores, scales):
     ends, n, k = [1, 2, 2, 4], 64, 4112
     q, s, block, deq = experts(len(ends), n, k, scales, seed=3)
     x, offs = torch.randn(ends[-1], k, generator=gen(4)).to(torch.bfloat16), torch.tensor(ends, dtype=torch.int32)
-    with mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
+    with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
         got = mps_ext.fp8_grouped_mm(x, q, s, offs, block_size=block)
     ran(t, "cpu", "fp8_grouped_mm_decode_m2_bfloat")
     assert t.kernels[0].threadgroup[0] == 128 and t.kernels[0].grid[0] == (8 if cores == 1 else 32), t.kernels
