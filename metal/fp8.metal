@@ -139,16 +139,19 @@ struct RowsOf<fp8> {
 
 // Rows of w per SIMD group of the FP8 GEMV: one for one row of a (most SIMD
 // groups resident: the decode's registers weigh more than the bf16 GEMV's),
-// four for more (on the CUDA proxy 3-18% faster than two at m = 4). And
-// 16-byte chunks of each row a lane reads per step: two for one row of a, so
-// a lane has 32 bytes in flight (on the CUDA proxy 12-15% faster than one on
-// the larger Llama shapes), one for more (four rows already give 64).
-// csrc/ops/fp8.cpp's gemv_rows_per_simdgroup and gemv_step say the same. For
-// one row the next step's bytes are fetched before a step is decoded
-// (gemv_simdgroup's Ahead): 7-13% faster on the proxy; with four rows the
-// doubled chunks cost more registers than the overlap gains.
+// four for two rows of a, two for four or eight (four against four or eight
+// rows of a held 128 registers and spilled: on the CUDA proxy two were
+// 1.04-1.11x faster at m = 4 on q_proj, down and lm_head, 0.95x on gate/up,
+// and 1.10-1.23x faster at m = 8; at m = 2 four were up to 1.16x faster).
+// And 16-byte chunks of each row a lane reads per step: two for one row of
+// a, so a lane has 32 bytes in flight (on the CUDA proxy 12-15% faster than
+// one on the larger Llama shapes), one for more (two to four rows already
+// give 32-64). csrc/ops/fp8.cpp's gemv_rows_per_simdgroup and gemv_step say
+// the same. For one row the next step's bytes are fetched before a step is
+// decoded (gemv_simdgroup's Ahead): 7-13% faster on the proxy; with more
+// rows the doubled chunks cost more registers than the overlap gains.
 template <uint M>
-constexpr uint fp8_rows_per_simdgroup() { return M == 1 ? 1 : 4; }
+constexpr uint fp8_rows_per_simdgroup() { return M == 1 ? 1 : M == 2 ? 4 : 2; }
 template <uint M>
 constexpr uint fp8_chunks_per_lane() { return M == 1 ? 2 : 1; }
 

@@ -30,7 +30,7 @@ constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 // Rows of w per SIMD group of fp8_gemv, and K per step of one (32 lanes x 16
 // bytes x fp8_chunks_per_lane): fp8_rows_per_simdgroup and
 // fp8_chunks_per_lane in metal/fp8.metal.
-int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : 4; }
+int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 4 : 2; }
 int64_t gemv_step(int64_t m) { return 512 * (m <= 1 ? 2 : 1); }
 
 bool fp8_bits(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte; }
