@@ -36,7 +36,8 @@ def check(x, w, b=None, kernel=None, device="cpu"):
     backend = "simulator" if device == "cpu" else "metal"
     assert len(t.kernels) == 1 and t.kernels[0].backend == backend
     rows = max(1, x.numel() // max(1, x.shape[-1]))
-    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_r[12]_{TYPE[x.dtype]}", t.names[0]), t.names
+    w_rows = "4" if bucket(rows) == 8 else "[12]" if bucket(rows) == 1 else "2"  # rows of W per SIMD group
+    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_r{w_rows}_{TYPE[x.dtype]}", t.names[0]), t.names
     if kernel is not None:
         assert t.names[0].startswith(f"gemv_{kernel}_")
     return got

@@ -42,11 +42,14 @@ GemvGeometry dense_geometry(int64_t blocks) {
 
 // The kernel and geometry for these sizes. Rows of W per SIMD group: for one
 // row of x, one when that many SIMD groups fill the GPU (most resident), two
-// otherwise (more loads in flight each); two for more rows of x.
+// otherwise (more loads in flight each); two for 2-4 rows of x, four for
+// 5-8 (metal/gemv.metal says why).
 GemvPlan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
   const int64_t bucket = rows_bucket(m);
   const std::string one_row = host_name("gemv", "dense_m1_r1", {dtype});
-  const int64_t rows = bucket == 1 && n >= backend.fill_simdgroups(one_row, 32 * kDenseSimdGroups) ? 1 : 2;
+  const int64_t rows = bucket == 8 ? 4
+                       : bucket == 1 && n >= backend.fill_simdgroups(one_row, 32 * kDenseSimdGroups) ? 1
+                                                                                                       : 2;
   const int64_t per_step = 32 * (16 / int64_t(c10::elementSize(dtype))) * chunks_per_lane(bucket);
   const std::string tile = "m" + std::to_string(bucket) + "_r" + std::to_string(rows);
   const std::string split = host_name("gemv", ("splitk_" + tile).c_str(), {dtype});
