@@ -26,7 +26,7 @@ REASONS = [
      "at the border (43-51% over five runs; torch's GEMV 48-62% in the same runs): 4 x 16-byte loads in flight "
      "per lane, 8 threadgroups per SM"),
     (r"^linear m=8 ",
-     "each step a lane issues 8 x-row loads (from cache) beside its 4 weight loads and 256 FMAs; 120 registers, "
+     "each step a lane issues 8 x-row loads (from cache) beside its 4 weight loads and 256 FMAs; 127 registers, "
      "4 threadgroups per SM: instruction-bound at m=8"),
     (r"^linear m=1 n=4096 k=14336",
      "at the border, as torch is; docs/performance.md, which times CUDA graphs of many calls with inputs rotated "
