@@ -233,17 +233,27 @@ def solve_triangular(A: torch.Tensor, B: torch.Tensor, *, upper: bool, left: boo
 
 
 def _differentiable(inputs, grads, torch_op):
-    """Gradients of ``outputs = torch_op(*inputs)`` through torch's own derivative formulas."""
+    """Gradients of ``outputs = torch_op(*inputs)`` through torch's own derivative formulas (a vjp, so that
+    it also runs inside torch.func's transforms: grad, jacrev, vmap of either)."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    with torch.enable_grad():
-        detached = [x.detach().requires_grad_(x.is_floating_point() or x.is_complex()) for x in tensors]
-        outs = torch_op(*detached)
+    wrt = [i for i, x in enumerate(tensors) if x.is_floating_point() or x.is_complex()]
+
+    cotangents = []
+
+    def outputs(*diff):
+        args = list(tensors)
+        for i, d in zip(wrt, diff):
+            args[i] = d
+        outs = torch_op(*args)
         outs = outs if isinstance(outs, (tuple, list)) else (outs,)
         pairs = [(o, g) for o, g in zip(outs, grads) if g is not None and (o.is_floating_point() or o.is_complex())]
-        wrt = [d for d in detached if d.requires_grad]
-        got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs], allow_unused=True)
-    it = iter(got)
-    return tuple(next(it) if d.requires_grad else None for d in detached)
+        cotangents[:] = [g for _, g in pairs]
+        return tuple(o for o, _ in pairs)
+
+    with torch.enable_grad():
+        _, vjp = torch.func.vjp(outputs, *[tensors[i] for i in wrt])
+        got = iter(vjp(tuple(cotangents)))
+    return tuple(next(got) if i in wrt else None for i in range(len(tensors)))
 
 
 def _save_inputs(ctx, inputs, kwargs, output):

@@ -91,11 +91,36 @@ def test_backward(case, route, device):
     case.check(tuple(got), tuple(want))
 
 
+def func_vjp(f, differentiable, seed=7):
+    """``gradients`` through torch.func.vjp (torch.func.grad and jacrev are built on it)."""
+    def vjp_of(*xs):
+        def of(*diff):
+            args = list(xs)
+            for i, d in zip(differentiable, diff):
+                args[i] = d
+            return tuple(floating(f(*args)))
+
+        outs, pull = torch.func.vjp(of, *[xs[i] for i in differentiable])
+        return pull(tuple(randn(*o.shape, dtype=o.dtype, seed=seed + j).to(o.device) for j, o in enumerate(outs)))
+    return vjp_of
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.backward], ids=repr)
+def test_func_vjp(case, device):
+    # torch.func's reverse mode runs each op's backward inside its transform (the linear algebra ops' backward
+    # once called requires_grad_, which torch.func refuses).
+    inputs = case.make(0)
+    with mps_ext.trace() as t:
+        got = on(device, func_vjp(case.ours, case.differentiable), *inputs)
+    ran_kernels(t, device)
+    case.check(tuple(got), func_vjp(case.theirs, case.differentiable)(*inputs))
+
+
 @pytest.mark.parametrize("mode", ["forward_ad", "jvp", "jacfwd"])
 @pytest.mark.parametrize("route", ROUTES)
 @pytest.mark.parametrize("case", CASES, ids=repr)
 def test_forward_derivative(case, route, mode, device, request):
-    if route == "overrides" and mode == "jacfwd":  # vmap batches the tangents: more rows than the GEMV takes
+    if mode == "jacfwd":  # vmap batches the tangents (mps_ext/_vmap.py): more rows than the GEMV takes
         request.applymarker(pytest.mark.fallback("rows > 8|mat2 not a transposed", required=False))
     f, context = route_of(case, route, device)
     inputs = case.make(0)
