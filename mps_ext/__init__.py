@@ -16,6 +16,7 @@ from ._ops import grouped_mm, linear, log_softmax, softmax
 from ._ops import householder_product, inv, inv_ex, lu_factor, lu_factor_ex, lu_solve, qr, solve, solve_ex, solve_triangular
 from ._trace import KernelRecord, trace
 from .fp8 import fp8_grouped_mm, fp8_linear, scaled_mm
+from . import _vmap  # noqa: E402,F401 (batching rules of the operators above)
 from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
 
 __version__ = "0.1.0"

@@ -1,0 +1,92 @@
+"""Batching rules (``torch.vmap``, and the transforms built on it: ``jacfwd``, ``jacrev``, per-sample
+gradients) for the mps_ext:: operators whose leading dimensions already are batches: the vmapped batch
+becomes one more leading dimension and the operator runs once, one launch for the whole batch. Without a
+rule torch calls the operator once per batch element, and warns.
+
+Operators whose batches mean something else (the grouped matmuls' ``offs``, scaled_mm's 2-D operands,
+quantization's per-tensor scales) keep torch's per-element fallback, as do the linears when the weight
+itself is batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _front(x, bdim, size: int):
+    """``x`` with the vmapped dimension first: moved there, or added (expanded, no copy) when unbatched."""
+    if bdim is not None:
+        return x.movedim(bdim, 0)
+    return x.unsqueeze(0).expand(size, *x.shape)
+
+
+def _each(op, info, in_dims, args, kwargs):
+    """torch's fallback, for the cases a rule cannot batch: the operator once per batch element."""
+    def element(i):
+        return op(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)], **kwargs)
+
+    results = [element(i) for i in range(info.batch_size)]
+    if isinstance(results[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*results)), (0,) * len(results[0])
+    return torch.stack(results), 0
+
+
+def _rowwise(name: str):
+    op = getattr(torch.ops.mps_ext, name).default
+
+    def rule(info, in_dims, x, dim, dtype=None):
+        x = x.movedim(in_dims[0], 0)
+        logical = max(x.dim() - 1, 1)  # a 0-d element's dim may be 0 or -1, as torch's
+        if not -logical <= dim < logical:
+            raise IndexError(f"{name}: dim {dim} is out of range for an input of {x.dim() - 1} dimensions "
+                             f"(expected [{-logical}, {logical - 1}])")
+        if x.dim() == 1:  # 0-d elements: each its own row of one
+            return op(x.unsqueeze(-1), -1, dtype).squeeze(-1), 0
+        return op(x, dim % logical + 1, dtype), 0
+
+    torch.library.register_vmap(f"mps_ext::{name}", rule)
+
+
+def _linear(name: str):
+    # Only the input batched: its rows gain the vmapped dimension, one GEMV (or tiled) call for all.
+    op = getattr(torch.ops.mps_ext, name).default
+
+    def rule(info, in_dims, input, *rest, **kwargs):
+        if any(d is not None for d in in_dims[1:]):
+            return _each(op, info, in_dims, (input, *rest), kwargs)
+        return op(input.movedim(in_dims[0], 0), *rest, **kwargs), 0
+
+    torch.library.register_vmap(f"mps_ext::{name}", rule)
+
+
+def _batched_matrices(name: str, outputs_batched=None):
+    # Every tensor input gets the vmapped dimension first (unbatched ones expanded), so batches line up
+    # as the operator broadcasts them; every output has it first. outputs_batched(kwargs) -> out_dims,
+    # for an operator with an unbatched output (qr's empty Q in mode "r").
+    op = getattr(torch.ops.mps_ext, name).default
+
+    def rule(info, in_dims, *args, **kwargs):
+        args = [_front(a, d, info.batch_size) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
+        out = op(*args, **kwargs)
+        if outputs_batched is not None:
+            return out, outputs_batched(args, kwargs)
+        return out, (0,) * len(out) if isinstance(out, tuple) else 0
+
+    torch.library.register_vmap(f"mps_ext::{name}", rule)
+
+
+for _name in ("softmax", "log_softmax"):
+    _rowwise(_name)
+for _name in ("linear", "fp8_linear"):
+    _linear(_name)
+for _name in ("lu_factor_ex", "lu_solve", "solve_ex", "inv_ex", "householder_product", "solve_triangular"):
+    _batched_matrices(_name)
+
+
+def _qr_out_dims(args, kwargs):
+    # In mode "r" Q is one empty tensor whatever the batch, as torch's vmapped qr returns it.
+    mode = args[1] if len(args) > 1 else kwargs.get("mode", "reduced")
+    return (None if mode == "r" else 0), 0
+
+
+_batched_matrices("qr", _qr_out_dims)

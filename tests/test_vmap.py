@@ -1,0 +1,110 @@
+"""torch.vmap over every op (and per-sample gradients, vmap of grad): results equal to torch's op applied to
+each batch element on the CPU; the operators with a batching rule (mps_ext/_vmap.py) launch their kernels
+once for the whole vmapped batch, the others once per element (torch's fallback)."""
+
+import pytest
+import torch
+
+import mps_ext
+from conftest import on, ran_kernels
+from op_cases import CASES
+from test_autograd import floating
+from tolerances import assert_close
+
+BATCH = 3
+# The operators whose rule batches every input (the linears: their input only).
+RULES = {"softmax", "log_softmax", "lu_factor_ex", "lu_solve", "solve_ex", "inv_ex", "qr", "householder_product",
+         "solve_triangular"}
+INPUT_RULES = {"linear", "fp8_linear"}
+
+
+def base(case) -> str:
+    return case.name.removesuffix("_complex")
+
+
+def stacked(elements, i, batched: bool, dim: int):
+    """Input i of every element, stacked along ``dim``, or element 0's alone."""
+    if not batched:
+        return elements[0][i]
+    return torch.stack([e[i] for e in elements], dim=dim)
+
+
+def per_element(case, elements, batched):
+    """torch's op on each element (the shared inputs from element 0), stacked as vmap stacks."""
+    outs = [case.theirs(*[x if b else elements[0][i] for i, (x, b) in enumerate(zip(e, batched))])
+            for e in elements]
+    if isinstance(outs[0], tuple):
+        return tuple(torch.stack(parts) for parts in zip(*outs))
+    return torch.stack(outs)
+
+
+def launches_of_one(case, device, inputs):
+    with mps_ext.trace() as t:
+        on(device, case.ours, *inputs)
+    return len(t.kernels)
+
+
+@pytest.mark.parametrize("which", ["all", "first"])
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_vmap(case, which, device):
+    elements = [case.make(seed) for seed in range(BATCH)]
+    n = len(elements[0])
+    # Every input batched along its first dimension (each element contiguous, as torch's grouped and scaled
+    # matmuls want theirs), or the first input alone along its last (vmap moves it to the front).
+    batched = [which == "all" or i == 0 for i in range(n)]
+    dim = 0 if which == "all" else -1
+    inputs = [stacked(elements, i, b, dim) for i, b in enumerate(batched)]
+    in_dims = tuple(dim if b else None for b in batched)
+    with mps_ext.trace() as t:
+        got = on(device, lambda *xs: torch.vmap(case.ours, in_dims=in_dims)(*xs), *inputs)
+    ran_kernels(t, device)
+    one = launches_of_one(case, device, elements[0])
+    batches_at_once = base(case) in RULES or (base(case) in INPUT_RULES and which == "first")
+    assert len(t.kernels) == (one if batches_at_once else BATCH * one), t.names
+    case.check(got, per_element(case, elements, batched))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.backward], ids=repr)
+def test_per_sample_gradients(case, device):
+    # vmap(grad(f)): each element's gradient in its first differentiable input, the others shared.
+    first = case.differentiable[0]
+    elements = [case.make(seed) for seed in range(BATCH)]
+    shared = list(elements[0])
+
+    def loss(f):
+        def of(x, *rest):
+            args = [*rest[:first], x, *rest[first:]]
+            return sum(torch.view_as_real(o).sum() if o.is_complex() else o.sum() for o in floating(f(*args)))
+        return of
+
+    rest = shared[:first] + shared[first + 1:]
+    xs = torch.stack([e[first] for e in elements])
+    in_dims = (0,) + (None,) * len(rest)
+    with mps_ext.trace() as t:
+        got = on(device, lambda *a: torch.func.vmap(torch.func.grad(loss(case.ours)), in_dims=in_dims)(*a), xs, *rest)
+    ran_kernels(t, device)
+    # torch._grouped_mm's own backward rejects the expanded gradient of a sum: its loop of products instead.
+    reference = case.reference_jvp or case.theirs
+    want = torch.stack([torch.func.grad(loss(reference))(e[first], *rest) for e in elements])
+    case.check(got, want)
+
+
+@pytest.mark.parametrize("op", [mps_ext.softmax, mps_ext.log_softmax])
+def test_rowwise_dims(op, device):
+    # The vmapped dimension anywhere, the reduced one counted from either end, 0-d elements, a dtype.
+    x = torch.randn(4, 5, 6, generator=torch.Generator().manual_seed(0))
+    theirs = {mps_ext.softmax: torch.softmax, mps_ext.log_softmax: torch.log_softmax}[op]
+    for in_dim, dim in [(0, 0), (1, 1), (2, -1), (1, -2)]:
+        with mps_ext.trace() as t:
+            got = on(device, lambda v: torch.vmap(lambda e: op(e, dim), in_dims=in_dim)(v), x)
+        assert len(t.kernels) == 1
+        want = torch.stack([theirs(e, dim) for e in x.unbind(in_dim)])
+        assert_close(got, want)
+    scalars = x[:, 0, 0].bfloat16()
+    with mps_ext.trace() as t:
+        got = on(device, lambda v: torch.vmap(lambda e: op(e, 0, dtype=torch.float32))(v), scalars)
+    assert len(t.kernels) == 1 and got.dtype == torch.float32
+    assert_close(got, torch.stack([theirs(e, 0, dtype=torch.float32) for e in scalars]))
+    for dim in (2, -3):
+        with pytest.raises(IndexError, match="dim"):
+            on(device, lambda v: torch.vmap(lambda e: op(e, dim))(v), x)
