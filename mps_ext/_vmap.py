@@ -4,8 +4,9 @@ becomes one more leading dimension and the operator runs once, one launch for th
 rule torch calls the operator once per batch element, and warns.
 
 Operators whose batches mean something else (the grouped matmuls' ``offs``, scaled_mm's 2-D operands,
-quantization's per-tensor scales) keep torch's per-element fallback, as do the linears when the weight
-itself is batched.
+quantization's per-tensor scales) keep torch's per-element fallback. The rules run the operator once per
+element too where the vmapped dimension cannot join the others: a linear's batched weight, linear algebra
+inputs with different numbers of batch dimensions (a batch of systems against one vector each).
 """
 
 from __future__ import annotations
@@ -59,17 +60,37 @@ def _linear(name: str):
     torch.library.register_vmap(f"mps_ext::{name}", rule)
 
 
-def _batched_matrices(name: str, outputs_batched=None):
-    # Every tensor input gets the vmapped dimension first (unbatched ones expanded), so batches line up
-    # as the operator broadcasts them; every output has it first. outputs_batched(kwargs) -> out_dims,
-    # for an operator with an unbatched output (qr's empty Q in mode "r").
+def _solve_ranks(A_shape, B_shape) -> tuple:
+    # torch.linalg.solve's rule: B is a (batch of) vector(s) when it has one dimension, or A's batch and n.
+    vector = len(B_shape) == 1 or (len(B_shape) == len(A_shape) - 1 and B_shape == A_shape[:-1])
+    return 2, 1 if vector else 2
+
+
+def _qr_out_dims(args, kwargs):
+    # In mode "r" Q is one empty tensor whatever the batch, as torch's vmapped qr returns it.
+    mode = args[1] if len(args) > 1 else kwargs.get("mode", "reduced")
+    return (None if mode == "r" else 0), 0
+
+
+def _batched_matrices(name: str, core, out_dims=None):
+    # core: how many trailing dimensions of each tensor input make one system's matrix (or vector), the ones
+    # before them being batches the operator broadcasts; a tuple, or a function of the inputs' shapes. When
+    # every input has as many batch dimensions, each gets the vmapped dimension first (unbatched ones
+    # expanded, no copy) and the operator runs once; otherwise the vmapped dimension would not line up with
+    # the others' batches, and it runs once per element. out_dims(args, kwargs): for an operator with an
+    # unbatched output.
     op = getattr(torch.ops.mps_ext, name).default
 
     def rule(info, in_dims, *args, **kwargs):
+        shapes = [list(a.shape) if d is None else list(a.movedim(d, 0).shape[1:])
+                  for a, d in zip(args, in_dims) if isinstance(a, torch.Tensor)]
+        ranks = core(*shapes) if callable(core) else core
+        if len({len(shape) - rank for shape, rank in zip(shapes, ranks)}) > 1:
+            return _each(op, info, in_dims, args, kwargs)
         args = [_front(a, d, info.batch_size) if isinstance(a, torch.Tensor) else a for a, d in zip(args, in_dims)]
         out = op(*args, **kwargs)
-        if outputs_batched is not None:
-            return out, outputs_batched(args, kwargs)
+        if out_dims is not None:
+            return out, out_dims(args, kwargs)
         return out, (0,) * len(out) if isinstance(out, tuple) else 0
 
     torch.library.register_vmap(f"mps_ext::{name}", rule)
@@ -79,14 +100,7 @@ for _name in ("softmax", "log_softmax"):
     _rowwise(_name)
 for _name in ("linear", "fp8_linear"):
     _linear(_name)
-for _name in ("lu_factor_ex", "lu_solve", "solve_ex", "inv_ex", "householder_product", "solve_triangular"):
-    _batched_matrices(_name)
-
-
-def _qr_out_dims(args, kwargs):
-    # In mode "r" Q is one empty tensor whatever the batch, as torch's vmapped qr returns it.
-    mode = args[1] if len(args) > 1 else kwargs.get("mode", "reduced")
-    return (None if mode == "r" else 0), 0
-
-
-_batched_matrices("qr", _qr_out_dims)
+for _name, _core, _out_dims in (("lu_factor_ex", (2,), None), ("inv_ex", (2,), None), ("qr", (2,), _qr_out_dims),
+                                ("lu_solve", (2, 1, 2), None), ("solve_ex", _solve_ranks, None),
+                                ("householder_product", (2, 1), None), ("solve_triangular", (2, 2), None)):
+    _batched_matrices(_name, _core, _out_dims)

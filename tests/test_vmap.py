@@ -7,7 +7,7 @@ import torch
 
 import mps_ext
 from conftest import on, ran_kernels
-from op_cases import CASES
+from op_cases import CASES, LINALG_SCALE, randn, well_conditioned
 from test_autograd import floating
 from tolerances import assert_close
 
@@ -108,3 +108,30 @@ def test_rowwise_dims(op, device):
     for dim in (2, -3):
         with pytest.raises(IndexError, match="dim"):
             on(device, lambda v: torch.vmap(lambda e: op(e, dim))(v), x)
+
+
+def test_linear_algebra_batches_line_up_or_run_per_element(device):
+    # The vmapped dimension joins the operator's own batches when every input has as many (a shared system and
+    # a right-hand side per element, vectors included); where they differ (a batch of systems against one
+    # vector each, one factorization against batches of right-hand sides) it runs once per element.
+    n = 6
+    A, As = well_conditioned(1, n, seed=0)[0], well_conditioned(2, n, seed=1)
+    LU, pivots = torch.linalg.lu_factor(A)
+    vectors, matrices = randn(BATCH, n, seed=2), randn(BATCH, 2, n, 4, seed=3)
+    calls = [  # ours, torch's, the inputs vmapped over, whether the batches line up
+        (lambda A, v: mps_ext.solve(A, v), torch.linalg.solve, (A, vectors), True),
+        (lambda A, v: mps_ext.solve(A, v), torch.linalg.solve, (As, vectors), False),
+        (lambda LU, p, B: mps_ext.lu_solve(LU, p, B), torch.linalg.lu_solve, (LU, pivots, matrices), False),
+        (lambda A, B: mps_ext.solve_triangular(A, B, upper=False), lambda A, B: torch.linalg.solve_triangular(
+            A, B, upper=False), (A.tril(), matrices), False),
+    ]
+    for ours, theirs, inputs, line_up in calls:
+        in_dims = (None,) * (len(inputs) - 1) + (0,)
+        with mps_ext.trace() as one:
+            on(device, ours, *inputs[:-1], inputs[-1][0])
+        with mps_ext.trace() as t:
+            got = on(device, lambda *xs: torch.vmap(ours, in_dims=in_dims)(*xs), *inputs)
+        ran_kernels(t, device)
+        assert len(t.kernels) == len(one.kernels) * (1 if line_up else BATCH), t.names
+        want = torch.stack([theirs(*inputs[:-1], b) for b in inputs[-1]])
+        assert_close(got, want, scale=LINALG_SCALE)
