@@ -1,6 +1,7 @@
 """The simulator's disk cache: what it loads is what this process compiled from the caller's text, in
 directories only this user can write, and the compiler subprocess is bounded."""
 
+import math
 import os
 import shutil
 import signal
@@ -90,6 +91,47 @@ def test_damaged_library_is_rebuilt(cache, damage):
     lib.write_bytes({"truncate": data[: len(data) // 10], "empty": b"", "garbage": os.urandom(len(data))}[damage])
     assert run_fill(mps_ext.sim.compile_shader(source, name=damage)) == float(len(damage))
     assert lib.read_bytes() != b""
+
+
+def entry_files(lib: Path) -> list[Path]:
+    """The files of one cache entry: the library, its digest and its C++."""
+    return sorted(lib.parent.glob(lib.name.split(".", 1)[0] + ".*"))
+
+
+def test_cache_keeps_to_its_size_by_removing_what_was_used_longest_ago(cache, monkeypatch):
+    libs = [library_path(FILL % f"{v}.0f", f"k{v}") for v in range(3)]
+    sizes = [sum(f.stat().st_size for f in entry_files(lib)) for lib in libs]
+    assert all(len(entry_files(lib)) == 3 for lib in libs)  # .so, .so.sha256, .cpp
+    hour = 3600
+    aged = [(4 * hour, f) for f in (cache / "sim").glob("*.metal")]  # the kept sources: their own entries
+    aged += [(age, f) for age, lib in zip((3 * hour, 2 * hour, 1 * hour), libs) for f in entry_files(lib)]
+    for age, f in aged:  # k0 used longest ago
+        os.utime(f, (f.stat().st_atime, f.stat().st_mtime - age))
+    library_path(FILL % "0.0f", "k0")  # loading k0 again makes it the most recently used
+    # Room for about two entries: building a fourth removes the oldest ones until the cache is under 3/4 of it.
+    monkeypatch.setenv("MPS_EXT_SIM_CACHE_MB", str(2.2 * max(sizes) / 2 ** 20))
+    monkeypatch.setattr(compiler, "_last_prune", -math.inf)  # a process measures the cache every 30 s at most
+    newest = library_path(FILL % "3.0f", "k3")
+    assert libs[0].exists() and newest.exists()  # used now, built now
+    assert not any(f.exists() for lib in libs[1:] for f in entry_files(lib))  # k1, k2 went whole
+    assert not list((cache / "sim").glob("*.tmp"))
+    assert run_fill(mps_ext.sim.Library(libs[0])) == 0.0 and run_fill(mps_ext.sim.Library(newest)) == 3.0
+
+
+def test_cache_never_removes_what_was_used_lately(cache, monkeypatch):
+    # Another process may be about to load an entry: one used in the last ten minutes stays, over the limit.
+    first = library_path(FILL % "1.0f", "a")
+    monkeypatch.setenv("MPS_EXT_SIM_CACHE_MB", "0.001")
+    monkeypatch.setattr(compiler, "_last_prune", -math.inf)
+    second = library_path(FILL % "2.0f", "b")
+    assert first.exists() and second.exists()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "lots"])
+def test_cache_size_must_be_a_positive_number(cache, monkeypatch, value):
+    monkeypatch.setenv("MPS_EXT_SIM_CACHE_MB", value)
+    with pytest.raises(CompileError, match="MPS_EXT_SIM_CACHE_MB"):
+        library_path(FILL % "5.0f", "c")
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", ".hidden", "", "x\0y", "/abs"])

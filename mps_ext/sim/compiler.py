@@ -5,7 +5,8 @@ simulator headers it includes, the compiler and the flags. A library is
 loaded only from a directory that no other user can write, and only if its
 bytes match the SHA-256 recorded when this user built it; otherwise it is
 rebuilt. Writes are atomic renames, so concurrent test processes can share
-the cache.
+the cache. The cache keeps to ``$MPS_EXT_SIM_CACHE_MB`` (default 2048): a
+build that takes it past that removes the libraries used longest ago.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .translate import TranslateError, translate
@@ -99,6 +101,67 @@ def cache_dir() -> Path:
     _private_dir(Path(root))
     _private_dir(path)
     return path
+
+
+# A library used (built or loaded) in the last ten minutes is never removed to make room: another
+# process may be about to load it.
+_KEEP_RECENT_S = 600
+# A process measures the cache after a build at most this often (a scan of a large cache takes tens of
+# milliseconds, a build seconds; the test suite builds hundreds).
+_PRUNE_EVERY_S = 30
+_last_prune = -math.inf
+
+
+def _cache_limit() -> int:
+    """``$MPS_EXT_SIM_CACHE_MB`` (default 2048) in bytes."""
+    text = os.environ.get("MPS_EXT_SIM_CACHE_MB", "2048")
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = -1.0
+    if not mb > 0:
+        raise CompileError(f"MPS_EXT_SIM_CACHE_MB must be a positive number of megabytes, got {text!r}")
+    return int(mb * 2 ** 20)
+
+
+def _used(path: Path) -> None:
+    # A cached file's modification time is when it was last used: what _prune removes first is the oldest.
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+def _prune(directory: Path) -> None:
+    """Past the cache's size limit, removes whole entries (a library with its C++, digest and check mark,
+    or a kept .metal source), the ones used longest ago first, until it is back under three quarters of
+    the limit; entries used in the last ``_KEEP_RECENT_S`` seconds stay. At most every ``_PRUNE_EVERY_S``
+    seconds per process."""
+    global _last_prune
+    limit = _cache_limit()
+    if time.monotonic() - _last_prune < _PRUNE_EVERY_S:
+        return
+    _last_prune = time.monotonic()
+    entries: dict[str, list] = {}  # name up to its first dot -> [(path, size, mtime)]
+    with os.scandir(directory) as it:
+        for f in it:
+            if f.name.endswith(".tmp") or not f.is_file(follow_symlinks=False):
+                continue
+            try:
+                st = f.stat(follow_symlinks=False)
+            except OSError:  # removed meanwhile by another process
+                continue
+            entries.setdefault(f.name.split(".", 1)[0], []).append((f.path, st.st_size, st.st_mtime))
+    total = sum(size for files in entries.values() for _, size, _ in files)
+    if total <= limit:
+        return
+    recent = time.time() - _KEEP_RECENT_S
+    for files in sorted(entries.values(), key=lambda files: max(mtime for _, _, mtime in files)):
+        if total <= limit * 3 // 4 or max(mtime for _, _, mtime in files) > recent:
+            break
+        for path, size, _ in files:
+            Path(path).unlink(missing_ok=True)
+            total -= size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +348,9 @@ def compile_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1
     metal = Path(metal).resolve()
     tc = toolchain()
     cpp, lib = _translated(metal, include_dirs, constants, tc, msl_version)
-    if not _verified(lib):
+    if _verified(lib):
+        _used(lib)
+    else:
         _build(cpp, lib, metal, tc)
     return lib
 
@@ -299,6 +364,7 @@ def check_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1")
     cpp_text, lib = _translated(metal, include_dirs, constants, tc, msl_version)
     checked = lib.with_name(lib.name + ".checked")
     if _verified(lib) or checked.exists():
+        _used(lib if lib.exists() else checked)
         return
     cpp = lib.with_suffix(".cpp")
     _write_atomically(cpp, cpp_text)
@@ -311,6 +377,7 @@ def check_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1")
     if proc.returncode != 0:
         raise _failed(metal, proc.stderr)
     _write_atomically(checked, "")
+    _prune(checked.parent)
 
 
 # MSL rules that the C++ compiler checks for the translator (mps_ext.sim.translate sets them up): its
@@ -358,3 +425,4 @@ def _build(cpp_text: str, lib: Path, metal: Path, tc: Toolchain) -> None:
         os.replace(tmp, lib)
     finally:
         Path(tmp).unlink(missing_ok=True)
+    _prune(lib.parent)
