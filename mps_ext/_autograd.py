@@ -10,6 +10,7 @@ for raises, naming the operator.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,15 @@ def _apply(function: type, *args):
     # As torch.func runs an autograd.Function at one of its levels (custom_function_call).
     with enable_single_level_autograd_function():
         return super(torch.autograd.Function, function).apply(*args)
+
+
+@contextlib.contextmanager
+def _differentiable_below():
+    # Function.apply runs forward and jvp with grad and forward-grad modes off. torch.func's outer levels
+    # (a derivative of a derivative: hessian, jacrev of jacrev, jacfwd of jacfwd) differentiate what they
+    # compute only with both on, as torch's own derivative kernels leave them.
+    with torch.enable_grad(), forward_ad._set_fwd_grad_enabled(True):
+        yield
 
 
 def _flat(values) -> list:
@@ -72,7 +82,7 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
         @staticmethod
         def forward(*args):
             *args, kwargs = args
-            with torch._C._AutoDispatchBelowAutograd():
+            with _differentiable_below(), torch._C._AutoDispatchBelowAutograd():
                 return op(*args, **kwargs)
 
         @staticmethod
@@ -106,9 +116,11 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
             saved = iter(ctx.saved_tensors)
             args = [next(saved) if a is _SAVED else a for a in ctx.fw_inputs]
             output = tuple(saved)
-            result = jvp(args, ctx.fw_kwargs, output if len(output) > 1 else output[0], tangents[:-1])
-            result = result if isinstance(result, tuple) else (result,)
-            result = tuple(t if t is None else _laid_out_as(t, o) for t, o in zip(result, output))
+            # Not differentiated at this level (its own tangents have none), only at the outer ones.
+            with _differentiable_below(), torch._C._AutoDispatchBelowAutograd():
+                result = jvp(args, ctx.fw_kwargs, output if len(output) > 1 else output[0], tangents[:-1])
+                result = result if isinstance(result, tuple) else (result,)
+                result = tuple(t if t is None else _laid_out_as(t, o) for t, o in zip(result, output))
             return result if len(result) > 1 else result[0]
 
     Function.__name__ = f"MpsExt_{name}"

@@ -15,7 +15,7 @@ import mps_ext
 from conftest import on, ran_kernels
 from mps_ext import fp8
 from op_cases import CASES, randn
-from tolerances import assert_close
+from tolerances import assert_close, assert_close_normwise
 
 ROUTES = ["mps_ext", "overrides"]
 
@@ -114,6 +114,42 @@ def test_func_vjp(case, device):
         got = on(device, func_vjp(case.ours, case.differentiable), *inputs)
     ran_kernels(t, device)
     case.check(tuple(got), func_vjp(case.theirs, case.differentiable)(*inputs))
+
+
+SECOND_ORDER = {  # torch.func's compositions for a derivative of a derivative
+    "hessian": torch.func.hessian,  # forward over reverse
+    "jacrev_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f)),
+    "jacfwd_jacfwd": lambda f: torch.func.jacfwd(torch.func.jacfwd(f)),
+}
+
+
+@pytest.mark.parametrize("mode", list(SECOND_ORDER))
+@pytest.mark.parametrize("case", [c for c in CASES if c.backward and not c.make(0)[0].is_complex()], ids=repr)
+def test_second_derivatives(case, mode, device, request):
+    # The outer derivative sees through each op's own derivative (its forward and jvp run with grad modes on
+    # below their level): once it saw constants, and hessians came out 0 or partial, silently. The reference
+    # is torch's reverse over reverse (its forward over forward through linalg.solve_ex is wrong: finite
+    # differences agree with reverse over reverse).
+    if mode != "jacrev_jacrev":  # jacfwd batches the tangents (mps_ext/_vmap.py): more rows than the GEMV takes
+        request.applymarker(pytest.mark.fallback("rows > 8", required=False))
+    first = case.differentiable[0]
+    inputs = case.make(0)
+    weights = [randn(*o.shape, dtype=o.dtype, seed=5 + j) for j, o in enumerate(floating(case.theirs(*inputs)))]
+
+    def loss(f):
+        def of(x, *rest):
+            outs = floating(f(*rest[:first], x, *rest[first:]))
+            return sum((w.to(o.device) * o * o).sum() for w, o in zip(weights, outs))
+        return of
+
+    rest = inputs[:first] + inputs[first + 1:]
+    with mps_ext.trace() as t:
+        got = on(device, lambda *xs: SECOND_ORDER[mode](loss(case.ours))(*xs), inputs[first], *rest)
+    ran_kernels(t, device)
+    reference = case.reference_jvp or case.theirs
+    want = SECOND_ORDER["jacrev_jacrev"](loss(reference))(inputs[first], *rest)
+    assert want.abs().max() > 0
+    assert_close_normwise(got, want)  # chains of products: entries far below the largest cancel
 
 
 @pytest.mark.parametrize("mode", ["forward_ad", "jvp", "jacfwd"])
