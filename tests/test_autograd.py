@@ -116,10 +116,21 @@ def test_func_vjp(case, device):
     case.check(tuple(got), func_vjp(case.theirs, case.differentiable)(*inputs))
 
 
-SECOND_ORDER = {  # torch.func's compositions for a derivative of a derivative
+def hessian_by_double_backward(f):
+    """f's Hessian in its first input, a row at a time, by backward through backward (create_graph=True)."""
+    def of(x, *rest):
+        x = x.detach().requires_grad_()
+        (g,) = torch.autograd.grad(f(x, *rest), x, create_graph=True)
+        rows = [torch.autograd.grad(g.flatten()[i], x, retain_graph=True)[0] for i in range(x.numel())]
+        return torch.stack(rows).reshape(*x.shape, *x.shape)
+    return of
+
+
+SECOND_ORDER = {  # derivatives of derivatives
     "hessian": torch.func.hessian,  # forward over reverse
     "jacrev_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f)),
     "jacfwd_jacfwd": lambda f: torch.func.jacfwd(torch.func.jacfwd(f)),
+    "create_graph": hessian_by_double_backward,
 }
 
 
@@ -127,10 +138,11 @@ SECOND_ORDER = {  # torch.func's compositions for a derivative of a derivative
 @pytest.mark.parametrize("case", [c for c in CASES if c.backward and not c.make(0)[0].is_complex()], ids=repr)
 def test_second_derivatives(case, mode, device, request):
     # The outer derivative sees through each op's own derivative (its forward and jvp run with grad modes on
-    # below their level): once it saw constants, and hessians came out 0 or partial, silently. The reference
+    # below their level; the linear algebra backward is a torch.func.vjp): once it saw constants, and hessians
+    # came out 0 or partial, silently, and backward through backward raised. The reference
     # is torch's reverse over reverse (its forward over forward through linalg.solve_ex is wrong: finite
     # differences agree with reverse over reverse).
-    if mode != "jacrev_jacrev":  # jacfwd batches the tangents (mps_ext/_vmap.py): more rows than the GEMV takes
+    if mode in ("hessian", "jacfwd_jacfwd"):  # jacfwd batches the tangents (mps_ext/_vmap.py): more rows than the GEMV takes
         request.applymarker(pytest.mark.fallback("rows > 8", required=False))
     first = case.differentiable[0]
     inputs = case.make(0)
