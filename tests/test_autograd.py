@@ -116,37 +116,36 @@ def test_func_vjp(case, device):
     case.check(tuple(got), func_vjp(case.theirs, case.differentiable)(*inputs))
 
 
-def hessian_by_double_backward(f):
-    """f's Hessian in its first input, a row at a time, by backward through backward (create_graph=True)."""
-    def of(x, *rest):
-        x = x.detach().requires_grad_()
-        (g,) = torch.autograd.grad(f(x, *rest), x, create_graph=True)
-        rows = [torch.autograd.grad(g.flatten()[i], x, retain_graph=True)[0] for i in range(x.numel())]
-        return torch.stack(rows).reshape(*x.shape, *x.shape)
-    return of
+def hvp_by_double_backward(f, x, rest, v):
+    x = x.detach().requires_grad_()
+    (g,) = torch.autograd.grad(f(x, *rest), x, create_graph=True)
+    return torch.autograd.grad((g * v).sum(), x)[0]
 
 
-SECOND_ORDER = {  # derivatives of derivatives
-    "hessian": torch.func.hessian,  # forward over reverse
-    "jacrev_jacrev": lambda f: torch.func.jacrev(torch.func.jacrev(f)),
-    "jacfwd_jacfwd": lambda f: torch.func.jacfwd(torch.func.jacfwd(f)),
-    "create_graph": hessian_by_double_backward,
+SECOND_ORDER = {  # H v (u^T H v for forward over forward) of a scalar f in x, by each composition
+    "forward_over_reverse": lambda f, x, rest, u, v: torch.func.jvp(lambda y: torch.func.grad(f)(y, *rest), (x,),
+                                                                      (v,))[1],
+    "reverse_over_reverse": lambda f, x, rest, u, v: torch.func.grad(
+        lambda y: (torch.func.grad(f)(y, *rest) * v).sum())(x),
+    "forward_over_forward": lambda f, x, rest, u, v: torch.func.jvp(
+        lambda y: torch.func.jvp(lambda z: f(z, *rest), (y,), (v,))[1], (x,), (u,))[1],
+    "create_graph": lambda f, x, rest, u, v: hvp_by_double_backward(f, x, rest, v),
 }
 
 
 @pytest.mark.parametrize("mode", list(SECOND_ORDER))
 @pytest.mark.parametrize("case", [c for c in CASES if c.backward and not c.make(0)[0].is_complex()], ids=repr)
-def test_second_derivatives(case, mode, device, request):
+def test_second_derivatives(case, mode, device):
     # The outer derivative sees through each op's own derivative (its forward and jvp run with grad modes on
-    # below their level; the linear algebra backward is a torch.func.vjp): once it saw constants, and hessians
-    # came out 0 or partial, silently, and backward through backward raised. The reference
-    # is torch's reverse over reverse (its forward over forward through linalg.solve_ex is wrong: finite
+    # below their level; the linear algebra backward is a torch.func.vjp): once it saw constants, and second
+    # derivatives came out 0 or partial, silently, and backward through backward raised. The reference is
+    # torch's reverse over reverse (its forward over forward through linalg.solve_ex is wrong: finite
     # differences agree with reverse over reverse).
-    if mode in ("hessian", "jacfwd_jacfwd"):  # jacfwd batches the tangents (mps_ext/_vmap.py): more rows than the GEMV takes
-        request.applymarker(pytest.mark.fallback("rows > 8", required=False))
     first = case.differentiable[0]
     inputs = case.make(0)
+    x, rest = inputs[first], inputs[:first] + inputs[first + 1:]
     weights = [randn(*o.shape, dtype=o.dtype, seed=5 + j) for j, o in enumerate(floating(case.theirs(*inputs)))]
+    u, v = randn(*x.shape, seed=8), randn(*x.shape, seed=9)
 
     def loss(f):
         def of(x, *rest):
@@ -154,12 +153,11 @@ def test_second_derivatives(case, mode, device, request):
             return sum((w.to(o.device) * o * o).sum() for w, o in zip(weights, outs))
         return of
 
-    rest = inputs[:first] + inputs[first + 1:]
     with mps_ext.trace() as t:
-        got = on(device, lambda *xs: SECOND_ORDER[mode](loss(case.ours))(*xs), inputs[first], *rest)
+        got = on(device, lambda x, u, v, *rest: SECOND_ORDER[mode](loss(case.ours), x, rest, u, v), x, u, v, *rest)
     ran_kernels(t, device)
-    reference = case.reference_jvp or case.theirs
-    want = SECOND_ORDER["jacrev_jacrev"](loss(reference))(inputs[first], *rest)
+    Hv = SECOND_ORDER["reverse_over_reverse"](loss(case.reference_jvp or case.theirs), x, rest, u, v)
+    want = (u * Hv).sum() if mode == "forward_over_forward" else Hv
     assert want.abs().max() > 0
     assert_close_normwise(got, want)  # chains of products: entries far below the largest cancel
 
