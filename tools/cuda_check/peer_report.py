@@ -78,22 +78,25 @@ def table(rows: list[dict], family: str, copy_gbs: float) -> list[str]:
     return lines + [""]
 
 
-def spread(rows: list[dict]) -> tuple[float, float] | None:
-    """Median and largest relative difference of our times between passes 1 and 2."""
-    diffs = [abs(r["impls"]["ours"]["us"][1] / r["impls"]["ours"]["us"][0] - 1) for r in rows
-             if _first(r["impls"].get("ours")) and len(r["impls"]["ours"]["us"]) > 1 and r["impls"]["ours"]["us"][1]]
+def spread(rows: list[dict], names=("ours",)) -> tuple[float, float] | None:
+    """Median and largest relative difference between passes 1 and 2 of the times of the implementations
+    `names` (ours; or the peers', to set ours beside)."""
+    diffs = [abs(rec["us"][1] / rec["us"][0] - 1) for r in rows for name, rec in r["impls"].items()
+             if name in names and _first(rec) and len(rec["us"]) > 1 and rec["us"][1]]
     return (statistics.median(diffs), max(diffs)) if diffs else None
 
 
 def render(result: dict) -> str:
     """Markdown: a line on the run, then one table per family that the run holds."""
     info, rows = result["info"], result["cases"]
-    between = spread(rows)
+    between, peers = spread(rows), spread(rows, ("ggml", "mlx"))
     lines = [f"Run: {info['device']} ({info['sms']} SMs), torch {info['torch']} (CUDA {info['cuda']}), at "
              f"{info.get('commit') or 'an uncommitted tree'}; copy bandwidth {info['copy_gbs']:.0f} GB/s (read + "
              f"write); {info.get('seconds', '?')} s. Cells: median µs per call in pass 1 (% of copy bandwidth)."
              + (f" Our times differ between the passes by {100 * between[0]:.1f}% at the median, "
-                f"{100 * between[1]:.1f}% at most." if between else ""), ""]
+                f"{100 * between[1]:.1f}% at most" if between else "")
+             + (f"; ggml's and MLX's by {100 * peers[0]:.1f}% and {100 * peers[1]:.1f}%" if between and peers else "")
+             + ("." if between else ""), ""]
     for family in TABLES:
         mine = [r for r in rows if r["family"] == family]
         if mine:
