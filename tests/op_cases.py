@@ -24,6 +24,12 @@ def randn(*shape, dtype=torch.float32, seed=0):
     return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
 
 
+def floating(outputs):
+    """An op's floating and complex outputs (the ones with derivatives), as a list."""
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    return [o for o in outputs if o.is_floating_point() or o.is_complex()]
+
+
 def well_conditioned(batch, n, dtype=torch.float32, seed=0):
     """U diag(s) V^H with Gaussian-random orthogonal/unitary U, V and s in [1, 10]: condition number <= 10, so
     solutions can be compared with a fixed tolerance; the entries (and so the pivots) are still random."""

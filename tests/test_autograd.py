@@ -14,7 +14,7 @@ from torch.autograd import forward_ad
 import mps_ext
 from conftest import on, ran_kernels
 from mps_ext import fp8
-from op_cases import CASES, randn
+from op_cases import CASES, floating, randn
 from tolerances import assert_close, assert_close_normwise
 
 ROUTES = ["mps_ext", "overrides"]
@@ -27,11 +27,6 @@ def route_of(case, route, device):
     if not case.overridden:
         pytest.skip(f"torch has no op that the overrides route to {case.name}")
     return case.theirs, mps_ext.overrides.enabled(device)
-
-
-def floating(outputs):
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-    return [o for o in outputs if o.is_floating_point() or o.is_complex()]
 
 
 def gradients(f, inputs, differentiable, seed=7):

@@ -7,8 +7,7 @@ import torch
 
 import mps_ext
 from conftest import on, ran_kernels
-from op_cases import CASES, LINALG_SCALE, randn, well_conditioned
-from test_autograd import floating
+from op_cases import CASES, LINALG_SCALE, floating, randn, well_conditioned
 from tolerances import assert_close
 
 BATCH = 3
