@@ -142,7 +142,7 @@ struct RowsOf<fp8> {
 // four for two rows of a, two for four or eight (four against four or eight
 // rows of a held 128 registers and spilled: on the CUDA proxy two were
 // 1.04-1.11x faster at m = 4 on q_proj, down and lm_head, 0.95x on gate/up,
-// and 1.10-1.23x faster at m = 8; at m = 2 four were up to 1.16x faster).
+// and 1.09-1.30x faster at m = 8; at m = 2 four were up to 1.16x faster).
 // And 16-byte chunks of each row a lane reads per step: two for one row of
 // a, so a lane has 32 bytes in flight (on the CUDA proxy 12-15% faster than
 // one on the larger Llama shapes), one for more (two to four rows already
