@@ -17,6 +17,7 @@ from ._ops import householder_product, inv, inv_ex, lu_factor, lu_factor_ex, lu_
 from ._trace import KernelRecord, trace
 from .fp8 import fp8_grouped_mm, fp8_linear, scaled_mm
 from . import _vmap  # noqa: E402,F401 (batching rules of the operators above)
+from . import _autocast  # noqa: E402,F401 (their autocast)
 from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
 
 __version__ = "0.1.0"
