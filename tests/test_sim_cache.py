@@ -94,14 +94,14 @@ def test_damaged_library_is_rebuilt(cache, damage):
 
 
 def entry_files(lib: Path) -> list[Path]:
-    """The files of one cache entry: the library, its digest and its C++."""
+    """The files of one cache entry: the library, its digest, its C++ and its build's lock."""
     return sorted(lib.parent.glob(lib.name.split(".", 1)[0] + ".*"))
 
 
 def test_cache_keeps_to_its_size_by_removing_what_was_used_longest_ago(cache, monkeypatch):
     libs = [library_path(FILL % f"{v}.0f", f"k{v}") for v in range(3)]
     sizes = [sum(f.stat().st_size for f in entry_files(lib)) for lib in libs]
-    assert all(len(entry_files(lib)) == 3 for lib in libs)  # .so, .so.sha256, .cpp
+    assert all(len(entry_files(lib)) == 4 for lib in libs)  # .so, .so.sha256, .cpp, .so.lock
     hour = 3600
     aged = [(4 * hour, f) for f in (cache / "sim").glob("*.metal")]  # the kept sources: their own entries
     aged += [(age, f) for age, lib in zip((3 * hour, 2 * hour, 1 * hour), libs) for f in entry_files(lib)]
@@ -125,6 +125,34 @@ def test_cache_never_removes_what_was_used_lately(cache, monkeypatch):
     monkeypatch.setattr(compiler, "_last_prune", -math.inf)
     second = library_path(FILL % "2.0f", "b")
     assert first.exists() and second.exists()
+
+
+def test_who_misses_a_library_another_is_building_waits_and_loads_it(cache, monkeypatch):
+    # The test suite's workers start on the same kernels: one compiles each, the others load it.
+    compiles = []
+    run = compiler._run
+
+    def counted(cmd, what):
+        if what.startswith("compiling"):
+            compiles.append(what)
+        return run(cmd, what)
+
+    monkeypatch.setattr(compiler, "_run", counted)
+    together = threading.Barrier(3)
+    libs = []
+
+    def build():
+        together.wait()
+        libs.append(library_path(FILL % "7.0f", "same"))
+
+    threads = [threading.Thread(target=build) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(libs) == 3 and len(set(libs)) == 1
+    assert len(compiles) == 1, compiles
+    assert run_fill(mps_ext.sim.Library(libs[0])) == 7.0
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "lots"])
@@ -171,7 +199,7 @@ def test_interrupted_compile_leaves_no_temporary_files(cache, tmp_path, cxx):
     finally:
         timer.cancel()
     left = sorted(p.name for p in (cache / "sim").iterdir())
-    assert all(n.endswith((".metal", ".cpp")) for n in left), left
+    assert all(n.endswith((".metal", ".cpp", ".lock")) for n in left), left  # the lock is the entry's, not temporary
 
 
 def test_cxx_with_arguments(cache, cxx):

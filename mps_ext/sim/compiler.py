@@ -11,7 +11,9 @@ build that takes it past that removes the libraries used longest ago.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import functools
 import hashlib
 import importlib.util
@@ -350,9 +352,26 @@ def compile_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1
     cpp, lib = _translated(metal, include_dirs, constants, tc, msl_version)
     if _verified(lib):
         _used(lib)
-    else:
-        _build(cpp, lib, metal, tc)
+        return lib
+    with _building(lib):
+        if _verified(lib):  # built by another process while this one waited
+            _used(lib)
+        else:
+            _build(cpp, lib, metal, tc)
     return lib
+
+
+@contextlib.contextmanager
+def _building(lib: Path):
+    """Holds ``lib``'s lock file: of the processes that miss the same library at once (the test suite's
+    workers start on the same kernels), one builds it and the others wait and load it, instead of each
+    compiling it again."""
+    fd = os.open(lib.with_name(lib.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def check_file(metal, include_dirs=(), constants=None, msl_version: str = "3.1") -> None:
