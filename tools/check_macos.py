@@ -222,16 +222,21 @@ def fetch_all(versions) -> None:
             job.result()
 
 
-def generated_sources() -> list[Path]:
-    """What setup.py generates and builds (the translated kernels, their
-    registry, the embedded .metal sources), generated as it does but into a
-    folder of this check's own, so that a build running at the same time
-    never reads a file this writes."""
+def build_sources() -> list[Path]:
+    """What setup.py builds on a Mac: the Objective-C++, the portable C++ (the
+    groups it compiles as one source each, as one source here too) and what it
+    generates (the translated kernels, their registry, the embedded .metal
+    sources), generated as it does but into a folder of this check's own, so
+    that a build running at the same time never reads a file this writes."""
     sys.path.insert(0, str(ROOT / "tools"))
-    from generate_sources import generated_sources as generate
+    import generate_sources
 
-    sim, metal = generate(GENERATED)
-    return sorted(Path(p) for p in [*sim, metal])
+    members = generate_sources.unity_members()
+    sim, metal = generate_sources.generated_sources(GENERATED)
+    generated = [*sim, metal, *generate_sources.unity_sources(GENERATED)]
+    return [*sorted((ROOT / "csrc").rglob("*.mm")),
+            *(p for p in sorted((ROOT / "csrc").rglob("*.cpp")) if p not in members),
+            *sorted(Path(p) for p in generated)]
 
 
 @cache
@@ -480,8 +485,7 @@ def main() -> int:
     if args.fetch_only:
         return 0
     start = time.monotonic()
-    sources = [f.resolve() for f in args.files] or [
-        *sorted((ROOT / "csrc").rglob("*.mm")), *sorted((ROOT / "csrc").rglob("*.cpp")), *generated_sources()]
+    sources = [f.resolve() for f in args.files] or build_sources()
     passed, failed = check(sources, versions, sdks, args.analyze)
     print(f"check_macos: {len(sources)} sources, torch {', '.join(versions)}: {time.monotonic() - start:.0f} s")
     print(f"check_macos: {passed} passed, {failed} failed")
