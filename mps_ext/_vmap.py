@@ -3,10 +3,12 @@ gradients) for the mps_ext:: operators whose leading dimensions already are batc
 becomes one more leading dimension and the operator runs once, one launch for the whole batch. Without a
 rule torch calls the operator once per batch element, and warns.
 
-Operators whose batches mean something else (the grouped matmuls' ``offs``, scaled_mm's 2-D operands,
+The grouped matmuls' rows are split by ``offs``: with only the rows batched, the batch goes inside the rows
+and the groups' ends scale with it. Operators whose batches mean something else (scaled_mm's 2-D operands,
 quantization's per-tensor scales) keep torch's per-element fallback. The rules run the operator once per
-element too where the vmapped dimension cannot join the others: a linear's batched weight, linear algebra
-inputs with different numbers of batch dimensions (a batch of systems against one vector each).
+element too where the vmapped dimension cannot join the others: a linear's batched weight, the grouped
+matmuls' batched weights or offsets, linear algebra inputs with different numbers of batch dimensions (a batch
+of systems against one vector each).
 """
 
 from __future__ import annotations
@@ -60,6 +62,28 @@ def _linear(name: str):
     torch.library.register_vmap(f"mps_ext::{name}", rule)
 
 
+def _grouped(name: str, offs_at: int):
+    # Mixture-of-Experts form (2-D rows sorted by group, 3-D weights, offs at position offs_at), only the rows
+    # batched: row r of every batch element belongs to the same group, so with the batch placed inside the
+    # rows ((rows, B, K) as rows * B rows) each group's rows stay contiguous and its ends scale by B. One
+    # launch for the whole batch.
+    op = getattr(torch.ops.mps_ext, name).default
+
+    def rule(info, in_dims, *args, **kwargs):
+        x, weight = args[:2]
+        if (len(args) <= offs_at or args[offs_at] is None or in_dims[0] is None
+                or any(d is not None for d in in_dims[1:]) or x.dim() != 3 or weight.dim() != 3):
+            return _each(op, info, in_dims, args, kwargs)
+        size = info.batch_size
+        rows = x.movedim(in_dims[0], 1)
+        args = [rows.reshape(rows.shape[0] * size, rows.shape[2]), *args[1:]]
+        args[offs_at] = args[offs_at] * size
+        out = op(*args, **kwargs)
+        return out.view(rows.shape[0], size, out.shape[-1]), 1
+
+    torch.library.register_vmap(f"mps_ext::{name}", rule)
+
+
 def _solve_ranks(A_shape, B_shape) -> tuple:
     # torch.linalg.solve's rule: B is a (batch of) vector(s) when it has one dimension, or A's batch and n.
     vector = len(B_shape) == 1 or (len(B_shape) == len(A_shape) - 1 and B_shape == A_shape[:-1])
@@ -100,6 +124,8 @@ for _name in ("softmax", "log_softmax"):
     _rowwise(_name)
 for _name in ("linear", "fp8_linear"):
     _linear(_name)
+_grouped("grouped_mm", 2)
+_grouped("fp8_grouped_mm", 3)
 for _name, _core, _out_dims in (("lu_factor_ex", (2,), None), ("inv_ex", (2,), None), ("qr", (2,), _qr_out_dims),
                                 ("lu_solve", (2, 1, 2), None), ("solve_ex", _solve_ranks, None),
                                 ("householder_product", (2, 1), None), ("solve_triangular", (2, 2), None)):

@@ -6,15 +6,16 @@ import pytest
 import torch
 
 import mps_ext
+from mps_ext import fp8
 from conftest import on, ran_kernels
 from op_cases import CASES, LINALG_SCALE, floating, randn, well_conditioned
 from tolerances import assert_close
 
 BATCH = 3
-# The operators whose rule batches every input (the linears: their input only).
+# The operators whose rule batches every input (the linears and the grouped matmuls: their input only).
 RULES = {"softmax", "log_softmax", "lu_factor_ex", "lu_solve", "solve_ex", "inv_ex", "qr", "householder_product",
          "solve_triangular"}
-INPUT_RULES = {"linear", "fp8_linear"}
+INPUT_RULES = {"linear", "fp8_linear", "grouped_mm", "fp8_grouped_mm"}
 
 
 def base(case) -> str:
@@ -134,3 +135,40 @@ def test_linear_algebra_batches_line_up_or_run_per_element(device):
         assert len(t.kernels) == len(one.kernels) * (1 if line_up else BATCH), t.names
         want = torch.stack([theirs(*inputs[:-1], b) for b in inputs[-1]])
         assert_close(got, want, scale=LINALG_SCALE)
+
+
+@pytest.mark.parametrize("fp8_weights", [False, True], ids=["bf16", "fp8"])
+def test_moe_rows_batched_anywhere(fp8_weights, device):
+    # The batch placed inside the rows, one launch: groups of several rows and an empty one, rows past the last
+    # group (torch leaves them unwritten: not compared), the vmapped dimension in the middle. Weights batched
+    # too run once per element.
+    rows, k, n, written = 7, 32, 16, 5
+    offs = torch.tensor([2, 2, written], dtype=torch.int32)
+    x = randn(rows, BATCH, k, seed=0).bfloat16()
+    if fp8_weights:
+        weights = [fp8.quantize(randn(3, n, k, seed=s), dim=2) for s in (1, 2, 3)]
+        scale = weights[0][1]
+        weights = torch.stack([w for w, _ in weights])
+
+        def ours(x, w):
+            return mps_ext.fp8_grouped_mm(x, w, scale, offs)
+
+        def theirs(x, w):
+            return torch._grouped_mm(x.float(), (w.float() * scale).transpose(-2, -1), offs=offs).bfloat16()
+    else:
+        weights = torch.stack([randn(3, n, k, seed=s).bfloat16() for s in (1, 2, 3)])
+
+        def ours(x, w):
+            return mps_ext.grouped_mm(x, w.transpose(-2, -1), offs)
+
+        def theirs(x, w):
+            return torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+
+    for weight_dim, launches in [(None, 1), (0, BATCH)]:
+        weight = weights if weight_dim == 0 else weights[0]
+        with mps_ext.trace() as t:
+            got = on(device, lambda *xs: torch.vmap(ours, in_dims=(1, weight_dim))(*xs), x, weight)
+        ran_kernels(t, device)
+        assert len(t.kernels) == launches, t.names
+        want = torch.stack([theirs(e, weights[i] if weight_dim == 0 else weight) for i, e in enumerate(x.unbind(1))])
+        assert_close(got[:, :written], want[:, :written], scale=4)
