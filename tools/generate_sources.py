@@ -1,7 +1,8 @@
 """The C++ that setup.py compiles besides csrc/: every metal/*.metal translated
-for the simulator, the registry of those modules, and the sources embedded as
-text for the Metal backend. Needs no torch, so tools/check_macos.py generates
-them too (into its own folder) while the environment is still being set up."""
+for the simulator, the registry of those modules, the sources embedded as
+text for the Metal backend, and the sources that compile groups of csrc/ as
+one source each. Needs no torch, so tools/check_macos.py generates them too
+(into its own folder) while the environment is still being set up."""
 
 import importlib.util
 import os
