@@ -1,4 +1,5 @@
 // mps_ext._C: Python bindings of the native core.
+#include <ATen/autocast_mode.h>
 #include <torch/extension.h>
 
 #include "backend.h"
@@ -53,6 +54,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return out;
   });
   m.def("_override_reset_stats", &ov::reset_stats);
+  // torch's autocast cast of one argument: only eligible tensors, and a float32 leaf that requires grad
+  // (a parameter) cast once per autocast region, as torch's own ops cast theirs.
+  m.def("_autocast_cast", [](const at::Tensor& t, at::ScalarType dtype, const std::string& d) {
+    return at::autocast::cached_cast(dtype, t, device_type(d));
+  });
 
   m.def("_trace_begin", &mps_ext::trace::begin, py::arg("max_records"));
   m.def("_trace_end", [](uint64_t id) {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from . import _C
+
 _lib = torch.library.Library("mps_ext", "IMPL")  # holds the Autocast kernels
 
 # torch's two casting policies that these operators meet (aten/src/ATen/autocast_mode.cpp): the region's
@@ -32,11 +34,9 @@ RULES = {
 
 
 def _cast(value, device_type: str, dtype: torch.dtype):
-    # torch's eligibility: floating tensors of the region's device type, float64 left alone.
-    if (isinstance(value, torch.Tensor) and value.is_floating_point() and value.device.type == device_type
-            and value.dtype != torch.float64):
-        return value.to(dtype)
-    return value
+    # torch's own cast (floating tensors of the region's device type, float64 left alone; a parameter's
+    # lower-precision copy kept for the rest of the region).
+    return _C._autocast_cast(value, dtype, device_type) if isinstance(value, torch.Tensor) else value
 
 
 def _register(name: str, device_type: str, policy: str, positions: tuple[int, ...]) -> None:

@@ -96,3 +96,26 @@ def test_autocast_under_torch_compile():
     ran_kernels(t, "cpu")
     assert got.dtype == torch.bfloat16
     assert_close(got, torch.nn.functional.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()), scale=4)
+
+
+def test_a_parameter_is_cast_once_per_region_as_torch_casts_it():
+    # torch keeps a float32 parameter's lower-precision copy for the rest of the region (a decode loop under one
+    # autocast region casts each weight once): the same casts as F.linear's, counted at the dispatcher.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Casts(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten._to_copy.default
+            return func(*args, **(kwargs or {}))
+
+    weight = torch.nn.Parameter(torch.randn(16, 32))
+    x = torch.randn(1, 32)
+    counts = []
+    for linear in (torch.nn.functional.linear, mps_ext.linear):
+        with torch.autocast("cpu", dtype=torch.bfloat16), Casts() as casts:
+            for _ in range(3):
+                linear(x, weight)
+        counts.append(casts.count)
+    assert counts[1] == counts[0] == 4, counts  # the weight once, the input each time
