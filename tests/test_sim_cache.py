@@ -155,6 +155,14 @@ def test_who_misses_a_library_another_is_building_waits_and_loads_it(cache, monk
     assert run_fill(mps_ext.sim.Library(libs[0])) == 7.0
 
 
+def test_a_cache_on_a_file_system_without_locks_still_builds(cache, monkeypatch):
+    def no_locks(fd, operation):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(compiler.fcntl, "flock", no_locks)
+    assert run_fill(mps_ext.sim.Library(library_path(FILL % "8.0f", "unlocked"))) == 8.0
+
+
 @pytest.mark.parametrize("value", ["0", "-1", "lots"])
 def test_cache_size_must_be_a_positive_number(cache, monkeypatch, value):
     monkeypatch.setenv("MPS_EXT_SIM_CACHE_MB", value)

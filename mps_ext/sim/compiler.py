@@ -368,7 +368,10 @@ def _building(lib: Path):
     compiling it again."""
     fd = os.open(lib.with_name(lib.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # a file system without locks (some network mounts): each process builds, as before
+            pass
         yield
     finally:
         os.close(fd)
