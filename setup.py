@@ -80,9 +80,7 @@ def record_torch() -> None:
 
 
 def extension():
-    members = generator.unity_members()
-    sources = [str(p) for p in sorted((ROOT / "csrc").rglob("*.cpp"))
-               if "metal" not in p.relative_to(ROOT).parts and p not in members]
+    sources = [str(p) for p in generator.portable_sources()]
     sim_sources, metal_sources = generator.generated_sources(GENERATED)
     sources += [*sim_sources, *generator.unity_sources(GENERATED)]
     cxx = ["-O2", "-g1", "-fno-strict-aliasing", "-Wno-unknown-pragmas"]

@@ -231,11 +231,9 @@ def build_sources() -> list[Path]:
     sys.path.insert(0, str(ROOT / "tools"))
     import generate_sources
 
-    members = generate_sources.unity_members()
     sim, metal = generate_sources.generated_sources(GENERATED)
     generated = [*sim, metal, *generate_sources.unity_sources(GENERATED)]
-    return [*sorted((ROOT / "csrc").rglob("*.mm")),
-            *(p for p in sorted((ROOT / "csrc").rglob("*.cpp")) if p not in members),
+    return [*sorted((ROOT / "csrc").rglob("*.mm")), *generate_sources.portable_sources(),
             *sorted(Path(p) for p in generated)]
 
 

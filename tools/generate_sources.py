@@ -63,9 +63,11 @@ UNITY = {
 }
 
 
-def unity_members() -> set[Path]:
-    """The csrc/ sources that are compiled only as members of a UNITY group."""
-    return {ROOT / "csrc" / member for group in UNITY.values() for member in group}
+def portable_sources() -> list[Path]:
+    """csrc/'s C++ that is compiled on its own: not the Metal backend's, not a member of a UNITY group."""
+    members = {ROOT / "csrc" / member for group in UNITY.values() for member in group}
+    return [p for p in sorted((ROOT / "csrc").rglob("*.cpp"))
+            if "metal" not in p.relative_to(ROOT).parts and p not in members]
 
 
 def unity_sources(out: Path) -> list[str]:
