@@ -380,7 +380,8 @@ def test_fp8_linear_matches_the_dequantized_reference(lead, granularity, dtype, 
 
 @pytest.mark.parametrize("rows", [1, 8])
 def test_fp8_linear_decodes_every_code_exactly(rows, device):
-    # The GEMV decodes 16 bytes per lane through halves unless they hold a subnormal code, then through floats:
+    # The GEMV decodes 16 bytes per lane through halves (subnormal codes through half subnormals) unless they
+    # hold a NaN code, then through floats:
     # one-hot rows of x pick single weights, so each output is one decoded code, exact in float32.
     codes = torch.arange(256, dtype=torch.uint8)
     codes[codes.view(F8).float().isnan()] = 0  # a NaN code poisons its whole dot product (tested elsewhere)

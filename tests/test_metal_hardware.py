@@ -12,7 +12,8 @@ pytestmark = pytest.mark.skipif(not usable, reason=why)
 
 
 def test_every_e4m3_code_through_the_fp8_gemv():
-    # Subnormal codes included, whatever the GPU does with half denormals.
+    # Subnormal codes included: the GEMV decodes them through half subnormals, which a GPU that flushes half
+    # denormals would lose (tests/metal_emu/test_half_subnormals.py).
     assert_fp8_linear_decodes_every_e4m3_code("mps")
 
 

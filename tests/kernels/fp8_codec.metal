@@ -13,13 +13,13 @@ kernel void decode(device const uchar* codes [[buffer(0)]], device float* out [[
 }
 
 // The inner-loop decodes, scaled back: four codes per thread through floats
-// and through halves, and the codes the half decode is not trusted with.
+// and through halves, and the NaN codes, which the half decode makes finite.
 kernel void decode_fast(device const uint* codes [[buffer(0)]], device float4* out [[buffer(1)]],
-                        device float4* out_half [[buffer(2)]], device uint* not_normal [[buffer(3)]],
+                        device float4* out_half [[buffer(2)]], device uint* nan [[buffer(3)]],
                         uint i [[thread_position_in_grid]]) {
   out[i] = mps_ext::fp8x4_to_float4_div256(codes[i]) * 256.0f;
   out_half[i] = float4(mps_ext::fp8x4_to_half4_div256(codes[i])) * 256.0f;
-  not_normal[i] = mps_ext::fp8x4_not_normal(codes[i]) & 0x80808080u;
+  nan[i] = mps_ext::fp8x4_nan(codes[i]) & 0x80808080u;
 }
 
 kernel void encode(device const float* values [[buffer(0)]], device uchar* out [[buffer(1)]],

@@ -4,15 +4,17 @@
 //
 // - fp8x4_to_half4_div256: the inner-loop decode. The 7 magnitude bits of a
 //   byte shifted into a half's exponent and mantissa fields (bits 13..7) give
-//   exactly x / 256 for zeros and normal codes, whose smallest, 2^-6 / 256, is
-//   half's smallest normal, in nine integer operations for four bytes. An
-//   e4m3 subnormal would become a half subnormal, which a GPU may
-//   flush to zero, and a NaN code a finite value: fp8x4_not_normal says
-//   where the decode may be inexact.
+//   exactly x / 256 for every code but NaN, in nine integer operations for
+//   four bytes: normal codes land on normal halves (the smallest, 2^-6 / 256,
+//   is half's smallest normal), subnormal codes on half subnormals. Apple's
+//   GPUs keep half subnormals: Mesa's Vulkan driver for them reports 16-bit
+//   denormals preserved, with no 16-bit flush-to-zero mode (32-bit ones
+//   flush). e5m2x4_to_half4 relies on the same, and
+//   tests/test_metal_hardware.py checks every code through fp8_linear on a
+//   Mac. A NaN code would become a finite half: fp8x4_nan says where.
 // - fp8x4_to_float4_div256: the same values for every code, NaN codes as NaN,
-//   through floats, never through a denormal, at about four times the
-//   operations: the decode of bytes among which the half decode may be
-//   inexact.
+//   through floats, at about four times the operations: the decode of bytes
+//   among which fp8x4_nan finds a NaN code, and of the tiled kernels.
 //   Callers fold the 256 back into a scale once per dot product.
 // - e5m2x4_to_half4: e5m2 is the top byte of a half, so its decode is a
 //   shift, exact for every code.
@@ -22,27 +24,23 @@
 
 namespace mps_ext {
 
-// Four e4m3 bytes (little-endian in w) as half values x / 256, exact where
-// fp8x4_half_inexact(w) is 0. The magnitude bits of bytes 1 and 3 move right
-// by one into their halves of a word, their sign bits are in place already;
-// bytes 0 and 2 move left: nine operations for the four.
+// Four e4m3 bytes (little-endian in w) as half values x / 256, exact for
+// every code but NaN (fp8x4_nan). The magnitude bits of bytes 1 and 3 move
+// right by one into their halves of a word, their sign bits are in place
+// already; bytes 0 and 2 move left: nine operations for the four.
 inline half4 fp8x4_to_half4_div256(uint w) {
   const half2 even = metal::as_type<half2>(((w << 7) & 0x3F803F80u) | ((w << 8) & 0x80008000u));
   const half2 odd = metal::as_type<half2>(((w >> 1) & 0x3F803F80u) | (w & 0x80008000u));
   return half4(even.x, odd.x, even.y, odd.y);
 }
 
-// Bit 7 of each byte of the result is set where that byte of w is not a
-// normal code (magnitude 8..126): a subnormal (a half subnormal, which a GPU
-// may flush), NaN (a finite half) or zero; bits 0-6 are noise. Per byte of
-// the magnitudes m (no sum carries into the next byte): m + 0x78 leaves bit 7
-// clear when m < 8, m + 1 sets it only for NaN. Zeros decode exactly but share
-// the test: telling them apart costs two more operations per word, and
-// quantized weights hold fewer zeros than subnormals.
-inline uint fp8x4_not_normal(uint w) {
-  const uint m = w & 0x7F7F7F7Fu;
-  return ~(m + 0x78787878u) | (m + 0x01010101u);
-}
+// Bit 7 of each byte of the result is set where that byte of w is a NaN code
+// (magnitude 0x7F), bits 0-6 are noise: per byte of the magnitudes, m + 1
+// sets bit 7 only for 0x7F and never carries into the next byte. Two
+// operations per word; the test that also sent subnormals and zeros to the
+// float decode took four and cost fp8_linear 3-13% at one row of a on the
+// CUDA proxy (docs/performance.md).
+inline uint fp8x4_nan(uint w) { return (w & 0x7F7F7F7Fu) + 0x01010101u; }
 
 // Four e4m3 bytes (little-endian in w) as float values x / 256.
 inline float4 fp8x4_to_float4_div256(uint w) {

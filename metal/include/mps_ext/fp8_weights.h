@@ -36,13 +36,12 @@ inline void fp8_decode(metal::vec<uint, Bytes / 4> u, thread float4* out, bool e
     for (uint c = 0; c < W; ++c) out[c] = float4(e5m2x4_to_half4(u[c])) * (1.0f / 256.0f);
     return;
   }
-  // Codes other than normal ones are rare in real weights (subnormals lie
-  // below 2^-6 of the scale): loads without one take the half decode, the
-  // others the float one.
-  uint unsure = 0;
+  // NaN codes do not occur in real weights: loads without one take the half
+  // decode, the others the float one, which gives NaN its NaN.
+  uint nan = 0;
   MPS_EXT_UNROLL
-  for (uint c = 0; c < W; ++c) unsure |= fp8x4_not_normal(u[c]);
-  if ((unsure & 0x80808080u) == 0) {
+  for (uint c = 0; c < W; ++c) nan |= fp8x4_nan(u[c]);
+  if ((nan & 0x80808080u) == 0) {
     MPS_EXT_UNROLL
     for (uint c = 0; c < W; ++c) out[c] = float4(fp8x4_to_half4_div256(u[c]));
     return;
