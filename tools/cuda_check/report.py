@@ -33,8 +33,8 @@ REASONS = [
      "through 4x the L2, has this shape at 90% of copy bandwidth"),
     (r"^linear m=1 n=128 k=7168", "1.8 MB, L2-resident, 32 threadgroups: launch-bound (torch alike)"),
     (r"scaled_mm m=(1|8) |fp8_linear m=(1|4) ",
-     "the e4m3 decode (shift trick, half-to-float conversions, a test of normal codes per 4 bytes) costs more "
-     "instructions per weight byte than its transfer on this GPU (about 109 per 16 bytes at m = 1: "
+     "the e4m3 decode (shift trick, half-to-float conversions, a NaN test per 4 bytes) costs more "
+     "instructions per weight byte than its transfer on this GPU (about 107 per 16 bytes at m = 1: "
      "docs/performance.md); the m >= 2 variants keep 16-136 bytes of stack (cuobjdump). torch's own fp8 GEMV "
      "(_scaled_mm) is no faster"),
     (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows|fp8_grouped_mm G=128 m=4096 ",
