@@ -1,5 +1,6 @@
 """linear (decode GEMV): mps_ext's kernels against torch's F.linear on the CPU,
-the overrides of aten::linear / aten::mm / aten::addmm, autograd, and checked mode."""
+the overrides of aten::linear / aten::mm / aten::addmm / aten::mv / aten::addmv,
+autograd, and checked mode."""
 
 import re
 
@@ -9,6 +10,8 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import mps_ext
+from conftest import backend
+from mps_ext.testing import assert_raises_like
 from tolerances import assert_close, assert_close_dot
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -41,6 +44,11 @@ def check(x, w, b=None, kernel=None, device="cpu"):
     if kernel is not None:
         assert t.names[0].startswith(f"gemv_{kernel}_")
     return got
+
+
+def with_cpu_overrides(call):
+    with mps_ext.overrides.enabled("cpu"):
+        return call()
 
 
 def data(*shape, dtype=torch.float32, seed=0):
@@ -368,6 +376,68 @@ class TestOverrides:
         # x's gradient, grad @ w: w is not a transposed weight there.
         assert s["aten::mm (backward)"] == {"hits": 0, "fallbacks": 1,
                                             "reasons": {"mat2 not a transposed row-major matrix": 1}}
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    def test_matrix_vector_products_run_the_kernels(self, device, dtype):
+        # W @ v reaches aten::mv (torch.matmul of a matrix and a vector too), torch.addmv aten::addmv; the
+        # vector is the one row of x, the matrix the weight. A strided vector and one with the negative bit
+        # (resolved before the kernel) take the kernels as well.
+        w, b = data(67, 300, dtype=dtype, seed=1), data(67, dtype=dtype, seed=2)
+        v2 = data(600, dtype=dtype)
+        v = v2[::2]
+        calls = [lambda w, v, b: w @ v, lambda w, v, b: torch.mv(w, v), lambda w, v, b: torch.matmul(w, v),
+                 lambda w, v, b: torch.addmv(b, w, v), lambda w, v, b: torch.mv(w, v._neg_view())]
+        want = [f(w, v, b) for f in calls]
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+            got = [f(w.to(device), v.to(device), b.to(device)).cpu() for f in calls]
+        assert len(t.names) == 5 and all(re.fullmatch(rf"gemv_dense_m1_r[12]_{TYPE[dtype]}", n) for n in t.names)
+        assert {k.backend for k in t.kernels} == {backend(device)}
+        for g, w_ in zip(got, want):
+            assert g.dtype == dtype and g.shape == (67,)
+            magnitude = w.float().abs() @ v.float().abs() + b.float().abs()
+            assert_close_dot(g, w_, magnitude, 300)
+        s = mps_ext.overrides.stats()
+        assert s["aten::mv"]["hits"] == 4 and s["aten::addmv"]["hits"] == 1
+
+    @pytest.mark.fallback("weight rows not contiguous|beta or alpha != 1|self not a bias row|dtype Double|empty")
+    def test_matrix_vector_fallbacks_are_counted(self):
+        w, v, b = data(20, 64, seed=1), data(64), data(20, seed=2)
+        calls = [lambda: w.T.contiguous().T @ v, lambda: torch.addmv(b, w, v, beta=2),
+                 lambda: torch.addmv(b[:1].squeeze(), w, v), lambda: w.double() @ v.double(),
+                 lambda: w[:0] @ v]
+        want = [f() for f in calls]
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = [f() for f in calls]
+        assert t.kernels == []
+        for g, w_ in zip(got, want):
+            assert torch.equal(g, w_)  # torch's own kernels
+        s = mps_ext.overrides.stats()
+        assert s["aten::mv"]["reasons"] == {"weight rows not contiguous": 1, "dtype Double": 1, "empty": 1}
+        assert s["aten::addmv"]["reasons"] == {"beta or alpha != 1": 1, "self not a bias row": 1}
+
+    @pytest.mark.fallback("shape mismatch|mixed dtypes|not a matrix and a vector|bias not 1-D")
+    def test_matrix_vector_errors_like_torch(self):
+        w, v = data(20, 64, seed=1), data(64)
+        for call in (lambda: torch.mv(w, v[:10]), lambda: torch.mv(w.half(), v), lambda: torch.mv(w, w),
+                     lambda: torch.addmv(data(3), w, v), lambda: torch.addmv(data(20).half(), w, v)):
+            assert_raises_like(lambda: with_cpu_overrides(call), call)
+
+    def test_matrix_vector_gradients_in_both_modes(self):
+        w, v, b = data(20, 64, seed=1) / 8, data(64), data(20, seed=2)  # dot products of order 1
+        tangents = data(20, 64, seed=3), data(64, seed=4), data(20, seed=5)
+
+        def f(w, v, b):
+            return (torch.addmv(b, w, v) * (w @ v)).sin()
+
+        want = torch.func.jvp(f, (w, v, b), tangents), torch.func.grad(lambda *a: f(*a).sum(), (0, 1, 2))(w, v, b)
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = torch.func.jvp(f, (w, v, b), tangents), torch.func.grad(lambda *a: f(*a).sum(), (0, 1, 2))(w, v, b)
+        # Each forward pass runs both products as GEMVs; W^T g in the backward is not a row-major weight.
+        assert t.names.count("gemv_dense_m1_r2_float") >= 4
+        for g, w_ in zip([*got[0], *got[1]], [*want[0], *want[1]]):
+            assert_close(g, w_, scale=4)
 
     def test_mps_override_runs_the_metal_kernels(self, device):
         if device != "mps":

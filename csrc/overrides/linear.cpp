@@ -1,7 +1,7 @@
-// aten::linear, and aten::mm / aten::addmm whose right operand is a
-// transposed row-major matrix (x @ W.T written by hand, and how F.linear
-// reaches the CPU key when linear itself has no CPU kernel), routed to the
-// GEMV kernels for 1-8 rows.
+// aten::linear, aten::mm / aten::addmm whose right operand is a transposed
+// row-major matrix (x @ W.T written by hand, and how F.linear reaches the CPU
+// key when linear itself has no CPU kernel), and aten::mv / aten::addmv of a
+// row-major matrix (W @ v), routed to the GEMV kernels for 1-8 rows.
 //
 // Autograd: aten::linear has a derivative of its own in torch 2.13-2.15
 // (derivatives.yaml: linear_backward, registered for MPS because MPS has a
@@ -19,10 +19,13 @@
 // on mps); mm and addmm reach the GEMV as linear does.
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/addmv_cpu_dispatch.h>
 #include <ATen/ops/linear_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mv_compositeexplicitautograd_dispatch.h>
 #if defined(MPS_EXT_METAL)
 #include <ATen/ops/addmm_mps_dispatch.h>
+#include <ATen/ops/addmv_mps_dispatch.h>
 #include <ATen/ops/linear_mps_dispatch.h>
 #include <ATen/ops/mm_mps_dispatch.h>
 #endif
@@ -59,6 +62,14 @@ at::Tensor original_addmm(const at::Tensor& self, const at::Tensor& mat1, const 
   if (self.device().is_mps()) return at::mps::addmm(self, mat1, mat2, beta, alpha);
 #endif
   return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+}
+
+at::Tensor original_addmv(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
+                          const at::Scalar& beta, const at::Scalar& alpha) {
+#if defined(MPS_EXT_METAL)
+  if (self.device().is_mps()) return at::mps::addmv(self, mat, vec, beta, alpha);
+#endif
+  return at::cpu::addmv(self, mat, vec, beta, alpha);
 }
 
 // GEMV when the kernels take it (counted), else nullopt and why not.
@@ -129,6 +140,35 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tenso
   return original_addmm(self, mat1, mat2, beta, alpha);
 }
 
+// W @ v (torch.mv, and torch.matmul of a matrix and a vector): the matrix is
+// the weight, the vector one row of x. torch's mv is composite on both keys
+// (addmv_ into a new tensor), so it is the fallback on both.
+at::Tensor mv(const at::Tensor& self, const at::Tensor& vec) {
+  std::string why = "not a matrix and a vector";
+  if (self.dim() == 2 && vec.dim() == 1) {
+    if (auto out = try_gemv("aten::mv", vec, self, std::nullopt, &why)) return *out;
+  }
+  const CallingTorch calling = fallback("aten::mv", why);
+  return at::compositeexplicitautograd::mv(self, vec);
+}
+
+// addmv(b, W, v) with beta = alpha = 1 and a bias of the output's length.
+at::Tensor addmv(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec, const at::Scalar& beta,
+                 const at::Scalar& alpha) {
+  std::string why;
+  if (mat.dim() != 2 || vec.dim() != 1) {
+    why = "not a matrix and a vector";
+  } else if (!(beta.equal(1) && alpha.equal(1))) {
+    why = "beta or alpha != 1";
+  } else if (self.dim() != 1) {
+    why = "self not a bias row";
+  } else if (auto out = try_gemv("aten::addmv", vec, mat, self, &why)) {
+    return *out;
+  }
+  const CallingTorch calling = fallback("aten::addmv", why);
+  return original_addmv(self, mat, vec, beta, alpha);
+}
+
 // torch's derivative of linear, for the CPU key (MPS has its own kernel):
 // what the mm/addmm decomposition's backward computes. The bias's gradient is
 // grad_output as it is: this signature does not carry the bias's shape (1-D,
@@ -174,6 +214,8 @@ void register_linear(OverrideLibrary& lib, c10::DeviceType device) {
   lib.impl("linear", TORCH_FN(linear));
   lib.impl("mm", TORCH_FN(mm));
   lib.impl("addmm", TORCH_FN(addmm));
+  lib.impl("mv", TORCH_FN(mv));
+  lib.impl("addmv", TORCH_FN(addmv));
   if (device != c10::DeviceType::CPU) return;
   lib.impl("linear_backward", TORCH_FN(linear_backward_cpu));
   torch_linear_autograd_cpu = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "")
