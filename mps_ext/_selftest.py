@@ -45,16 +45,21 @@ def softmax_cases() -> Iterator[Case]:
 
 
 def linear_cases() -> Iterator[Case]:
-    # (variant, rows, out_features, in_features): both kernels, every row bucket (1, 2, 4, 8); one row of x
-    # with enough rows of W to fill the simulated GPU (1024 SIMD groups) takes one row of W per SIMD group.
+    # (variant, rows, out_features, in_features): every kernel, every row bucket (1, 2, 4, 8); one row of x
+    # with enough rows of W to fill the simulated GPU (1024 SIMD groups) takes one row of W per SIMD group;
+    # "t": W stored k-major (x @ W with W in_features x out_features, transformers' Conv1D), N past whole
+    # 16-byte columns.
     shapes = [("dense", 1, 67, 100), ("dense", 1, 1030, 24), ("dense", 2, 67, 100), ("dense", 3, 33, 129),
               ("dense", 5, 9, 256),
-              ("splitk", 1, 8, 3000), ("splitk", 2, 8, 3000), ("splitk", 4, 5, 2000), ("splitk", 8, 4, 2000)]
+              ("splitk", 1, 8, 3000), ("splitk", 2, 8, 3000), ("splitk", 4, 5, 2000), ("splitk", 8, 4, 2000),
+              ("t", 1, 300, 70), ("t", 2, 67, 100), ("t", 3, 33, 129), ("t", 7, 9, 256)]
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for variant, rows, n, k in shapes:
-            def run(device, dtype=dtype, rows=rows, n=n, k=k):
+            def run(device, dtype=dtype, rows=rows, n=n, k=k, k_major=variant == "t"):
                 g = torch.Generator().manual_seed(rows * n * k)
                 x, w, b = (torch.randn(s, generator=g).to(dtype) for s in ((rows, k), (n, k), (n,)))
+                if k_major:
+                    w = w.t().contiguous().t()
                 got = linear(x.to(device), w.to(device), b.to(device))
                 want = torch.nn.functional.linear(x.float(), w.float(), b.float()).to(dtype)
                 return got, want, reduction_scale(dtype, k)

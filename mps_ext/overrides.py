@@ -8,9 +8,10 @@ to torch's own kernel, and ``stats()`` counts both.
 
 Overridden: ``aten::_softmax``, ``aten::_log_softmax`` (``torch.softmax``,
 ``F.softmax``, ``torch.log_softmax``, ``F.log_softmax``...); ``aten::linear``
-(``F.linear``, ``nn.Linear``), ``aten::mm`` / ``aten::addmm`` with a
-transposed row-major right operand (``x @ W.T``), for 1 to 8 rows, and ``aten::mv`` /
-``aten::addmv`` of a row-major matrix (``W @ v``, ``torch.mv``, ``torch.addmv``);
+(``F.linear``, ``nn.Linear``), ``aten::mm`` / ``aten::addmm`` with a row- or
+column-major right operand (``x @ W.T``, ``x @ W`` as transformers' ``Conv1D`` calls it),
+for 1 to 8 rows, and ``aten::mv`` / ``aten::addmv`` (``W @ v``, ``torch.mv``,
+``torch.addmv``);
 ``aten::linalg_lu_factor_ex``, ``aten::linalg_lu_solve``, ``aten::_linalg_solve_ex``,
 ``aten::linalg_solve_triangular`` (``torch.linalg.lu_factor``, ``lu_solve``, ``solve``,
 ``solve_triangular``...).

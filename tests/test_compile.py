@@ -48,17 +48,19 @@ def every_op_inputs():
     A = torch.randn(2, 4, 4, generator=g) + 4 * torch.eye(4)
     return dict(
         x=torch.randn(1, 40, generator=g), x16=torch.randn(16, 40, generator=g), w=torch.randn(24, 40, generator=g),
+        w_kn=torch.randn(40, 24, generator=g),
         b=torch.randn(24, generator=g), a=torch.randn(5, 40, generator=g).bfloat16(),
         experts=torch.randn(3, 24, 40, generator=g).bfloat16(), offs=torch.tensor([2, 2, 5], dtype=torch.int32),
         x8=(torch.randn(2, 32, generator=g) * 3).to(F8), w8=(torch.randn(16, 32, generator=g) * 3).to(F8),
         A=A, B=torch.randn(2, 4, 3, generator=g))
 
 
-def every_op(x, x16, w, b, a, experts, offs, x8, w8, A, B):
+def every_op(x, x16, w, w_kn, b, a, experts, offs, x8, w8, A, B):
     """One call of each overridden op, and two that the kernels leave to torch (16 rows, float64)."""
     y = F.linear(x, w, b)
     LU, pivots = torch.linalg.lu_factor(A)
-    return (y, x @ w.T, w @ x[0], torch.addmv(b, w, x[0]), torch.softmax(y, -1), torch.log_softmax(y, -1),
+    return (y, x @ w.T, w @ x[0], torch.addmv(b, w, x[0]), torch.addmm(b, x, w_kn), torch.softmax(y, -1),
+            torch.log_softmax(y, -1),
             F.linear(x16, w), torch.softmax(y.double(), -1),
             torch._grouped_mm(a, experts.transpose(-2, -1), offs=offs),
             torch._scaled_mm(x8, w8.t(), torch.tensor(0.5), torch.tensor(2.0), out_dtype=torch.float32),

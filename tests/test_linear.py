@@ -174,9 +174,45 @@ def test_k_tails_of_aligned_rows(device, dtype, k):
         check(x, w, kernel="dense_m1_r2", device=device)
 
 
-@pytest.mark.fallback("weight rows not contiguous")
-def test_weight_not_row_major_goes_to_torch():
-    x, w = data(2, 64), data(64, 30).t()  # W.t() of a row-major matrix: column-major weight
+def check_k_major(x, w_kn, b=None, device="cpu"):
+    """mps_ext.linear with the weight stored k-major (w_kn is in_features x out_features, row-major with any
+    row stride: x @ w_kn as transformers' Conv1D computes it): one gemv_t kernel, compared with torch."""
+    w = w_kn.t()
+    with mps_ext.trace() as t:
+        got = mps_ext.linear(x.to(device), w.to(device), None if b is None else b.to(device)).cpu()
+    want = reference(x, w, b)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    magnitude = x.cpu().float().abs() @ w.cpu().float().abs().t() + (0 if b is None else b.cpu().float().abs())
+    assert_close_dot(got, want, magnitude, x.shape[-1])
+    rows = max(1, x.numel() // max(1, x.shape[-1]))
+    assert t.names == [f"gemv_t_m{bucket(rows)}_{TYPE[x.dtype]}"] and t.kernels[0].backend == backend(device)
+    return got
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_k_major_weights(device, dtype, rows):
+    # Columns past whole 16-byte loads (n = 2, 5, 257), rows of W not in whole steps of the slices (k = 2, 3,
+    # 771), a bias or none. (With n or k = 1 both layouts are row-major: the dense kernels take them.)
+    for n, k in ((257, 100), (5, 771), (2, 3), (1000, 2)):
+        x, w, b = data(rows, k, dtype=dtype), data(k, n, dtype=dtype, seed=1), data(n, dtype=dtype, seed=2)
+        check_k_major(x, w, b if n % 2 else None, device=device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_k_major_layouts(device, dtype):
+    x = data(3, 130, dtype=dtype)
+    with mps_ext.sim.checked():
+        check_k_major(x, data(130, 72, dtype=dtype, seed=1)[:, :70], device=device)  # rows padded, 16-byte aligned
+        check_k_major(x, data(130, 71, dtype=dtype, seed=1)[:, 1:], device=device)  # odd offset and stride
+        check_k_major(x[:, ::2], data(65, 300, dtype=dtype, seed=1), device=device)  # x strided: copied to rows
+        with mps_ext.sim.gpu_cores(1):  # 32 SIMD groups: one slice per threadgroup
+            check_k_major(x, data(130, 1000, dtype=dtype, seed=1), device=device)
+
+
+@pytest.mark.fallback("weight neither row- nor column-major")
+def test_weight_strided_both_ways_goes_to_torch():
+    x, w = data(2, 64), data(60, 128)[::2, ::2]
     with mps_ext.trace() as t:
         got = mps_ext.linear(x, w)
     assert t.kernels == []
@@ -316,8 +352,9 @@ class TestOverrides:
         assert_close(out.detach(), want_out, scale=4)
         for p, exp in zip(model.parameters(), want):
             assert_close(p.grad, exp, scale=4)
-        assert sorted(set(t.names)) == ["gemv_dense_m2_r2_float"]
-        assert len(t.names) == 8
+        # The forward's 8 projections; the backward's input gradients g @ W read W k-major.
+        assert sorted(set(t.names)) == ["gemv_dense_m2_r2_float", "gemv_t_m2_float"]
+        assert t.names.count("gemv_dense_m2_r2_float") == 8
         s = mps_ext.overrides.stats()
         assert s["aten::linear"] == {"hits": 8, "fallbacks": 0, "reasons": {}}
 
@@ -347,20 +384,33 @@ class TestOverrides:
         s = mps_ext.overrides.stats()
         assert s["aten::linear"]["hits"] == 1 and s["aten::mm"]["hits"] == 1 and s["aten::addmm"]["hits"] == 2
 
-    @pytest.mark.fallback("beta or alpha != 1|rows > 8|dtype Double|mat2 not a transposed")
+    @pytest.mark.fallback("beta or alpha != 1|rows > 8|dtype Double|neither row- nor column-major")
     def test_fallbacks_are_counted(self):
         x, w, b = data(9, 64), data(20, 64, seed=1), data(20, seed=2)
         mps_ext.overrides.reset_stats()
         with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
-            got = [F.linear(x, w, b), x[:2] @ w.T.contiguous(), torch.addmm(b, x[:2], w.t(), beta=2),
+            got = [F.linear(x, w, b), x[:2] @ data(128, 40)[::2, ::2], torch.addmm(b, x[:2], w.t(), beta=2),
                    F.linear(x[:2].double(), w.double())]
         assert t.kernels == []
         assert_close(got[0], F.linear(x, w, b), scale=2)
         assert_close(got[2], torch.addmm(b, x[:2], w.t(), beta=2), scale=2)
         s = mps_ext.overrides.stats()
         assert s["aten::linear"]["reasons"] == {"rows > 8": 1, "dtype Double": 1}
-        assert s["aten::mm"]["reasons"]["mat2 not a transposed row-major matrix"] == 1
+        assert s["aten::mm"]["reasons"] == {"weight neither row- nor column-major": 1}
         assert s["aten::addmm"]["reasons"]["beta or alpha != 1"] == 1
+
+    def test_conv1d_layouts_run_the_k_major_kernels(self):
+        # x @ W and addmm(b, x, W) with W (in, out) row-major, as transformers' Conv1D (GPT-2) computes, and
+        # W.T @ v, reach the gemv_t kernels.
+        x, w, b = data(3, 64), data(64, 20, seed=1), data(20, seed=2)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = [x @ w, torch.addmm(b, x, w), w.T @ x[0]]
+        assert t.names == ["gemv_t_m4_float", "gemv_t_m4_float", "gemv_t_m1_float"]
+        for g, want in zip(got, [x @ w, torch.addmm(b, x, w), w.T @ x[0]]):
+            assert_close_dot(g, want, g.abs() + 1, 64)
+        s = mps_ext.overrides.stats()
+        assert s["aten::mm"]["hits"] == s["aten::addmm"]["hits"] == s["aten::mv"]["hits"] == 1
 
     @pytest.mark.fallback("rows > 8")
     def test_one_count_per_call_and_backward_counted_as_such(self):
@@ -373,9 +423,8 @@ class TestOverrides:
         # The 9-row linear's decomposition into addmm is part of that call.
         assert s.keys() == {"aten::linear", "aten::mm (backward)"}
         assert s["aten::linear"] == {"hits": 1, "fallbacks": 1, "reasons": {"rows > 8": 1}}
-        # x's gradient, grad @ w: w is not a transposed weight there.
-        assert s["aten::mm (backward)"] == {"hits": 0, "fallbacks": 1,
-                                            "reasons": {"mat2 not a transposed row-major matrix": 1}}
+        # x's gradient, grad @ w, has the 9 rows too.
+        assert s["aten::mm (backward)"] == {"hits": 0, "fallbacks": 1, "reasons": {"rows > 8": 1}}
 
     @pytest.mark.parametrize("dtype", DTYPES)
     def test_matrix_vector_products_run_the_kernels(self, device, dtype):
@@ -400,10 +449,10 @@ class TestOverrides:
         s = mps_ext.overrides.stats()
         assert s["aten::mv"]["hits"] == 4 and s["aten::addmv"]["hits"] == 1
 
-    @pytest.mark.fallback("weight rows not contiguous|beta or alpha != 1|self not a bias row|dtype Double|empty")
+    @pytest.mark.fallback("neither row- nor column-major|beta or alpha != 1|self not a bias row|dtype Double|empty")
     def test_matrix_vector_fallbacks_are_counted(self):
         w, v, b = data(20, 64, seed=1), data(64), data(20, seed=2)
-        calls = [lambda: w.T.contiguous().T @ v, lambda: torch.addmv(b, w, v, beta=2),
+        calls = [lambda: data(40, 128)[::2, ::2] @ v, lambda: torch.addmv(b, w, v, beta=2),
                  lambda: torch.addmv(b[:1].squeeze(), w, v), lambda: w.double() @ v.double(),
                  lambda: w[:0] @ v]
         want = [f() for f in calls]
@@ -414,7 +463,7 @@ class TestOverrides:
         for g, w_ in zip(got, want):
             assert torch.equal(g, w_)  # torch's own kernels
         s = mps_ext.overrides.stats()
-        assert s["aten::mv"]["reasons"] == {"weight rows not contiguous": 1, "dtype Double": 1, "empty": 1}
+        assert s["aten::mv"]["reasons"] == {"weight neither row- nor column-major": 1, "dtype Double": 1, "empty": 1}
         assert s["aten::addmv"]["reasons"] == {"beta or alpha != 1": 1, "self not a bias row": 1}
 
     @pytest.mark.fallback("shape mismatch|mixed dtypes|not a matrix and a vector|bias not 1-D")
@@ -434,10 +483,30 @@ class TestOverrides:
         want = torch.func.jvp(f, (w, v, b), tangents), torch.func.grad(lambda *a: f(*a).sum(), (0, 1, 2))(w, v, b)
         with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
             got = torch.func.jvp(f, (w, v, b), tangents), torch.func.grad(lambda *a: f(*a).sum(), (0, 1, 2))(w, v, b)
-        # Each forward pass runs both products as GEMVs; W^T g in the backward is not a row-major weight.
-        assert t.names.count("gemv_dense_m1_r2_float") >= 4
+        # Each forward pass runs both products as GEMVs, the backward's W^T g the k-major one.
+        assert t.names.count("gemv_dense_m1_r2_float") >= 4 and "gemv_t_m1_float" in t.names
         for g, w_ in zip([*got[0], *got[1]], [*want[0], *want[1]]):
             assert_close(g, w_, scale=4)
+
+    def test_gpt2_decode_runs_the_k_major_kernels(self):
+        # transformers' GPT-2 (tiny config, random weights): its Conv1D projections call addmm(b, x, W) with W
+        # (in, out) row-major, four per layer, and lm_head is an nn.Linear. Greedy decode gives torch's tokens.
+        transformers = pytest.importorskip("transformers")
+        config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=128, n_positions=64,
+                                         bos_token_id=0, eos_token_id=0)
+        model = transformers.GPT2LMHeadModel(config).eval()
+        assert isinstance(model.transformer.h[0].attn.c_attn, transformers.pytorch_utils.Conv1D)
+        ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+        want = model.generate(ids, max_new_tokens=8, do_sample=False)
+        mps_ext.overrides.reset_stats()
+        with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+            got = model.generate(ids, max_new_tokens=8, do_sample=False)
+        assert torch.equal(got, want)
+        # The 6-token prefill (8 rows at most) and 7 single-token steps, each 2 layers x 4 Conv1D, and lm_head.
+        assert t.names.count("gemv_t_m8_float") == 8 and t.names.count("gemv_t_m1_float") == 7 * 8
+        assert t.names.count("gemv_dense_m1_r2_float") == 8
+        s = mps_ext.overrides.stats()
+        assert s["aten::addmm"] == {"hits": 64, "fallbacks": 0, "reasons": {}}
 
     def test_mps_override_runs_the_metal_kernels(self, device):
         if device != "mps":

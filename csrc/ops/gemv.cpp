@@ -40,11 +40,25 @@ GemvGeometry dense_geometry(int64_t blocks) {
   return {1, {uint32_t((blocks + kDenseSimdGroups - 1) / kDenseSimdGroups)}, {32 * kDenseSimdGroups}};
 }
 
+// W stored k-major (gemv_t): a threadgroup per 32 lanes x 16 bytes of
+// columns, with as many SIMD groups splitting the rows of W as fill the GPU
+// (at most kGemvTMaxSlices, and no more than there are rows).
+GemvPlan plan_k_major(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
+  const std::string kernel = host_name("gemv", ("t_m" + std::to_string(rows_bucket(m))).c_str(), {dtype});
+  const int64_t columns = 32 * (16 / int64_t(c10::elementSize(dtype)));
+  const int64_t blocks = (n + columns - 1) / columns;
+  const int64_t fill = backend.fill_simdgroups(kernel, 32 * kGemvTMaxSlices);
+  int64_t slices = std::clamp<int64_t>(std::min(fill / blocks, k), 1, kGemvTMaxSlices);
+  while (slices > 1 && backend.unavailable(kernel, uint32_t(32 * slices))) slices /= 2;
+  return {kernel, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
+}
+
 // The kernel and geometry for these sizes. Rows of W per SIMD group: for one
 // row of x, one when that many SIMD groups fill the GPU (most resident), two
 // otherwise (more loads in flight each); two for 2-4 rows of x, four for
 // 5-8 (metal/gemv.metal says why).
-GemvPlan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend) {
+GemvPlan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& backend, bool k_major) {
+  if (k_major) return plan_k_major(m, n, k, dtype, backend);
   const int64_t bucket = rows_bucket(m);
   const std::string one_row = host_name("gemv", "dense_m1_r1", {dtype});
   const int64_t rows = bucket == 8 ? 4
@@ -57,6 +71,12 @@ GemvPlan plan(int64_t m, int64_t n, int64_t k, at::ScalarType dtype, Backend& ba
   const GemvGeometry g =
       rows == 1 ? dense_geometry(n) : gemv_geometry(n, (k + per_step - 1) / per_step, rows, backend, split);
   return {g.slices > 1 ? split : host_name("gemv", ("dense_" + tile).c_str(), {dtype}), g.grid, g.threads};
+}
+
+// Whether the kernels read W (n x k) k-major (gemv_t): its rows strided,
+// its columns contiguous (a (k x n) row-major matrix seen transposed).
+bool k_major(const at::Tensor& weight) {
+  return weight.stride(1) != 1 && weight.size(1) != 1 && (weight.stride(0) == 1 || weight.size(0) == 1);
 }
 
 // x as (m, k) rows with unit stride along k.
@@ -100,10 +120,12 @@ std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::T
   if (input.numel() == 0 || n == 0) return "empty";
   const int64_t m = input.numel() / k;
   if (m > kGemvMaxRows) return "rows > 8";
-  if (weight.stride(1) != 1 && k != 1) return "weight rows not contiguous";
+  const bool transposed = k_major(weight);
+  if (weight.stride(1) != 1 && k != 1 && !transposed) return "weight neither row- nor column-major";
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (n > kMax || k > kMax || weight.stride(0) > kMax || (has_bias && bias->stride(0) > kMax)) return "size >= 2^31";
-  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend);
+  if (n > kMax || k > kMax || weight.stride(transposed ? 1 : 0) > kMax || (has_bias && bias->stride(0) > kMax))
+    return "size >= 2^31";
+  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend, transposed);
   if (auto reason = backend->unavailable(p.kernel, p.threads.x * p.threads.y * p.threads.z)) return reason;
   return std::nullopt;
 }
@@ -120,18 +142,20 @@ at::Tensor gemv(const at::Tensor& input, const at::Tensor& weight, const std::op
   q.n = uint32_t(n);
   q.k = uint32_t(k);
   q.m = uint32_t(m);
-  q.w_stride = uint32_t(n == 1 ? k : weight.stride(0));
+  // Between W's n rows, or for gemv_t between its k rows.
+  const bool transposed = k_major(weight);
+  q.w_stride = uint32_t(transposed ? weight.stride(1) : n == 1 ? k : weight.stride(0));
   q.x_stride = uint32_t(m == 1 ? k : x.stride(0));
   q.y_stride = uint32_t(n);
   const int64_t es = int64_t(input.element_size());
-  q.w_vectorized = aligned16(weight) && (n == 1 || q.w_stride * es % 16 == 0);
+  q.w_vectorized = aligned16(weight) && ((transposed ? k : n) == 1 || q.w_stride * es % 16 == 0);
   q.x_vectorized = aligned16(x) && (m == 1 || q.x_stride * es % 16 == 0);
   at::Tensor b = weight;  // bound in the bias slot when there is none; never read
   if (bias && bias->defined()) {
     q.has_bias = 1;
     b = bias->stride(0) == 1 ? *bias : bias->contiguous();
   }
-  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()));
+  const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend_for(input.device()), transposed);
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}.tensor(weight).tensor(x).tensor(b).tensor(y).bytes(q));
   return y.view(shape);
 }

@@ -1,7 +1,8 @@
-// aten::linear, aten::mm / aten::addmm whose right operand is a transposed
-// row-major matrix (x @ W.T written by hand, and how F.linear reaches the CPU
-// key when linear itself has no CPU kernel), and aten::mv / aten::addmv of a
-// row-major matrix (W @ v), routed to the GEMV kernels for 1-8 rows.
+// aten::linear, aten::mm / aten::addmm (x @ W.T written by hand, how F.linear
+// reaches the CPU key when linear itself has no CPU kernel, and x @ W with W
+// k x n, transformers' Conv1D) and aten::mv / aten::addmv (W @ v), routed to
+// the GEMV kernels for 1-8 rows: gemv_* for a row-major weight (n x k),
+// gemv_t_* for one stored k-major.
 //
 // Autograd: aten::linear has a derivative of its own in torch 2.13-2.15
 // (derivatives.yaml: linear_backward, registered for MPS because MPS has a
@@ -72,9 +73,15 @@ at::Tensor original_addmv(const at::Tensor& self, const at::Tensor& mat, const a
   return at::cpu::addmv(self, mat, vec, beta, alpha);
 }
 
-// GEMV when the kernels take it (counted), else nullopt and why not.
+// GEMV when the kernels take it (counted), else nullopt and why not. The
+// matrix products torch's own ops make for a call left to them (a
+// _scaled_mm or _grouped_mm on its CPU kernel) stay torch's.
 std::optional<at::Tensor> try_gemv(const char* op, const at::Tensor& input, const at::Tensor& weight,
                                    const std::optional<at::Tensor>& bias, std::string* why) {
+  if (inside_torch_call()) {
+    *why = "inside torch's own op";
+    return std::nullopt;
+  }
   if (auto unsupported = ops::gemv_unsupported(input, weight, bias)) {
     *why = *unsupported;
     return std::nullopt;
@@ -91,15 +98,12 @@ at::Tensor linear(const at::Tensor& input, const at::Tensor& weight, const std::
   return original_linear(input, weight, bias);
 }
 
-// mat2 (k x n) as the weight it is a transpose of (n x k, row-major), or
-// nullopt with the reason.
-std::optional<at::Tensor> transposed_weight(const at::Tensor& mat1, const at::Tensor& mat2, std::string* why) {
+// mat2 (k x n) as the weight (n x k) of x @ W.T, or nullopt with the
+// reason: the GEMV reads it row-major (x @ W.T with W n x k, how F.linear
+// decomposes) or k-major (x @ W with W k x n, transformers' Conv1D).
+std::optional<at::Tensor> weight_of(const at::Tensor& mat1, const at::Tensor& mat2, std::string* why) {
   if (mat1.dim() != 2 || mat2.dim() != 2) {
     *why = "not 2-D";
-    return std::nullopt;
-  }
-  if (mat2.stride(0) != 1 && mat2.size(0) != 1) {
-    *why = "mat2 not a transposed row-major matrix";
     return std::nullopt;
   }
   return mat2.t();
@@ -107,7 +111,7 @@ std::optional<at::Tensor> transposed_weight(const at::Tensor& mat1, const at::Te
 
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
   std::string why;
-  if (auto weight = transposed_weight(self, mat2, &why)) {
+  if (auto weight = weight_of(self, mat2, &why)) {
     if (auto out = try_gemv("aten::mm", self, *weight, std::nullopt, &why)) return *out;
   }
   const CallingTorch calling = fallback("aten::mm", why);
@@ -120,7 +124,7 @@ at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2, const at::Scalar& beta,
                  const at::Scalar& alpha) {
   std::string why;
-  std::optional<at::Tensor> weight = transposed_weight(mat1, mat2, &why);
+  std::optional<at::Tensor> weight = weight_of(mat1, mat2, &why);
   std::optional<at::Tensor> bias;
   if (weight) {
     if (!(beta.equal(1) && alpha.equal(1))) {
@@ -141,7 +145,7 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tenso
 }
 
 // W @ v (torch.mv, and torch.matmul of a matrix and a vector): the matrix is
-// the weight, the vector one row of x. torch's mv is composite on both keys
+// the weight (row-major, or k-major: W.T @ v), the vector one row of x. torch's mv is composite on both keys
 // (addmv_ into a new tensor), so it is the fallback on both.
 at::Tensor mv(const at::Tensor& self, const at::Tensor& vec) {
   std::string why = "not a matrix and a vector";

@@ -124,6 +124,8 @@ CallingTorch fallback(const char* op, const std::string& reason) {
   return {};
 }
 
+bool inside_torch_call() { return calling_torch > 0; }
+
 CallingTorch::CallingTorch() { ++calling_torch; }
 CallingTorch::~CallingTorch() { --calling_torch; }
 

@@ -26,7 +26,8 @@ std::vector<std::string> overridden_ops(c10::DeviceType device);
 // Held while torch's own op runs a call that an override or one of
 // mps_ext's ops left to it: what that op reaches through the dispatcher (a
 // linear's decomposition into mm) belongs to the call already counted, so it
-// is not counted again.
+// is not counted again, and goes to torch's kernels too (inside_torch_call):
+// a call left to torch is torch's, bit for bit.
 class CallingTorch {
  public:
   CallingTorch();
@@ -40,6 +41,7 @@ class CallingTorch {
 // `reason`; hold what fallback returns while torch's op runs. A call that
 // autograd's backward makes is counted as "<op> (backward)".
 void hit(const char* op);
+bool inside_torch_call();
 [[nodiscard]] CallingTorch fallback(const char* op, const std::string& reason);
 
 // One of mps_ext's own ops, counted as "mps_ext::<name>" like an override's

@@ -155,10 +155,14 @@ def padded_rows(t: torch.Tensor, pad=3) -> torch.Tensor:
     return buf[:, :t.shape[1]]
 
 
-def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False):
+def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False, k_major=False):
     x, w = randn(m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5)
+    if k_major:  # stored (k, n), as transformers' Conv1D holds it: gemv_t
+        w = (padded_rows(w.t().contiguous()) if unaligned else w.t().contiguous()).t()
     if unaligned:
-        x, w = offset_view(x), padded_rows(w)
+        x = offset_view(x)
+        if not k_major:
+            w = padded_rows(w)
     b = randn(n, dtype=dt) if bias else None
     recording, y = record(mps_ext.linear, x, w, b)
     poison(y)
@@ -166,6 +170,7 @@ def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False):
     ref = x.double() @ w.double().T + (b.double() if bias else 0)
     tfn = lambda: F.linear(x, w, b)
     return Case("gemv", f"linear m={m} n={n} k={k} {DT[dt]}{' +bias' if bias else ''}"
+                f"{' W stored k-major' if k_major else ''}"
                 f"{' unaligned x, padded W rows' if unaligned else ''}", Replay(recording),
                 compare(y, ref, dt, torch_out=tfn if large else None), nbytes(x, w, y) + (nbytes(b) if bias else 0),
                 2 * m * n * k, tfn if large else None)
@@ -180,13 +185,17 @@ def gemv_small():
         cases += [gemv_case(3, 1001, 300, dt, unaligned=True), gemv_case(1, 37, 3000, dt, unaligned=True)]
         # One weight row per SIMD group: rows enough to fill the GPU (an H200 keeps at most 132 x 64 warps)
         cases.append(gemv_case(1, 9000, 40, dt))
+        for i, m in enumerate((1, 2, 3, 7)):  # W stored k-major, columns past whole 16-byte loads
+            cases.append(gemv_case(m, 1001, 300, dt, bias=i % 2 == 0, k_major=True))
+        cases.append(gemv_case(2, 333, 70, dt, unaligned=True, k_major=True))
     return cases
 
 
 def gemv_large():
     return [gemv_case(1, 14336, 4096, F16, large=True), gemv_case(1, 14336, 4096, BF16, large=True),
             gemv_case(1, 14336, 4096, F32, large=True), gemv_case(8, 14336, 4096, BF16, large=True),
-            gemv_case(1, 4096, 14336, BF16, large=True), gemv_case(1, 128, 7168, BF16, large=True)]
+            gemv_case(1, 4096, 14336, BF16, large=True), gemv_case(1, 128, 7168, BF16, large=True),
+            gemv_case(1, 3072, 768, F32, bias=True, large=True, k_major=True)]  # GPT-2's c_fc, stored (k, n)
 
 
 # ---------------------------------------------------------------- FP8

@@ -4,9 +4,11 @@
 
 #if defined(__METAL_VERSION__)
 typedef uint mps_ext_u32;
+#define MPS_EXT_SHARED_CONSTANT constant constexpr
 #else
 #include <cstdint>
 typedef uint32_t mps_ext_u32;
+#define MPS_EXT_SHARED_CONSTANT constexpr
 #endif
 
 namespace mps_ext {
@@ -23,7 +25,8 @@ struct SoftmaxParams {
 static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 
 
-// y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k.
+// y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k; for
+// gemv_t, W stored k-major (k x n, w_stride between its k rows).
 struct GemvParams {
   mps_ext_u32 n;
   mps_ext_u32 k;
@@ -36,6 +39,9 @@ struct GemvParams {
   mps_ext_u32 x_vectorized;  // 1: x and its rows start 16-byte aligned
 };
 static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
+// The most SIMD groups of a gemv_t threadgroup: its threadgroup memory holds
+// the totals of all but one (7 x 256 floats for 16-bit types).
+MPS_EXT_SHARED_CONSTANT mps_ext_u32 kGemvTMaxSlices = 8;
 // Small-matrix linear algebra (metal/linalg.metal, metal/qr.metal): `batch`
 // systems of order `n` with `k` right-hand sides, or (QR) `m` x `n` matrices
 // with `k` Householder reflectors. Element (i, j) of system b's matrix (A, LU,
