@@ -101,7 +101,7 @@ kernel void gemv_t(device const T* w [[buffer(0)]], device const T* x [[buffer(1
                    constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                    uint sg [[simdgroup_index_in_threadgroup]], uint slices [[simdgroups_per_threadgroup]],
                    uint lane [[thread_index_in_simdgroup]]) {
-  constexpr uint C = 16 / sizeof(T), F = kGemvTRowsInFlight;
+  constexpr uint C = 16 / sizeof(T);
   threadgroup float partial[(mps_ext::kGemvTMaxSlices - 1) * 32 * C];
   const uint j0 = (group * 32 + lane) * C;
   const bool vectorized = p.w_vectorized != 0;
@@ -111,15 +111,16 @@ kernel void gemv_t(device const T* w [[buffer(0)]], device const T* x [[buffer(1
     MPS_EXT_UNROLL
     for (uint c = 0; c < C / 4; ++c) acc[i][c] = 0.0f;
   uint k = sg;
-  for (; k + (F - 1) * slices < p.k; k += F * slices) {
-    float4 wv[F][C / 4];
+  for (; k + (kGemvTRowsInFlight - 1) * slices < p.k; k += kGemvTRowsInFlight * slices) {
+    float4 wv[kGemvTRowsInFlight][C / 4];
     MPS_EXT_UNROLL
-    for (uint r = 0; r < F; ++r) gemv_t_columns(w + ulong(k + r * slices) * p.w_stride, j0, p.n, vectorized, wv[r]);
+    for (uint r = 0; r < kGemvTRowsInFlight; ++r)
+      gemv_t_columns(w + ulong(k + r * slices) * p.w_stride, j0, p.n, vectorized, wv[r]);
     MPS_EXT_UNROLL
     for (uint i = 0; i < M; ++i) {
       device const T* xi = x + metal::min(i, p.m - 1) * p.x_stride;
       MPS_EXT_UNROLL
-      for (uint r = 0; r < F; ++r) {
+      for (uint r = 0; r < kGemvTRowsInFlight; ++r) {
         const float xv = float(xi[k + r * slices]);
         MPS_EXT_UNROLL
         for (uint c = 0; c < C / 4; ++c) acc[i][c] += wv[r][c] * xv;

@@ -32,6 +32,10 @@ REASONS = [
      "at the border, as torch is; docs/performance.md, which times CUDA graphs of many calls with inputs rotated "
      "through 4x the L2, has this shape at 90% of copy bandwidth"),
     (r"^linear m=1 n=128 k=7168", "1.8 MB, L2-resident, 32 threadgroups: launch-bound (torch alike)"),
+    (r"W stored k-major",
+     "too little parallelism: a threadgroup per 512 bytes of columns, at most 8 SIMD groups splitting K, so 24 "
+     "threadgroups (192 SIMD groups) for 132 SMs; an M1's 8 cores hold about that many. Not yet timed against "
+     "a peer (MLX's gemv_t)"),
     (r"scaled_mm m=(1|8) |fp8_linear m=(1|4) ",
      "the e4m3 decode (shift trick, half-to-float conversions, a NaN test per 4 bytes) costs more "
      "instructions per weight byte than its transfer on this GPU (about 107 per 16 bytes at m = 1: "

@@ -4,11 +4,9 @@
 
 #if defined(__METAL_VERSION__)
 typedef uint mps_ext_u32;
-#define MPS_EXT_SHARED_CONSTANT constant constexpr
 #else
 #include <cstdint>
 typedef uint32_t mps_ext_u32;
-#define MPS_EXT_SHARED_CONSTANT constexpr
 #endif
 
 namespace mps_ext {
@@ -41,7 +39,7 @@ struct GemvParams {
 static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
 // The most SIMD groups of a gemv_t threadgroup: its threadgroup memory holds
 // the totals of all but one (7 x 256 floats for 16-bit types).
-MPS_EXT_SHARED_CONSTANT mps_ext_u32 kGemvTMaxSlices = 8;
+enum : mps_ext_u32 { kGemvTMaxSlices = 8 };
 // Small-matrix linear algebra (metal/linalg.metal, metal/qr.metal): `batch`
 // systems of order `n` with `k` right-hand sides, or (QR) `m` x `n` matrices
 // with `k` Householder reflectors. Element (i, j) of system b's matrix (A, LU,
