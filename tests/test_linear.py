@@ -29,18 +29,21 @@ def reference(x, w, b=None):
 
 
 def check(x, w, b=None, kernel=None, device="cpu"):
-    """Runs mps_ext.linear on `device`, compares with torch and checks that one gemv_ kernel ran."""
+    """Runs mps_ext.linear on `device`, compares with torch and checks that one gemv_ kernel ran: gemv_t_* for
+    a weight stored k-major (columns contiguous, rows strided), else gemv_dense_* or gemv_splitk_*."""
     with mps_ext.trace() as t:
         got = mps_ext.linear(x.to(device), w.to(device), None if b is None else b.to(device)).cpu()
     want = reference(x, w, b)
     assert got.dtype == want.dtype and got.shape == want.shape
     magnitude = x.cpu().float().abs() @ w.cpu().float().abs().t() + (0 if b is None else b.cpu().float().abs())
     assert_close_dot(got, want, magnitude, x.shape[-1])
-    backend = "simulator" if device == "cpu" else "metal"
-    assert len(t.kernels) == 1 and t.kernels[0].backend == backend
+    assert len(t.kernels) == 1 and t.kernels[0].backend == backend(device)
     rows = max(1, x.numel() // max(1, x.shape[-1]))
-    w_rows = "4" if bucket(rows) == 8 else "[12]" if bucket(rows) == 1 else "2"  # rows of W per SIMD group
-    assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_r{w_rows}_{TYPE[x.dtype]}", t.names[0]), t.names
+    if w.stride(1) != 1 and min(w.shape) > 1:
+        assert t.names == [f"gemv_t_m{bucket(rows)}_{TYPE[x.dtype]}"]
+    else:
+        w_rows = "4" if bucket(rows) == 8 else "[12]" if bucket(rows) == 1 else "2"  # rows of W per SIMD group
+        assert re.fullmatch(rf"gemv_(dense|splitk)_m{bucket(rows)}_r{w_rows}_{TYPE[x.dtype]}", t.names[0]), t.names
     if kernel is not None:
         assert t.names[0].startswith(f"gemv_{kernel}_")
     return got
@@ -175,18 +178,9 @@ def test_k_tails_of_aligned_rows(device, dtype, k):
 
 
 def check_k_major(x, w_kn, b=None, device="cpu"):
-    """mps_ext.linear with the weight stored k-major (w_kn is in_features x out_features, row-major with any
-    row stride: x @ w_kn as transformers' Conv1D computes it): one gemv_t kernel, compared with torch."""
-    w = w_kn.t()
-    with mps_ext.trace() as t:
-        got = mps_ext.linear(x.to(device), w.to(device), None if b is None else b.to(device)).cpu()
-    want = reference(x, w, b)
-    assert got.dtype == want.dtype and got.shape == want.shape
-    magnitude = x.cpu().float().abs() @ w.cpu().float().abs().t() + (0 if b is None else b.cpu().float().abs())
-    assert_close_dot(got, want, magnitude, x.shape[-1])
-    rows = max(1, x.numel() // max(1, x.shape[-1]))
-    assert t.names == [f"gemv_t_m{bucket(rows)}_{TYPE[x.dtype]}"] and t.kernels[0].backend == backend(device)
-    return got
+    """check() with the weight stored k-major: w_kn is in_features x out_features, row-major with any row
+    stride (x @ w_kn, as transformers' Conv1D computes it)."""
+    return check(x, w_kn.t(), b, device=device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
