@@ -83,8 +83,10 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
     Runs mps_ext's GEMV kernels when the leading dimensions of ``input`` hold
     1 to 8 rows (decode), for float32, float16 and bfloat16, with ``weight``
-    (out_features, in_features) row-major (any row stride) and ``bias`` None or
-    1-D: one pass over the weights for all rows, float accumulation, the bias
+    (out_features, in_features) row-major or column-major (``W.t()`` of an
+    (in_features, out_features) matrix, as transformers' ``Conv1D`` holds it;
+    any stride between rows) and ``bias`` None or 1-D: one pass over the
+    weights for all rows, float accumulation, the bias
     added before the one rounding. On ``mps`` tensors on the GPU, on CPU
     tensors in the simulator; everything else goes to torch. Mismatched
     dtypes, devices or sizes raise ``RuntimeError`` naming the argument.
