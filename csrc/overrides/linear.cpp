@@ -145,8 +145,9 @@ at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tenso
 }
 
 // W @ v (torch.mv, and torch.matmul of a matrix and a vector): the matrix is
-// the weight (row-major, or k-major: W.T @ v), the vector one row of x. torch's mv is composite on both keys
-// (addmv_ into a new tensor), so it is the fallback on both.
+// the weight (row-major, or k-major: W.T @ v), the vector one row of x.
+// torch's mv is composite on both keys (addmv_ into a new tensor), so it is
+// the fallback on both.
 at::Tensor mv(const at::Tensor& self, const at::Tensor& vec) {
   std::string why = "not a matrix and a vector";
   if (self.dim() == 2 && vec.dim() == 1) {

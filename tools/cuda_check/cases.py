@@ -157,12 +157,12 @@ def padded_rows(t: torch.Tensor, pad=3) -> torch.Tensor:
 
 def gemv_case(m, n, k, dt, bias=False, large=False, unaligned=False, k_major=False):
     x, w = randn(m, k, dtype=dt), randn(n, k, dtype=dt, scale=k ** -0.5)
-    if k_major:  # stored (k, n), as transformers' Conv1D holds it: gemv_t
-        w = (padded_rows(w.t().contiguous()) if unaligned else w.t().contiguous()).t()
     if unaligned:
         x = offset_view(x)
-        if not k_major:
-            w = padded_rows(w)
+    if k_major:  # stored (k, n), as transformers' Conv1D holds it: gemv_t
+        w = (padded_rows(w.t().contiguous()) if unaligned else w.t().contiguous()).t()
+    elif unaligned:
+        w = padded_rows(w)
     b = randn(n, dtype=dt) if bias else None
     recording, y = record(mps_ext.linear, x, w, b)
     poison(y)
