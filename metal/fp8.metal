@@ -8,16 +8,21 @@
 // - fp8_linear: float/half/bfloat a; w with one scale per block_n x block_k
 //   block (per tensor, per row, or 128 x 128 blocks as in FP8 checkpoints).
 //
-// Two kernels each:
+// Three kernels each:
+// - gemv_stream (one row of a, k up to 16384): each SIMD group holds 512
+//   bytes' worth of a in registers and streams the rows of w past them,
+//   two at a time (mps_ext/gemv.h's gemv_stream), decoding 16-byte chunks
+//   with the shift trick of mps_ext/fp8_decode.h: no load or unpack of a
+//   per row of w.
 // - gemv (m <= 8, decode): the decode GEMV loop of mps_ext/gemv.h with an
 //   e4m3fn weight policy: one SIMD group per row of w for one row of a, per
 //   four rows for more; each lane reads 16-byte chunks of each row (a SIMD
-//   group 512 contiguous bytes per chunk), decodes them once with the shift
-//   trick of mps_ext/fp8_decode.h and uses them for every row of a (from
-//   cache: a is small). Each weight byte is read once per call. The 256 the trick
-//   divides by is folded in once per dot product. The host sizes the grid
-//   as for the dense GEMV (ops::gemv_geometry): K split over gemv_slices
-//   SIMD groups when the rows alone would not fill the GPU.
+//   group 512 contiguous bytes per chunk), decodes them once and uses them
+//   for every row of a (from cache: a is small). The host sizes the grid as
+//   for the dense GEMV (ops::gemv_geometry): K split over gemv_slices SIMD
+//   groups when the rows alone would not fill the GPU.
+//   Both read each weight byte once per call and fold the 256 the decode
+//   divides by back in once per dot product.
 // - tiled: 32 x 32 output tiles (mps_ext/mma.h), fp8 decoded exactly to
 //   float in threadgroup memory, float accumulation.
 //
@@ -192,6 +197,37 @@ kernel void fp8_gemv(device const In* a [[buffer(0)]], device const fp8* w [[buf
     }
 }
 
+// One row of a against w with a held in registers (mps_ext/gemv.h's
+// gemv_stream): threadgroup g owns rows [g * stream_rows, (g + 1) *
+// stream_rows) of w, each of its SIMD groups one chunk of K (512 bytes of w),
+// so there are ceil(k / 512) of them; the host takes it for k up to
+// kGemvStreamMaxSlices chunks, fp8_gemv<M = 1> beyond. Two rows per batch:
+// on the CUDA proxy four held more than 64 registers and spilled
+// (threadgroups of up to 1024 threads allow no more), 3-10% slower.
+template <typename In, typename Out>
+kernel void fp8_gemv_stream(device const In* a [[buffer(0)]], device const fp8* w [[buffer(1)]],
+                            device const float* a_scale [[buffer(2)]], device const float* w_scale [[buffer(3)]],
+                            device const float* bias [[buffer(4)]], device Out* out [[buffer(5)]],
+                            constant Fp8MatmulParams& p [[buffer(6)]], uint group [[threadgroup_position_in_grid]],
+                            uint sg [[simdgroup_index_in_threadgroup]],
+                            uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                            uint tid [[thread_index_in_threadgroup]]) {
+  threadgroup float partial[mps_ext::kGemvStreamPartials];
+  const uint rows = p.stream_rows, first = group * rows, count = min(rows, p.n - first);
+  const mps_ext::Fp8Weights<16, metal::is_same<In, fp8>::value> weights{
+      w, p.w_stride, p.w_vectorized != 0, w_scale, p.block_n, p.block_k, p.scale_cols, p.scale_in_epilogue == 0,
+      p.w_e5m2 != 0};
+  mps_ext::gemv_stream<2>(weights, RowsOf<In>::make(a, p), first, count, p.n, p.k, sg, lane, partial + sg * rows);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  const float unfold = load_factor(In());
+  for (uint i = tid; i < count; i += simdgroups * 32) {
+    float dot = 0.0f;
+    for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + i];
+    const uint n = first + i;
+    out[n] = Out(epilogue(p, dot * weights.scale(n) * unfold, 0, n, a_scale, bias));
+  }
+}
+
 inline float element(device const fp8* p, ulong i, bool e5m2) {
   return e5m2 ? mps_ext::e5m2_to_float(p[i]) : mps_ext::fp8_to_float(p[i]);
 }
@@ -279,6 +315,8 @@ kernel void scaled_mm_encode(device const float* x [[buffer(0)]], device const f
   template [[host_name(#op "_gemv_m" #M "_" name)]] [[kernel]] decltype(fp8_gemv<In, Out, M>) fp8_gemv<In, Out, M>;
 
 #define MPS_EXT_FP8_MATMUL(op, In, Out, name)                                                                  \
+  template [[host_name(#op "_gemv_stream_" name)]] [[kernel]] decltype(fp8_gemv_stream<In, Out>)                 \
+      fp8_gemv_stream<In, Out>;                                                                                \
   MPS_EXT_FP8_GEMV(op, In, Out, 1, name)                                                                       \
   MPS_EXT_FP8_GEMV(op, In, Out, 2, name)                                                                       \
   MPS_EXT_FP8_GEMV(op, In, Out, 4, name)                                                                       \

@@ -181,8 +181,8 @@ def fp8_cases() -> Iterator[Case]:
                                  dtype=dtype, block=(3, 40))
             return got, (q.float() * s.repeat_interleave(3, 0)).to(dtype), 1.0
 
-        def scaled_mm(device, dtype=dtype, m=3):
-            a, w = ints(m, 72, seed=3).to(f8), ints(40, 72, seed=4).to(f8)
+        def scaled_mm(device, dtype=dtype, m=3, k=72):
+            a, w = ints(m, k, seed=3).to(f8), ints(40, k, seed=4).to(f8)
             sa, sb = torch.full((m, 1), 0.5), torch.full((1, 40), 2.0)
             dev = [t.view(torch.uint8).to(device) for t in (a, w)]
             got = fp8.scaled_mm(dev[0], dev[1].t(), sa.to(device), sb.to(device), out_dtype=dtype)
@@ -195,9 +195,10 @@ def fp8_cases() -> Iterator[Case]:
             full = s.repeat_interleave(32, 0).repeat_interleave(32, 1)[:40, :72]
             return got, (x.float() @ (w.float() * full).t()).to(dtype), 1.0
 
-        # K long enough for the gemv to split it over SIMD groups, with a whole chunk and a tail past its steps
+        # One row with K past what a threadgroup holds in registers (16384): the gemv splits it over SIMD
+        # groups, with a whole chunk and a tail past its steps
         def fp8_linear_split(device, dtype=dtype):
-            x, w = ints(1, 4700, seed=9).to(dtype), ints(8, 4700, seed=10).to(f8)
+            x, w = ints(1, 16500, seed=9).to(dtype), ints(8, 16500, seed=10).to(f8)
             got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), torch.tensor(0.5).to(device))
             return got, (x.float() @ (w.float() * 0.5).t()).to(dtype), 1.0
 
@@ -217,7 +218,8 @@ def fp8_cases() -> Iterator[Case]:
 
         t = SHORT[dtype]
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
-        yield Case(f"fp8_linear gemv split K {t} 1x4700x8", fp8_linear_split)
+        yield Case(f"fp8_linear gemv split K {t} 1x16500x8", fp8_linear_split)
+        yield Case(f"scaled_mm gemv split K fp8->{t} 1x16500x40", lambda d, f=scaled_mm: f(d, m=1, k=16500))
         # Decode pipelines by the rows an expert has on average (at least two), per channel and in blocks.
         for ends, rows in (((1, 2, 3), 2), ((4, 4, 12), 4), ((8, 8, 24), 8)):
             yield Case(f"fp8_grouped_mm decode_m{rows} {t} {ends[-1]}x72x24x3",
@@ -228,8 +230,8 @@ def fp8_cases() -> Iterator[Case]:
             yield Case(f"fp8_grouped_mm tiled_m{rows} {t} blocks 16x32 {ends[-1]}x72x24x3",
                        lambda d, f=grouped, ends=ends: f(d, ends=ends, block=(16, 32)))
         yield Case(f"fp8 dequantize ->{t} (9, 40)", dequantize)
-        for m in (1, 2, 3, 8, 33):  # gemv for 1, 2, 4 and 8 rows, tiled
-            kind = "tiled" if m > 8 else "gemv"
+        for m in (1, 2, 3, 8, 33):  # gemv_stream for one row, gemv for 2, 4 and 8, tiled
+            kind = "tiled" if m > 8 else "gemv_stream" if m == 1 else "gemv"
             yield Case(f"scaled_mm {kind} fp8->{t} {m}x72x40", lambda d, f=scaled_mm, m=m: f(d, m=m))
             yield Case(f"fp8_linear {kind} {t} {m}x72x40", lambda d, f=fp8_linear, m=m: f(d, m=m))
 

@@ -137,7 +137,8 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     ``weight_scale`` (float32): shape ``()`` (per tensor), ``(N,)`` or ``(N, 1)``
     (per output channel), or ``(ceil(N / bn), ceil(K / bk))`` with
     ``block_size=(bn, bk)`` (block-wise, as FP8 checkpoints' ``weight_scale_inv``).
-    Inputs with at most 8 rows run a GEMV kernel reading each weight byte once.
+    Inputs with at most 8 rows run a GEMV kernel reading each weight byte once (one row
+    with ``in_features`` up to 16384: the row held in registers, the weight streamed past it).
     Differentiable in ``input`` and ``bias`` (the weight is frozen).
     """
     return torch.ops.mps_ext.fp8_linear(input, weight, weight_scale, bias,

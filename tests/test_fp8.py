@@ -30,8 +30,9 @@ def gen(seed: int) -> torch.Generator:
 
 
 def gemv(m: int) -> str:
-    """The gemv kernel variant serving m rows (built for 1, 2, 4, 8)."""
-    return f"gemv_m{1 << (m - 1).bit_length()}"
+    """The gemv kernel variant serving m rows (built for 1, 2, 4, 8), for K up to 16384: one row streams the
+    rows of w past itself (gemv_stream)."""
+    return "gemv_stream" if m == 1 else f"gemv_m{1 << (m - 1).bit_length()}"
 
 
 # ----------------------------------------------------------- quantize/dequantize
@@ -396,7 +397,7 @@ def test_fp8_linear_decodes_every_code_exactly(rows, device):
 
 
 @pytest.mark.parametrize("granularity", ["tensor", "block"])
-@pytest.mark.parametrize("rows", [1, 2, 3])
+@pytest.mark.parametrize("rows", [2, 3])
 def test_fp8_linear_splits_a_long_k(rows, granularity, device):
     # A router's shape: 64 rows of w leave the simulator's 1024 SIMD groups idle, so SIMD groups split K
     # (32 x 16 bytes per step, at least two steps each) and add their sums through threadgroup memory.
@@ -415,11 +416,12 @@ def test_fp8_linear_splits_a_long_k(rows, granularity, device):
 
 @pytest.mark.parametrize("granularity", ["tensor", "block"])
 def test_fp8_linear_streams_a_long_k_alone(granularity):
-    # On one core the 64 rows fill the GPU, so no SIMD group splits K = 4112 with another: each streams four
-    # whole steps of 1024 bytes, fetching a step's bytes before it decodes the step before, the last one
-    # with the 16 bytes past them (rows 16-byte aligned, so no bounds test inside the whole steps; checked
-    # mode proves that no load strays past a row).
-    n, k = 64, 4112
+    # K = 16400 is past what one row of x can hold in a threadgroup's registers (32 SIMD groups of 512 bytes),
+    # so one SIMD group per row of w: on one core the 64 rows fill the GPU, so no SIMD group splits K with
+    # another; each streams sixteen whole steps of 1024 bytes, fetching a step's bytes before it decodes the
+    # step before, the last one with the 16 bytes past them (rows 16-byte aligned, so no bounds test inside
+    # the whole steps; checked mode proves that no load strays past a row).
+    n, k = 64, 16400
     q, s, block, deq = weight_and_scale(n, k, granularity, seed=7)
     x = torch.randn(1, k, generator=gen(13)).to(torch.bfloat16)
     with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(1), mps_ext.trace() as t:
@@ -428,6 +430,52 @@ def test_fp8_linear_streams_a_long_k_alone(granularity):
     assert t.kernels[0].grid[0] * t.kernels[0].threadgroup[0] == 32 * n, t.kernels  # a SIMD group per row
     want = F.linear(x.float(), deq).to(torch.bfloat16)
     assert_close_dot(got, want, x.float().abs() @ deq.abs().t(), k)
+
+
+STREAM_CASES = {  # (n, k, granularity, w's rows at a 16-byte offset): what each shows
+    "whole": (200, 4096, "channel", True),  # 8 SIMD groups of 512 bytes, no bounds test
+    "tail": (37, 4100, "tensor", True),  # a ninth SIMD group with 4 bytes; rows past n in the last batch
+    "longest": (20, 16384, "channel", True),  # 32 SIMD groups: the most a threadgroup holds
+    "blocks": (300, 1024, "block", True),  # scales change along K: each 16-byte chunk scaled
+    "blocks16x48": (45, 528, "block16x48", True),
+    "short": (9, 40, "channel", True),  # one SIMD group, most lanes past K
+    "unaligned": (33, 1000, "channel", False),  # every load tested (rows 1000 bytes apart from byte 1)
+}
+
+
+@pytest.mark.parametrize("case", STREAM_CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fp8_linear_one_row_streams_w_past_it(case, dtype):
+    # One row of x: each SIMD group of a threadgroup holds its 512 bytes' worth of x in registers and the
+    # threadgroup's rows of w stream past (an even number of them, 32 at most); the SIMD groups' partial sums
+    # meet in threadgroup memory. Checked mode proves that no load strays past K or past a row.
+    n, k, granularity, aligned = STREAM_CASES[case]
+    q, s, block, deq = weight_and_scale(n, k, granularity, seed=n + k)
+    if not aligned:
+        q = torch.cat([q.view(torch.uint8).new_zeros(n, 1), q.view(torch.uint8)], 1)[:, 1:].view(F8)
+    x = torch.randn(1, k, generator=gen(k)).to(dtype)
+    bias = torch.randn(n, generator=gen(n)).to(dtype)
+    with mps_ext.sim.checked(), mps_ext.trace() as t:
+        got = mps_ext.fp8_linear(x, q, s, bias, block_size=block)
+    ran(t, "cpu", f"fp8_linear_gemv_stream_{MT[dtype]}")
+    (groups, _, _), (threads, _, _) = t.kernels[0].grid, t.kernels[0].threadgroup
+    assert threads == 32 * -(-k // 512)
+    assert any(-(-n // rows) == groups for rows in range(2, 33, 2)), t.kernels  # an even number of rows each
+    want = F.linear(x.float(), deq, bias.float()).to(dtype)
+    assert_close_dot(got, want, x.float().abs() @ deq.abs().t() + bias.float().abs(), k)
+
+
+@pytest.mark.parametrize("e5m2", [False, True])
+def test_scaled_mm_one_row_streams(e5m2):
+    # scaled_mm with one row of a: a's e4m3fn (or e5m2) bytes decoded once into registers, b's rows streamed.
+    a, b, sa, sb = fp8_operands(1, 1000, 70, True, seed=3)
+    if e5m2:
+        a, b = a.float().to(torch.float8_e5m2), b.float().to(torch.float8_e5m2)
+    with mps_ext.sim.checked(), mps_ext.trace() as t:
+        got = mps_ext.scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    ran(t, "cpu", "scaled_mm_gemv_stream_fp8_bfloat")
+    want = torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)
+    assert_close_dot(got, want, magnitude(a, b, sa, sb), 1000)
 
 
 def test_fp8_linear_bits_strides_and_errors(device):

@@ -325,6 +325,10 @@ def fp8_small():
         cases.append(scaled_mm_case(37, 40, 72, dt, rowwise=True, bias=True))
         cases.append(fp8_linear_case(37, 40, 72, dt, (16, 24)))
         cases.append(scaled_mm_case(3, 40, 160, dt, rowwise=True, unaligned=True))
+        # one row: streamed past w with whole and partial chunks of K, and past what a threadgroup holds
+        cases.append(fp8_linear_case(1, 40, 1040, dt, (16, 32)))
+        cases.append(scaled_mm_case(1, 6, 16400, dt, rowwise=True))
+        cases.append(fp8_linear_case(1, 6, 16400, dt, None, bias=True))
     # float8 outputs
     cases += [scaled_mm_case(5, 40, 160, E4M3, rowwise=True, scale_result=4.0),
               scaled_mm_case(20, 40, 72, E5M2, rowwise=False)]
@@ -338,6 +342,7 @@ def fp8_large():
             scaled_mm_case(512, 14336, 4096, BF16, rowwise=True, large=True),
             fp8_linear_case(1, 14336, 4096, BF16, (128, 128), large=True),
             fp8_linear_case(4, 14336, 4096, F16, None, large=True),
+            fp8_linear_case(1, 4096, 14336, BF16, None, large=True),
             fp8_linear_case(256, 14336, 4096, BF16, (128, 128), large=True),
             quantize_case(4096, 14336, 1, 14336, BF16, large=True),
             quantize_case(4096, 14336, 128, 128, BF16, large=True),

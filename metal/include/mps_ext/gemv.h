@@ -311,4 +311,105 @@ inline Tile<M, R> gemv_sum_slices(Tile<M, R> t, threadgroup float* partial, uint
   return t;
 }
 
+// ------------------------------------------------------------ streamed rows
+//
+// One row of x held in registers, for weights whose decode costs as much as
+// x's loads and unpacks would (e4m3fn): SIMD group s of a threadgroup owns
+// chunk s of K (32 lanes x kPerLane elements), loads its x once, and
+// streams the threadgroup's rows of W past it, G rows at a time, each batch's
+// loads issued before the batch before it is decoded. A batch's G partial
+// dot products are reduced over the SIMD group at once by a transposing
+// butterfly, and the SIMD groups' partials are added through threadgroup
+// memory. Against gemv_simdgroup with one row of x, a row costs no x loads,
+// no unpacks and no per-row setup.
+
+// The totals over the SIMD group of G values per lane (G = 2, 4, 8, 16,
+// 32), transposed: lane l gets the total of v[l / (32 / G)], so lanes 0,
+// 32 / G, 2 * 32 / G, ... hold v[0], v[1], ... Each halving step sends
+// the half of a lane's values its partner keeps: G - 1 + log2(32 / G)
+// shuffles for G totals where simd_sum takes 5 for each. v is overwritten.
+template <uint G>
+inline float simd_sum_transposed(thread float* v, uint lane) {
+  static_assert(G >= 2 && G <= 32 && (G & (G - 1)) == 0, "a power of two up to 32");
+  ushort d = 16;
+  MPS_EXT_UNROLL
+  for (uint count = G; count > 1; count /= 2, d /= 2) {
+    const bool upper = (lane & d) != 0;
+    MPS_EXT_UNROLL
+    for (uint i = 0; i < count / 2; ++i) {
+      const float keep = upper ? v[i + count / 2] : v[i], send = upper ? v[i] : v[i + count / 2];
+      v[i] = keep + metal::simd_shuffle_xor(send, d);
+    }
+  }
+  MPS_EXT_UNROLL
+  for (; d > 0; d /= 2) v[0] += metal::simd_shuffle_xor(v[0], d);
+  return v[0];
+}
+
+// The raw chunks at ku of G consecutive rows from `row` (rows past n - 1
+// read row n - 1).
+template <uint G, bool Checked, typename Weights>
+inline StepChunks<Weights, G, 1> gemv_stream_fetch(Weights w, uint row, uint n, uint ku, uint k) {
+  StepChunks<Weights, G, 1> c;
+  MPS_EXT_UNROLL
+  for (uint j = 0; j < G; ++j) c.v[j][0] = w.template fetch<Checked>(metal::min(row + j, n - 1), ku, k);
+  return c;
+}
+
+// The partial dot products of the G fetched rows from `row` with x (xv:
+// this lane's elements, at ku), totalled over the SIMD group into
+// partial[0 .. G) (rows past n - 1 decode row n - 1).
+template <uint G, bool Checked, typename Weights>
+inline void gemv_stream_batch(Weights w, thread const float4* xv, thread const StepChunks<Weights, G, 1>& c, uint row,
+                              uint n, uint k, uint ku, uint lane, threadgroup float* partial) {
+  constexpr uint P = Weights::kPerLane;
+  float v[G];
+  MPS_EXT_UNROLL
+  for (uint j = 0; j < G; ++j) {
+    float4 wv[P / 4];
+    w.template decode<Checked>(c.v[j][0], metal::min(row + j, n - 1), ku, k, wv);
+    v[j] = 0.0f;
+    MPS_EXT_UNROLL
+    for (uint q = 0; q < P / 4; ++q) v[j] = dot_add(wv[q], xv[q], v[j]);
+  }
+  const float total = simd_sum_transposed<G>(v, lane);
+  if (lane % (32 / G) == 0) partial[lane / (32 / G)] = total;
+}
+
+// partial[r] for rows first + r, r < count (and up to G - 1 more past it,
+// rows past n - 1 reading row n - 1): the dot products of rows of `w` with
+// x over this SIMD group's chunk of K. Checked: the chunk may reach past K
+// or the rows may be unaligned (each lane's loads tested, zeros past K).
+template <uint G, bool Checked, typename Weights>
+inline void gemv_stream_rows(Weights w, thread const float4* xv, uint first, uint count, uint n, uint k, uint ku,
+                             uint lane, threadgroup float* partial) {
+  StepChunks<Weights, G, 1> c = gemv_stream_fetch<G, Checked>(w, first, n, ku, k);
+  uint r = 0;
+  for (; r + G < count; r += G) {
+    const StepChunks<Weights, G, 1> ahead = gemv_stream_fetch<G, Checked>(w, first + r + G, n, ku, k);
+    gemv_stream_batch<G, Checked>(w, xv, c, first + r, n, k, ku, lane, partial + r);
+    c = ahead;
+  }
+  gemv_stream_batch<G, Checked>(w, xv, c, first + r, n, k, ku, lane, partial + r);
+}
+
+// gemv_stream_rows for SIMD group sg of a threadgroup (its chunk of K,
+// count >= 1 rows), x's elements loaded here, without a bounds test where
+// none is needed: every SIMD group but the last one of a K that is not a
+// whole number of chunks.
+template <uint G, typename Weights, typename X>
+inline void gemv_stream(Weights w, X x, uint first, uint count, uint n, uint k, uint sg, uint lane,
+                        threadgroup float* partial) {
+  constexpr uint P = Weights::kPerLane;
+  const uint ku = (sg * 32 + lane) * P;
+  float4 xv[P / 4];
+  if (w.vectorized && x.vectorized && (sg + 1) * 32 * P <= k) {
+    x.template load<P, false>(0, ku, k, xv);
+    gemv_stream_rows<G, false>(w, xv, first, count, n, k, ku, lane, partial);
+  } else {
+    x.template load<P, true>(0, ku, k, xv);
+    gemv_stream_rows<G, true>(w, xv, first, count, n, k, ku, lane, partial);
+  }
+}
+
 }  // namespace mps_ext

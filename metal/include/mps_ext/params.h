@@ -100,8 +100,13 @@ struct Fp8MatmulParams {
   mps_ext_u32 a_e5m2;             // scaled_mm: a holds e5m2 bytes (else e4m3fn)
   mps_ext_u32 w_e5m2;             // scaled_mm: w holds e5m2 bytes (else e4m3fn)
   mps_ext_u32 gemv_slices;        // gemv: SIMD groups that split K for the same rows (1: none)
+  mps_ext_u32 stream_rows;        // gemv_stream: rows of w per threadgroup (even)
 };
-static_assert(sizeof(Fp8MatmulParams) == 72, "Fp8MatmulParams layout");
+static_assert(sizeof(Fp8MatmulParams) == 76, "Fp8MatmulParams layout");
+// The streamed GEMV (mps_ext/gemv.h's gemv_stream): at most this many SIMD
+// groups per threadgroup (each owns 32 chunks of K), and partial dot
+// products for at most this many (rows x SIMD groups) in threadgroup memory.
+enum : mps_ext_u32 { kGemvStreamMaxSlices = 32, kGemvStreamPartials = 1024 };
 
 
 // torch._grouped_mm: out_g = a_g @ b_g for each group g. `split` says which

@@ -386,6 +386,10 @@ template <class T>
 MTLCUDA_FN T simd_broadcast(T v, ushort src) {
   return shuffle_value(__activemask(), v, src);
 }
+template <class T>
+MTLCUDA_FN T simd_shuffle_xor(T v, ushort mask) {
+  return shuffle_value(__activemask(), v, simd_lane() ^ mask);
+}
 
 // The simulator's order: lane i combines with lane i + s for s = 16 .. 1, an
 // inactive partner leaving the value as it is; every lane gets lane 0's.
