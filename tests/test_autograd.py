@@ -183,7 +183,10 @@ def test_forward_derivative(case, route, mode, device, request):
         with context, pytest.raises(NotImplementedError, match="forward AD"):
             jvp_there(f, mode)
         return
-    want = jvp(case.reference_jvp or case.theirs, inputs, tangents, "jvp")
+    wide = {torch.float32: torch.float64, torch.complex64: torch.complex128} if case.double_jvp else {}
+    widen = lambda xs: tuple(x.to(wide[x.dtype]) if isinstance(x, torch.Tensor) and x.dtype in wide else x
+                             for x in xs)
+    want = jvp(case.reference_jvp or case.theirs, widen(inputs), widen(tangents), "jvp")
     with context, mps_ext.trace() as t:
         got = jvp_there(f, mode)
     ran_kernels(t, device)
