@@ -38,9 +38,10 @@ REASONS = [
      "a peer (MLX's gemv_t)"),
     (r"scaled_mm m=(1|8) |fp8_linear m=(1|4) ",
      "the e4m3 decode (shift trick, half-to-float conversions, a NaN test per 4 bytes) costs more "
-     "instructions per weight byte than its transfer on this GPU (about 107 per 16 bytes at m = 1: "
-     "docs/performance.md); the m >= 2 variants keep 16-136 bytes of stack (cuobjdump). torch's own fp8 GEMV "
-     "(_scaled_mm) is no faster"),
+     "instructions per weight byte than its transfer on this GPU; at m = 1 the weights stream past the row "
+     "held in registers (docs/performance.md, timing CUDA graphs of many calls, has these shapes at "
+     "0.58-0.70x our bf16 GEMV); the m >= 2 variants keep 16-136 bytes of stack (cuobjdump). torch's own fp8 "
+     "GEMV (_scaled_mm) is no faster"),
     (r"scaled_mm m=512|fp8_linear m=256|grouped_mm rows|fp8_grouped_mm G=128 m=4096 ",
      "compute-bound tiles, and simdgroup_matrix is emulated with warp shuffles here (correctness, not speed)"),
     (r"fp8.quantize",
