@@ -439,7 +439,7 @@ STREAM_CASES = {  # (n, k, granularity, w's rows at a 16-byte offset): what each
     "blocks": (300, 1024, "block", True),  # scales change along K: each 16-byte chunk scaled
     "blocks16x48": (45, 528, "block16x48", True),
     "short": (9, 40, "channel", True),  # one SIMD group, most lanes past K
-    "unaligned": (33, 1000, "channel", False),  # every load tested (rows 1000 bytes apart from byte 1)
+    "unaligned": (33, 1000, "channel", False),  # every load tested (w's rows from byte 1, x from element 1)
 }
 
 
@@ -453,7 +453,8 @@ def test_fp8_linear_one_row_streams_w_past_it(case, dtype):
     q, s, block, deq = weight_and_scale(n, k, granularity, seed=n + k)
     if not aligned:
         q = torch.cat([q.view(torch.uint8).new_zeros(n, 1), q.view(torch.uint8)], 1)[:, 1:].view(F8)
-    x = torch.randn(1, k, generator=gen(k)).to(dtype)
+    x = torch.randn(1, k + 1, generator=gen(k)).to(dtype)[:, 1:] if not aligned else \
+        torch.randn(1, k, generator=gen(k)).to(dtype)
     bias = torch.randn(n, generator=gen(n)).to(dtype)
     with mps_ext.sim.checked(), mps_ext.trace() as t:
         got = mps_ext.fp8_linear(x, q, s, bias, block_size=block)
