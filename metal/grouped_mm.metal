@@ -27,6 +27,9 @@
 //   gemv.h: b's own type, or e4m3fn bytes with their per-expert scales
 //   (fp8_grouped_mm: mps_ext/fp8_weights.h; the scales at buffer 5, which
 //   the host binds for every kernel and the dense ones leave unread).
+// - stream (fp8_grouped_mm, up to two rows per group on average): a
+//   threadgroup per routed row of a, held in registers, and a block of its
+//   group's weight rows streamed past it (grouped_mm_stream below).
 // - tiled: TM x 32 tiles of out with simdgroup matrices (mps_ext/mma.h), TM
 //   chosen by the host from the average rows per group. Split by rows, the
 //   grid's y runs over ceil(m / TM) + G tiles (the most the groups can need)
@@ -121,12 +124,23 @@ inline mps_ext::DenseWeights<W> weights_of(device const W* b, device const float
   return mps_ext::DenseWeights<W>{b + ulong(g) * p.b_group, p.b_col, p.b_vectorized != 0};
 }
 
-typedef mps_ext::Fp8Weights<mps_ext::kFp8GroupedDecodeBytes> Fp8ExpertWeights;
+// Group g's e4m3fn weights, Bytes bytes of a row per lane and chunk.
+template <uint Bytes>
+inline mps_ext::Fp8Weights<Bytes> fp8_weights_of(device const fp8* b, device const float* scales,
+                                                 constant GroupedMmParams& p, uint g) {
+  return mps_ext::Fp8Weights<Bytes>{b + ulong(g) * p.b_group,
+                                    p.b_col,
+                                    p.b_vectorized != 0,
+                                    scales + ulong(g) * p.scale_group,
+                                    p.block_n,
+                                    p.block_k,
+                                    p.scale_cols,
+                                    p.block_k < p.k};
+}
 
-inline Fp8ExpertWeights weights_of(device const fp8* b, device const float* scales, constant GroupedMmParams& p,
-                                   uint g) {
-  return Fp8ExpertWeights{b + ulong(g) * p.b_group, p.b_col,   p.b_vectorized != 0, scales + ulong(g) * p.scale_group,
-                          p.block_n,                p.block_k, p.scale_cols,        p.block_k < p.k};
+inline mps_ext::Fp8Weights<mps_ext::kFp8GroupedDecodeBytes> weights_of(device const fp8* b, device const float* scales,
+                                                                       constant GroupedMmParams& p, uint g) {
+  return fp8_weights_of<mps_ext::kFp8GroupedDecodeBytes>(b, scales, p, g);
 }
 
 template <typename T, typename W, uint M>
@@ -171,6 +185,41 @@ kernel void grouped_mm_decode(device const T* a [[buffer(0)]], device const W* b
     for (uint i = 0; i < M; ++i)
       if (lane == r * M + i && first + r < p.n && i < rows.size)
         y[ulong(i) * p.out_row + first + r] = T(t.v[r][i] * w.scale(first + r));
+}
+
+// Decode of e4m3fn experts, each routed row of a on its own (fp8_grouped_mm,
+// the host's choice for up to two rows per expert on average): threadgroup
+// (x, t) serves row t of a (finding its group as grouped_mm_decode's 1-row
+// threadgroups do) and the block of stream_rows weight rows from
+// x * stream_rows, a SIMD group per 32 x Bytes bytes of K holding the row of
+// a in registers while the block streams past, G rows at a time (gemv_stream
+// in mps_ext/gemv.h). Rows of a routed to one expert read its weights each.
+// Bytes = 16 takes G = 2, Bytes = 8 G = 4: either way a lane holds 32 bytes of
+// weights in flight, 64 registers or fewer on the CUDA proxy. Grid:
+// ceil(n / stream_rows) x m.
+template <typename T, uint Bytes, uint G>
+kernel void grouped_mm_stream(device const T* a [[buffer(0)]], device const fp8* b [[buffer(1)]],
+                              device const int* offs [[buffer(2)]], device T* out [[buffer(3)]],
+                              constant GroupedMmParams& p [[buffer(4)]], device const float* scales [[buffer(5)]],
+                              uint2 group [[threadgroup_position_in_grid]],
+                              uint sg [[simdgroup_index_in_threadgroup]],
+                              uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                              uint tid [[thread_index_in_threadgroup]]) {
+  threadgroup float partial[mps_ext::kGemvStreamPartials];
+  uint g;
+  Extent row;
+  if (!decode_rows_of<1>(offs, p, group.y, lane, g, row)) return;  // the whole threadgroup, before the barrier
+  const uint rows = p.stream_rows, first = group.x * rows, count = min(rows, p.n - first);
+  const auto w = fp8_weights_of<Bytes>(b, scales, p, g);
+  const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(row.start) * p.a_row, p.a_row, 1, p.a_vectorized != 0};
+  mps_ext::gemv_stream<G>(w, x, first, count, p.n, p.k, sg, lane, partial + sg * rows);
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  device T* y = out + ulong(g) * p.out_group + ulong(row.start) * p.out_row;
+  for (uint i = tid; i < count; i += simdgroups * 32) {
+    float dot = 0.0f;
+    for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + i];
+    y[first + i] = T(dot * w.scale(first + i));
+  }
 }
 
 // Decode for weights stored (G, K, N) with N contiguous (gpt-oss, Aria: b
@@ -349,8 +398,8 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const W* b 
 }
 
 // Host names: grouped_mm_decode_m<M>_<type>, grouped_mm_decode_kn_m<M>_<type>,
-// grouped_mm_tiled_m<TM>_<type>, fp8_grouped_mm_decode_m<M>_<type> and
-// fp8_grouped_mm_tiled_m<TM>_<type> (e4m3fn weights), built by the host from
+// grouped_mm_tiled_m<TM>_<type>, fp8_grouped_mm_decode_m<M>_<type>,
+// fp8_grouped_mm_stream<Bytes>_<type> and fp8_grouped_mm_tiled_m<TM>_<type> (e4m3fn weights), built by the host from
 // the same parts (csrc/ops/grouped_mm.cpp).
 #define MPS_EXT_GROUPED_MM_TILED(T, TM)                                                                        \
   template [[host_name("grouped_mm_tiled_m" #TM "_" #T)]] [[kernel]] decltype(grouped_mm_tiled<T, T, TM>)      \
@@ -369,6 +418,10 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const W* b 
   template [[host_name("fp8_grouped_mm_decode_m" #M "_" #T)]] [[kernel]]                                       \
       decltype(grouped_mm_decode<T, fp8, M>) grouped_mm_decode<T, fp8, M>;
 
+#define MPS_EXT_FP8_GROUPED_MM_STREAM(T, Bytes, G)                                                           \
+  template [[host_name("fp8_grouped_mm_stream" #Bytes "_" #T)]] [[kernel]]                                     \
+      decltype(grouped_mm_stream<T, Bytes, G>) grouped_mm_stream<T, Bytes, G>;
+
 #define MPS_EXT_GROUPED_MM_DECODE_KN(T, M)                                                                     \
   template [[host_name("grouped_mm_decode_kn_m" #M "_" #T)]] [[kernel]] decltype(grouped_mm_decode_kn<T, M>)  \
       grouped_mm_decode_kn<T, M>;
@@ -380,6 +433,7 @@ kernel void grouped_mm_tiled(device const T* a [[buffer(0)]], device const W* b 
   MPS_EXT_GROUPED_MM_DECODE_KN(T, 8)                                                                           \
   MPS_EXT_GROUPED_MM_TILED(T, 16) MPS_EXT_GROUPED_MM_TILED(T, 32) MPS_EXT_GROUPED_MM_TILED(T, 64)            \
   MPS_EXT_FP8_GROUPED_MM_DECODE(T, 2) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 4) MPS_EXT_FP8_GROUPED_MM_DECODE(T, 8)    \
+  MPS_EXT_FP8_GROUPED_MM_STREAM(T, 16, 2) MPS_EXT_FP8_GROUPED_MM_STREAM(T, 8, 4)                                \
   MPS_EXT_FP8_GROUPED_MM_TILED(T, 16) MPS_EXT_FP8_GROUPED_MM_TILED(T, 32) MPS_EXT_FP8_GROUPED_MM_TILED(T, 64)
 
 MPS_EXT_GROUPED_MM(float)

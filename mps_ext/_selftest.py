@@ -202,12 +202,13 @@ def fp8_cases() -> Iterator[Case]:
             got = fp8.fp8_linear(x.to(device), w.view(torch.uint8).to(device), torch.tensor(0.5).to(device))
             return got, (x.float() @ (w.float() * 0.5).t()).to(dtype), 1.0
 
-        def grouped(device, dtype=dtype, ends=(1, 2, 3), block=None):
-            x, w = ints(ends[-1], 72, seed=9).to(dtype), ints(3, 24, 72, seed=10).to(f8)
+        def grouped(device, dtype=dtype, ends=(1, 2, 3), block=None, k=72):
+            x, w = ints(ends[-1], k, seed=9).to(dtype), ints(3, 24, k, seed=10).to(f8)
             powers = torch.tensor([0.5, 2.0, 0.25, 1.0])
-            if block:  # blocks of 16 x 32: 2 x 3 per expert
-                s = powers.repeat(5)[:18].view(3, 2, 3)
-                full = s.repeat_interleave(16, 1).repeat_interleave(32, 2)[:, :24, :72]
+            if block:  # blocks of 16 x 32: 2 x ceil(k / 32) per expert
+                cols = -(-k // 32)
+                s = powers.repeat(2 * cols)[:6 * cols].view(3, 2, cols)
+                full = s.repeat_interleave(16, 1).repeat_interleave(32, 2)[:, :24, :k]
             else:
                 s = powers.repeat(18).view(3, 24)
                 full = s[..., None]
@@ -220,11 +221,19 @@ def fp8_cases() -> Iterator[Case]:
         yield Case(f"fp8 quantize {t} (37, 70) blocks 16x32", quantize)
         yield Case(f"fp8_linear gemv split K {t} 1x16500x8", fp8_linear_split)
         yield Case(f"scaled_mm gemv split K fp8->{t} 1x16500x40", lambda d, f=scaled_mm: f(d, m=1, k=16500))
-        # Decode pipelines by the rows an expert has on average (at least two), per channel and in blocks.
-        for ends, rows in (((1, 2, 3), 2), ((4, 4, 12), 4), ((8, 8, 24), 8)):
+        # One row per expert streams, a lane reading 8 bytes of a weight row per step (K = 72) or 16 (K = 512);
+        # more rows, or a K past 32 SIMD groups, take the decode pipeline for the rows an expert has on average
+        # (at least two). Per channel and in blocks.
+        for k, bytes_ in ((72, 8), (512, 16)):
+            yield Case(f"fp8_grouped_mm stream{bytes_} {t} 3x{k}x24x3", lambda d, f=grouped, k=k: f(d, k=k))
+            yield Case(f"fp8_grouped_mm stream{bytes_} {t} blocks 16x32 3x{k}x24x3",
+                       lambda d, f=grouped, k=k: f(d, block=(16, 32), k=k))
+        yield Case(f"fp8_grouped_mm decode_m2 {t} 3x16500x24x3", lambda d, f=grouped: f(d, k=16500))  # too long to stream
+        for ends, rows in (((4, 4, 12), 4), ((8, 8, 24), 8)):
             yield Case(f"fp8_grouped_mm decode_m{rows} {t} {ends[-1]}x72x24x3",
                        lambda d, f=grouped, ends=ends: f(d, ends=ends))
-        yield Case(f"fp8_grouped_mm decode_m2 {t} blocks 16x32", lambda d, f=grouped: f(d, block=(16, 32)))
+            yield Case(f"fp8_grouped_mm decode_m{rows} {t} blocks 16x32 {ends[-1]}x72x24x3",
+                       lambda d, f=grouped, ends=ends: f(d, ends=ends, block=(16, 32)))
         # Prefill: tiles as tall as the rows an expert has on average.
         for ends, rows in (((10, 20, 30), 16), ((20, 40, 60), 32), ((40, 80, 120), 64)):
             yield Case(f"fp8_grouped_mm tiled_m{rows} {t} blocks 16x32 {ends[-1]}x72x24x3",

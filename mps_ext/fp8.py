@@ -155,9 +155,10 @@ def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     ``offs`` (E,) int32, each expert's cumulative row end. ``weight_scale`` (float): per expert ``(E,)`` or
     ``(E, 1, 1)``, per output channel ``(E, N)`` or ``(E, N, 1)``, or with ``block_size=(bn, bk)`` one per
     block of each expert, ``(E, ceil(N / bn), ceil(K / bk))``. Returns (rows, N) in ``x``'s dtype (``out_dtype``, if given, must be
-    that dtype); rows past ``offs[-1]`` are left unwritten, as torch leaves them. Few rows per expert on
-    average (decode) run a kernel that reads each routed expert's FP8 bytes once; more rows (prefill) a tiled
-    kernel that decodes them into its tiles. Differentiable in ``x`` (the weights are frozen).
+    that dtype); rows past ``offs[-1]`` are left unwritten, as torch leaves them. Up to two rows per expert on
+    average (decode) run a kernel that holds each routed row in registers and streams its expert's FP8 bytes
+    past it; up to eight a kernel that reads each routed expert's bytes once for its rows; more rows (prefill)
+    a tiled kernel that decodes them into its tiles. Differentiable in ``x`` (the weights are frozen).
     """
     return torch.ops.mps_ext.fp8_grouped_mm(x, weight, weight_scale, offs,
                                             list(block_size) if block_size is not None else None, out_dtype)

@@ -46,22 +46,38 @@ def reference(x, deq, offs, dtype):
     return torch.cat([p for p, _ in pieces]).to(dtype), torch.cat([m for _, m in pieces])
 
 
-# (ends per expert, N, K): decode for up to 8 rows per expert on average, else the tiled kernel.
+# (ends per expert, N, K): the streamed kernel for up to 2 rows per expert on average (x has two rows past
+# offs[-1]), the decode kernel for up to 8, else the tiled kernel.
 CASES = {
-    "decode_m2 one row each": ([1, 2, 3, 4], 40, 64),
-    "decode_m2 empty experts": ([0, 2, 2, 2, 3, 3, 3, 3], 24, 72),
+    "stream one row each": ([1, 2, 3, 4], 40, 64),
+    "stream empty experts": ([0, 2, 2, 2, 3, 3, 3, 3], 24, 72),
+    "stream 16-byte chunks": ([1, 1, 3, 4], 37, 1024),
     "decode_m4 odd sizes": ([4, 4, 9, 12], 33, 97),
     "decode_m8 k=1": ([8, 15, 16], 7, 1),
     "prefill": ([20, 20, 45], 31, 130),
 }
+BLOCK_K = {"block": 128, "block16x48": 48, "block8x40": 40, "block8x36": 36}
+
+
+def stream_bytes(k: int) -> int:
+    """The bytes of a weight row a lane of the streamed kernel reads per step: 16, or 8 where that leaves fewer
+    lanes past K (and K is at most 32 SIMD groups of them)."""
+    past = {b: -(-k // (32 * b)) * 32 * b - k for b in (8, 16)}
+    return 8 if past[8] < past[16] and -(-k // 256) <= 32 else 16
 
 
 def kernels(case, scales, dtype, e, n, k, m):
-    """What a call of m rows runs: the FP8 decode kernel, or (many rows per expert, or blocks along K that are
-    not a multiple of a lane's 8 bytes) the FP8 tiled kernel, its tiles as tall as the average expert's rows."""
-    rows = max(2, 1 << (-(-m // min(e, m)) - 1).bit_length())
-    if case != "prefill" and not (scales == "block8x36" and k > 36):
-        return [f"fp8_grouped_mm_decode_m{rows}_{MT[dtype]}"]
+    """What a call of m rows runs: the streamed kernel for up to two rows per expert on average, the decode
+    kernel for up to eight, or (more rows per expert, or blocks along K that are not a multiple of a lane's
+    bytes) the tiled kernel, its tiles as tall as the average expert's rows."""
+    block_k = BLOCK_K.get(scales, k)
+    whole = lambda b: block_k >= k or block_k % b == 0  # noqa: E731
+    if case != "prefill":
+        b = stream_bytes(k)
+        if m <= 2 * e and -(-k // (32 * b)) <= 32 and whole(b):
+            return [f"fp8_grouped_mm_stream{b}_{MT[dtype]}"]
+        if whole(8):
+            return [f"fp8_grouped_mm_decode_m{max(2, 1 << (-(-m // min(e, m)) - 1).bit_length())}_{MT[dtype]}"]
     return [f"fp8_grouped_mm_tiled_m{16 if m // e <= 16 else 32}_{MT[dtype]}"]
 
 
@@ -85,11 +101,12 @@ def test_matches_dequantized_grouped_mm(case, scales, dtype, device):
 
 @pytest.mark.parametrize("scales", ["channel", "block"])
 @pytest.mark.parametrize("cores", [1, 32])
-def test_decode_streams_a_long_k(cores, scales):
-    # K = 4112 (16-byte aligned rows): sixteen whole steps of 256 bytes and 16 bytes past them. Alone (one
-    # core: 2 runs x 32 SIMD groups fill it) each SIMD group streams all of them, fetching a step's bytes
-    # before it decodes the step before; on 32 cores four SIMD groups split them, four steps or five each.
-    ends, n, k = [1, 2, 2, 4], 64, 4112
+def test_decode_takes_a_k_too_long_to_stream(cores, scales):
+    # K = 16400 (16-byte aligned rows) is past the streamed kernel's 32 SIMD groups of 512 bytes: the decode
+    # kernel takes it, 64 whole steps of 256 bytes and 16 bytes past them. Alone (one core: 2 runs x 32 SIMD
+    # groups fill it) each SIMD group streams all of them, fetching a step's bytes before it decodes the step
+    # before; on 32 cores four SIMD groups split them, sixteen or seventeen steps each.
+    ends, n, k = [1, 2, 2, 4], 64, 16400
     q, s, block, deq = experts(len(ends), n, k, scales, seed=3)
     x, offs = torch.randn(ends[-1], k, generator=gen(4)).to(torch.bfloat16), torch.tensor(ends, dtype=torch.int32)
     with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
@@ -97,6 +114,26 @@ def test_decode_streams_a_long_k(cores, scales):
     ran(t, "cpu", "fp8_grouped_mm_decode_m2_bfloat")
     assert t.kernels[0].threadgroup[0] == 128 and t.kernels[0].grid[0] == (8 if cores == 1 else 32), t.kernels
     want, mag = reference(x, deq, offs, torch.bfloat16)
+    assert_close_dot(got, want, mag, k)
+
+
+@pytest.mark.parametrize("cores", [1, 80])
+def test_stream_blocks_follow_the_gpu(cores):
+    # One token routed to 8 of 128 experts, K = 768 (Qwen3-30B-A3B's down projection): three SIMD groups of
+    # 8 bytes per lane, each threadgroup one routed row and a block of weight rows. One core is filled by the
+    # largest blocks (32 rows: 8 x 8 threadgroups of 3 SIMD groups); 80 cores (2560 SIMD groups) by blocks of
+    # 4 rows, the fewest (64 x 8 threadgroups).
+    e, n, k = 128, 256, 768
+    q, s, block, deq = experts(e, n, k, "block", seed=5)
+    ends = torch.zeros(e, dtype=torch.int32)
+    for g in (3, 17, 40, 41, 77, 90, 101, 127):
+        ends[g:] += 1
+    x = torch.randn(8, k, generator=gen(6)).to(torch.bfloat16)
+    with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
+        got = mps_ext.fp8_grouped_mm(x, q, s, ends, block_size=block)
+    ran(t, "cpu", "fp8_grouped_mm_stream8_bfloat")
+    assert t.kernels[0].threadgroup[0] == 96 and t.kernels[0].grid[:2] == ((8, 8) if cores == 1 else (64, 8)), t.kernels
+    want, mag = reference(x, deq, ends, torch.bfloat16)
     assert_close_dot(got, want, mag, k)
 
 
@@ -121,7 +158,7 @@ def test_uint8_bits_strides_and_empty(device):
         assert_close_dot(on(device, mps_ext.fp8_grouped_mm, x, q.view(torch.uint8), s.unsqueeze(2), offs), want,
                          mag, 96)
         assert_close_dot(on(device, mps_ext.fp8_grouped_mm, x, wide[..., :96], s, offs), want, mag, 96)
-    ran(t, device, "fp8_grouped_mm_decode_m2_float", "fp8_grouped_mm_decode_m2_float")
+    ran(t, device, "fp8_grouped_mm_stream8_float", "fp8_grouped_mm_stream8_float")
     assert on(device, mps_ext.fp8_grouped_mm, x[:0], q, s, torch.zeros(3, dtype=torch.int32)).shape == (0, 48)
     assert torch.equal(on(device, mps_ext.fp8_grouped_mm, x[:, :0], q[..., :0], s, offs), torch.zeros(5, 48))
 
@@ -164,7 +201,7 @@ def test_gradient_of_x_is_the_dequantized_models(device):
     with mps_ext.trace() as t:
         (on(device, mps_ext.fp8_grouped_mm, x, q, s, offs, block_size=block)[:7] * g).sum().backward()
     # The gradient: each expert's weight dequantized, then grouped_mm's kernel on the output's gradient.
-    ran(t, device, "fp8_grouped_mm_decode_m2_float", *["fp8_dequantize_float"] * 4, "grouped_mm_decode_kn_m2_float")
+    ran(t, device, "fp8_grouped_mm_stream8_float", *["fp8_dequantize_float"] * 4, "grouped_mm_decode_kn_m2_float")
     xr = x.detach().clone().requires_grad_()
     (torch._grouped_mm(xr, deq.transpose(-2, -1), offs=offs)[:7] * g).sum().backward()
     assert_close_dot(x.grad[:7], xr.grad[:7], torch._grouped_mm(g.abs(), deq.abs(), offs=offs), 24)
@@ -172,11 +209,13 @@ def test_gradient_of_x_is_the_dequantized_models(device):
 
 
 def test_checked_mode_on_edge_shapes(device):
-    # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, a long K (split over SIMD
-    # groups) with block scales along it, and the tiled kernel over partial tiles and blocks (on mps: the
-    # same shapes on the GPU).
+    # Rows of x and of the experts not 16-byte aligned (odd K), empty experts, a K of several SIMD groups
+    # with block scales along it, for the streamed kernel (8 and 16 bytes per lane) and the decode kernel
+    # (split over SIMD groups), and the tiled kernel over partial tiles and blocks (on mps: the same shapes on
+    # the GPU).
     with mps_ext.sim.checked():
         for ends, n, k, scales in (([0, 1, 3], 9, 45, "channel"), ([2, 2, 4, 6], 6, 1100, "block16x48"),
+                                   ([1, 2, 2], 5, 300, "block16x48"), ([3, 3, 5, 9], 6, 1100, "block16x48"),
                                    ([17, 17, 40], 33, 45, "block8x36")):
             q, s, block, deq = experts(len(ends), n, k, scales, seed=k)
             x = torch.randn(ends[-1], k + 1, generator=gen(7))[:, 1:]

@@ -34,7 +34,7 @@ def fp8_share(layers: torch.nn.Module) -> float:
 
 def assert_decodes_like(model, reference, steps=3, device="cpu"):
     """Greedy decoding of ``model`` on ``device`` gives ``reference``'s tokens and logits (on the CPU), its
-    experts on the FP8 decode kernel (the prompt's 10 expert rows over 8 experts are few enough too)."""
+    experts on the streamed FP8 decode kernel (the prompt's 10 expert rows over 8 experts are few enough too)."""
     want = reference.generate(PROMPT, max_new_tokens=steps, do_sample=False, output_logits=True,
                               return_dict_in_generate=True)
     model.to(device)
@@ -45,7 +45,7 @@ def assert_decodes_like(model, reference, steps=3, device="cpu"):
     for g, w in zip(got.logits, want.logits):
         assert_close_normwise(g.cpu(), w)
     layers = sum(isinstance(m, FP8Experts) for m in model.modules())
-    assert layers and t.names.count("fp8_grouped_mm_decode_m2_float") == steps * layers * 2  # gate/up and down
+    assert layers and t.names.count("fp8_grouped_mm_stream8_float") == steps * layers * 2  # gate/up and down
     assert all(k.backend == backend(device) for k in t.kernels), t.kernels
 
 

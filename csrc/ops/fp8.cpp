@@ -33,25 +33,6 @@ constexpr int64_t kMaxU32 = std::numeric_limits<uint32_t>::max();
 int64_t gemv_rows_per_simdgroup(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 4 : 2; }
 int64_t gemv_step(int64_t m) { return 512 * (m <= 1 ? 2 : 1); }
 
-// fp8_gemv_stream (one row of a, held in registers): a SIMD group per 512
-// bytes of K, so K up to kGemvStreamMaxSlices of them; and the rows of w
-// per threadgroup (even, as the kernel takes them two at a time): 32, or
-// fewer, in steps of 4, until the threadgroups hold at least 90% of the SIMD
-// groups that fill the GPU. Each threadgroup loads a once per SIMD group
-// and sums its partials once, so fewer, larger threadgroups cost less where
-// they still fill the GPU; on the CUDA proxy 32 rows ran lm_head 6% faster
-// than 64 and 5% faster than 16, and a grid just short of the fill (Llama's
-// down_proj: 128 threadgroups of 28 SIMD groups for 132 resident) 12%
-// faster than twice as many of half the rows.
-constexpr int64_t kStreamChunk = 512, kStreamMaxRows = 32;
-static_assert(kStreamMaxRows * kGemvStreamMaxSlices <= kGemvStreamPartials, "the partials fit the kernel's array");
-bool streams(int64_t m, int64_t k) { return m <= 1 && k <= kGemvStreamMaxSlices * kStreamChunk; }
-int64_t stream_rows(int64_t n, int64_t slices, int64_t fill) {
-  int64_t rows = kStreamMaxRows;
-  while (rows > 4 && ceil_div(n, rows) * slices * 10 < fill * 9) rows -= 4;
-  return rows;
-}
-
 bool fp8_bits(const at::Tensor& t) { return t.scalar_type() == at::kFloat8_e4m3fn || t.scalar_type() == at::kByte; }
 bool fp8_type(at::ScalarType t) { return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2; }
 bool fnuz_type(at::ScalarType t) { return t == at::kFloat8_e4m3fnuz || t == at::kFloat8_e5m2fnuz; }
@@ -208,11 +189,11 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   Size3 grid{ceil_div(n, kTile), ceil_div(m, kTile)}, threads{kTileThreads};
   p.gemv_slices = 1;
   // One row of a streams w past it where a threadgroup can hold a SIMD group per chunk of K.
-  const Size3 stream_threads{uint32_t(32 * std::max<int64_t>(1, ceil_div(k, kStreamChunk)))};
-  if (few_rows && streams(m, k) && !backend->unavailable(kernel_of("gemv_stream"), stream_threads.x)) {
+  const Size3 stream_threads{uint32_t(32 * gemv_stream_slices(k))};
+  if (few_rows && m <= 1 && gemv_streams(k) && !backend->unavailable(kernel_of("gemv_stream"), stream_threads.x)) {
     kernel = kernel_of("gemv_stream");
     threads = stream_threads;
-    p.stream_rows = uint32_t(stream_rows(n, threads.x / 32, backend->fill_simdgroups(kernel, threads.x)));
+    p.stream_rows = uint32_t(gemv_stream_rows(n, threads.x / 32, backend->fill_simdgroups(kernel, threads.x)));
     grid = Size3{ceil_div(n, p.stream_rows)};
   } else if (few_rows) {
     // The gemv kernels are built for 1, 2, 4 or 8 rows of a (mps_ext/gemv.h).

@@ -87,6 +87,15 @@ at::Tensor rows_of(const at::Tensor& input, int64_t k) {
 
 }  // namespace
 
+constexpr int64_t kStreamMaxRows = 32;
+static_assert(kStreamMaxRows * kGemvStreamMaxSlices <= kGemvStreamPartials, "the partials fit the kernel's array");
+
+int64_t gemv_stream_rows(int64_t n, int64_t simdgroups_per_block, int64_t fill) {
+  int64_t rows = kStreamMaxRows;
+  while (rows > 4 && ceil_div(n, rows) * simdgroups_per_block * 10 < fill * 9) rows -= 4;
+  return rows;
+}
+
 GemvGeometry gemv_geometry(int64_t n, int64_t steps, int64_t rows_per_simdgroup, Backend& backend,
                            const std::string& split_kernel) {
   const int64_t blocks = (n + rows_per_simdgroup - 1) / rows_per_simdgroup;

@@ -18,6 +18,7 @@
 #include "overrides/overrides.h"
 #include "mps_ext/params.h"
 #include "ops/fp8.h"
+#include "ops/gemv.h"
 #include "ops/naming.h"
 #include "ops/plan_helpers.h"
 
@@ -108,6 +109,7 @@ struct GroupedPlan {
   Size3 grid, threads;
   uint32_t decode_slices = 1;
   uint32_t decode_chunks = 4;
+  uint32_t stream_rows = 0;
 };
 
 // Weight rows per SIMD group of the kernel for `bucket` rows
@@ -261,13 +263,63 @@ struct Fp8Scales {
   int64_t block_n, block_k;
 };
 
-// The kernel for a problem: grouped_mm's choice, or for e4m3fn weights the decode kernel where it serves
-// (it scales a lane's chunk of a row at once: a block along k must hold whole chunks), else the tiled one.
+// The streamed decode of e4m3fn experts (grouped_mm_stream in
+// metal/grouped_mm.metal): a threadgroup per routed row and block of weight
+// rows, a SIMD group per 32 lanes x `bytes` of K (gemv_stream_rows in
+// ops/gemv.h). A lane reads 16 bytes of a row per step, or 8 where that
+// leaves fewer lanes past K: Qwen3-30B-A3B's down projection (K = 768) is
+// three whole SIMD groups of 8 bytes, one and a half of 16. On the CUDA proxy
+// 16 bytes ran its gate_up (K = 2048) 1.05-1.25x faster than 8, and 8 its
+// down 1.4-1.8x faster than 16 (docs/performance.md).
+int64_t stream_bytes(int64_t k) {
+  const auto past = [k](int64_t bytes) { return int64_t(gemv_stream_slices(k, bytes)) * 32 * bytes - k; };
+  return past(8) < past(16) && gemv_streams(k, 8) ? 8 : 16;
+}
+
+std::string stream_kernel(int64_t k, at::ScalarType dtype) {
+  return host_name("fp8_grouped_mm", ("stream" + std::to_string(stream_bytes(k))).c_str(), {dtype});
+}
+
+uint32_t stream_threads(int64_t k) { return uint32_t(32 * gemv_stream_slices(k, stream_bytes(k))); }
+
+GroupedPlan stream_plan(const Problem& pr, at::ScalarType dtype, Backend& backend) {
+  const GroupedMmParams& q = pr.params;
+  GroupedPlan p{stream_kernel(q.k, dtype), {}, {stream_threads(q.k)}};
+  const int64_t fill = backend.fill_simdgroups(p.kernel, p.threads.x);
+  p.stream_rows = uint32_t(gemv_stream_rows(q.n, p.threads.x / 32 * int64_t(q.m), fill));
+  p.grid = {ceil_div(q.n, p.stream_rows), q.m};
+  return p;
+}
+
+// Whether the streamed decode serves an e4m3fn problem the decode kernels
+// take: at most kStreamMaxAverageRows rows per expert on average, K within a
+// threadgroup's SIMD groups, blocks along K of whole chunks, and a
+// pipeline that takes the threadgroup. Each routed row reads its expert's
+// weights on its own, where the decode kernel reads them once for a run of
+// rows; on the CUDA proxy streaming was still 1.3-1.6x faster with two rows
+// per expert on average (Qwen3-30B-A3B, 32 tokens), the second read of a
+// weight row close behind the first (the rows of an expert are adjacent in
+// the grid).
+constexpr int64_t kStreamMaxAverageRows = 2;
+
+bool streams(const Problem& pr, const Fp8Scales& fp8, at::ScalarType dtype, Backend& backend) {
+  const GroupedMmParams& q = pr.params;
+  if (q.split != kGroupedSplitRows || int64_t(q.m) > kStreamMaxAverageRows * pr.groups || !gemv_streams(q.k))
+    return false;
+  if (fp8.block_k < q.k && fp8.block_k % stream_bytes(q.k) != 0) return false;
+  return !backend.unavailable(stream_kernel(q.k, dtype), stream_threads(q.k));
+}
+
+// The kernel for a problem: grouped_mm's choice, or for e4m3fn weights the streamed or the decode kernel
+// where they serve (they scale a lane's chunk of a row at once: a block along k must hold whole chunks),
+// else the tiled one.
 GroupedPlan plan_for(const Problem& pr, at::ScalarType dtype, Backend& backend, const Fp8Scales* fp8) {
   if (!fp8) return plan(pr, dtype, backend);
+  if (!decodes(pr)) return tiled_plan(pr, "fp8_grouped_mm", dtype);
+  if (streams(pr, *fp8, dtype, backend)) return stream_plan(pr, dtype, backend);
   const bool chunked = fp8->block_k >= pr.params.k || fp8->block_k % kFp8GroupedDecodeBytes == 0;
-  return decodes(pr) && chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, kFp8GroupedDecodeBytes, backend)
-                                : tiled_plan(pr, "fp8_grouped_mm", dtype);
+  return chunked ? decode_plan(pr, "fp8_grouped_mm", dtype, kFp8GroupedDecodeBytes, backend)
+                 : tiled_plan(pr, "fp8_grouped_mm", dtype);
 }
 
 std::optional<std::string> unsupported(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
@@ -287,7 +339,8 @@ std::optional<std::string> unsupported(const at::Tensor& a, const at::Tensor& b,
   if (out.size[0] * out.stride[0] > kMax) return "size >= 2^31";
   const Problem pr = problem_of(a, b, offs, out);
   if (pr.groups == 0) return std::nullopt;  // nothing to run
-  return backend->unavailable(plan_for(pr, a.scalar_type(), *backend, fp8).kernel, kThreads);
+  const GroupedPlan p = plan_for(pr, a.scalar_type(), *backend, fp8);
+  return backend->unavailable(p.kernel, p.threads.x);
 }
 
 at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::optional<at::Tensor>& offs,
@@ -299,6 +352,7 @@ at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::opti
   const GroupedPlan p = plan_for(pr, a.scalar_type(), *backend_for(a.device()), fp8);
   pr.params.decode_slices = p.decode_slices;
   pr.params.decode_chunks = p.decode_chunks;
+  pr.params.stream_rows = p.stream_rows;
   if (fp8) {
     pr.params.block_n = uint32_t(fp8->block_n);
     pr.params.block_k = uint32_t(fp8->block_k);

@@ -484,8 +484,13 @@ def grouped_small():
                   grouped_case("none", dt, 3, 20, 40, 24),
                   grouped_case("cols", dt, 3, 20, 70, 24),
                   grouped_case("k", dt, 3, 20, 40, 70),
-                  # FP8 experts: decode with 2, 4 and 8 rows per run, K split; tiles of 16, 32 and 64 rows,
-                  # and a block along K the decode cannot scale by 8-byte chunks (tiled at 2 rows per expert)
+                  # FP8 experts: streamed for up to 2 rows per expert (8 bytes per lane: K = 520; 16: K = 1024,
+                  # and unaligned rows at K = 1500), decode with 2, 4 and 8 rows per run (2: a K too long to
+                  # stream), K split; tiles of 16, 32 and 64 rows, and a block along K the decode cannot scale by
+                  # 8-byte chunks (tiled at 2 rows per expert)
+                  fp8_grouped_case(dt, 6, 9, 37, 1024),
+                  fp8_grouped_case(dt, 4, 7, 40, 1500, (16, 128), empty_every=2),
+                  fp8_grouped_case(dt, 3, 5, 16, 16400),
                   fp8_grouped_case(dt, 6, 20, 40, 2100, empty_every=2),
                   fp8_grouped_case(dt, 5, 21, 40, 300, (16, 128), empty_every=3),
                   fp8_grouped_case(dt, 8, 13, 24, 520, (16, 32)),
@@ -505,8 +510,10 @@ def grouped_large():
             grouped_case("decode_kn", BF16, 32, 16, 2880, 2880, large=True),
             grouped_case("rows", BF16, 128, 32768, 1536, 2048, large=True),
             grouped_case("rows", F32, 128, 8192, 768, 2048, large=True),
-            # Qwen3-30B-A3B's gate/up experts in FP8 with 128 x 128 blocks: one token (8 routed), 32, a prompt
+            # Qwen3-30B-A3B's experts in FP8 with 128 x 128 blocks: gate/up for one token (8 routed), 32, a
+            # prompt; down for one token
             fp8_grouped_case(BF16, 128, 8, 1536, 2048, (128, 128), large=True),
+            fp8_grouped_case(BF16, 128, 8, 2048, 768, (128, 128), large=True),
             fp8_grouped_case(BF16, 128, 32, 1536, 2048, (128, 128), large=True),
             fp8_grouped_case(BF16, 128, 4096, 1536, 2048, (128, 128), large=True)]
 

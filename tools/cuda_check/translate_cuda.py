@@ -49,7 +49,7 @@ _SWIZZLE = re.compile(r"[xyzw]{2,4}|[rgba]{2,4}")
 # __launch_bounds__: a bound of 1024 for every kernel would cap registers at 64 per thread and spill
 # kernels that Apple's compiler is free to give more (a Metal pipeline lowers its own thread limit instead).
 LAUNCH_BOUNDS = [(re.compile(r"(log_)?softmax_block_"), 1024), (re.compile(r"gemv_splitk_"), 512),
-                 (re.compile(r"(fp8_linear|scaled_mm)_gemv_stream_"), 1024),
+                 (re.compile(r"(fp8_linear|scaled_mm)_gemv_stream_|fp8_grouped_mm_stream\d"), 1024),
                  (re.compile(r"(fp8_linear|scaled_mm)_gemv_"), 512)]
 DEFAULT_LAUNCH_BOUND = 256
 

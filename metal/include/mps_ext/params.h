@@ -131,8 +131,9 @@ struct GroupedMmParams {
   // fp8_grouped_mm (e4m3fn expert weights W_g, n x k): one scale per block_n x block_k block of W_g,
   // scale_cols per row of blocks, scale_group floats apart from one expert to the next.
   mps_ext_u32 block_n, block_k, scale_cols, scale_group;
+  mps_ext_u32 stream_rows;  // fp8_grouped_mm's streamed decode: weight rows per threadgroup (even)
 };
-static_assert(sizeof(GroupedMmParams) == 84, "GroupedMmParams layout");
+static_assert(sizeof(GroupedMmParams) == 88, "GroupedMmParams layout");
 // The e4m3fn bytes of a weight row one lane of fp8_grouped_mm's decode reads
 // per K-step (fp8_linear's GEMV reads 16). With 16, the 2-row decode held 102
 // registers on the CUDA proxy against 64, and ran 1.2-2.0x slower
