@@ -3,6 +3,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 
 #include "sim/sim_backend.h"
@@ -17,7 +18,17 @@ class RecordingBackend final : public Backend {
   const char* name() const override { return "recording"; }
 
   std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
-    return sim_backend().unavailable(kernel, threads);
+    if (auto why = sim_backend().unavailable(kernel, threads)) return why;
+    std::shared_ptr<const ThreadLimit> limit;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      limit = limit_;
+    }
+    if (!limit) return std::nullopt;
+    const int64_t most = (*limit)(kernel);
+    if (threads <= most) return std::nullopt;
+    return "kernel '" + kernel + "' takes at most " + std::to_string(most) + " threads per threadgroup here, not " +
+           std::to_string(threads);
   }
 
   int64_t fill_simdgroups(const std::string& kernel, uint32_t threads) override {
@@ -59,22 +70,29 @@ class RecordingBackend final : public Backend {
     if (!launches_.empty()) read_after_ = launches_.back().kernel;
   }
 
-  void open(std::optional<FillPolicy> fill) {
+  void open(std::optional<FillPolicy> fill, std::optional<ThreadLimit> limit) {
     std::lock_guard<std::mutex> lock(mu_);
     if (fill) fill_ = std::make_shared<const FillPolicy>(std::move(*fill));
+    if (limit) limit_ = std::make_shared<const ThreadLimit>(std::move(*limit));
     launches_.clear();
     read_after_.clear();
   }
 
-  // The policy is released outside the lock: a Python one takes the GIL.
-  std::pair<std::vector<Launch>, std::shared_ptr<const FillPolicy>> close() {
+  // The launches, and the policies, to be released outside the lock: a Python one takes the GIL.
+  struct Closed {
+    std::vector<Launch> launches;
+    std::shared_ptr<const FillPolicy> fill;
+    std::shared_ptr<const ThreadLimit> limit;
+  };
+  Closed close() {
     std::lock_guard<std::mutex> lock(mu_);
-    return {std::move(launches_), std::move(fill_)};
+    return {std::move(launches_), std::move(fill_), std::move(limit_)};
   }
 
  private:
   std::mutex mu_;
   std::shared_ptr<const FillPolicy> fill_;
+  std::shared_ptr<const ThreadLimit> limit_;
   std::vector<Launch> launches_;
   std::string read_after_;  // the last launch before a host read, if there was one
 };
@@ -88,16 +106,16 @@ std::atomic<bool> is_open{false};
 
 }  // namespace
 
-void begin(std::optional<FillPolicy> fill) {
+void begin(std::optional<FillPolicy> fill, std::optional<ThreadLimit> max_threads) {
   bool closed = false;
   TORCH_CHECK(is_open.compare_exchange_strong(closed, true),
               "mps_ext.sim.record_launches: a recording is already open (they do not nest)");
-  backend().open(std::move(fill));
+  backend().open(std::move(fill), std::move(max_threads));
 }
 
 std::vector<Launch> end() {
   TORCH_CHECK(is_open.exchange(false), "mps_ext.sim.record_launches: no recording is open");
-  return backend().close().first;
+  return backend().close().launches;
 }
 
 Backend* active() { return is_open.load() ? &backend() : nullptr; }

@@ -18,10 +18,16 @@ namespace mps_ext::recording {
 
 // Backend::fill_simdgroups for a recording.
 using FillPolicy = std::function<int64_t(const std::string& kernel, uint32_t threads_per_threadgroup)>;
+// The most threads per threadgroup a kernel's pipeline takes where the
+// recording will run (a translated kernel's launch bound on CUDA), as a Metal
+// pipeline's maxTotalThreadsPerThreadgroup: plans that need more fall back
+// (Backend::unavailable).
+using ThreadLimit = std::function<int64_t(const std::string& kernel)>;
 
 // Opens the recording (one at a time, process-wide); plans are sized by
-// `fill`, or by the simulator's setting when there is none.
-void begin(std::optional<FillPolicy> fill);
+// `fill`, or by the simulator's setting when there is none, and limited by
+// `max_threads` besides the simulator's limits.
+void begin(std::optional<FillPolicy> fill, std::optional<ThreadLimit> max_threads);
 // Closes it: the launches, in order.
 std::vector<Launch> end();
 // The backend CPU tensors have while a recording is open, else nullptr.

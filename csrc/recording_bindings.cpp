@@ -45,7 +45,7 @@ py::list describe(const Recorded& r) {
 }  // namespace
 
 void register_recording_bindings(py::module_& m) {
-  m.def("_record_begin", &mps_ext::recording::begin, py::arg("fill"));
+  m.def("_record_begin", &mps_ext::recording::begin, py::arg("fill"), py::arg("max_threads"));
   m.def("_record_end", [] { return Recorded{mps_ext::recording::end()}; });
   py::class_<Recorded>(m, "_Recording")
       .def("launches", &describe)

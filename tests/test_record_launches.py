@@ -168,6 +168,43 @@ def test_bad_fill_policies_raise_naming_the_argument():
             mps_ext.linear(torch.randn(1, 64), torch.randn(32, 64))
 
 
+def test_thread_limits_make_plans_fall_back_as_on_metal():
+    # One row of x streams the FP8 weights past it with a SIMD group per 512 bytes of K (16 for K = 8192, 512
+    # threads); where a kernel takes fewer (a translated kernel's launch bound on CUDA, a Metal pipeline's
+    # maxTotalThreadsPerThreadgroup) the plan takes the kernel of one SIMD group per row, as on Metal. The
+    # streamed MoE decode falls back to the decode kernel likewise.
+    x, w = _randn(1, 8192, dtype=BF16), _randn(64, 8192, seed=1).to(torch.float8_e4m3fn)
+    offs = torch.tensor([0, 1, 1, 2], dtype=torch.int32)
+    experts = _randn(4, 24, 8192, seed=2).to(torch.float8_e4m3fn)
+    asked = []
+
+    def limit(most):
+        return lambda kernel: asked.append(kernel) or most
+
+    for most, kernels in ((512, ["fp8_linear_gemv_stream_bfloat", "fp8_grouped_mm_stream16_bfloat"]),
+                          (256, ["fp8_linear_gemv_m1_bfloat", "fp8_grouped_mm_decode_m2_bfloat"])):
+        with mps_ext.sim.record_launches(max_threads=limit(most)) as recording:
+            mps_ext.fp8_linear(x, w, torch.tensor(0.5))
+            mps_ext.fp8_grouped_mm(x.expand(2, -1), experts, torch.ones(4), offs)
+        assert [l.kernel for l in recording.launches] == kernels
+        assert all(l.threadgroup[0] <= most for l in recording.launches), recording.launches
+    assert {"fp8_linear_gemv_stream_bfloat", "fp8_grouped_mm_stream16_bfloat"} <= set(asked)
+
+
+def test_bad_thread_limits_raise_naming_the_argument():
+    with pytest.raises(ValueError, match="max_threads must be positive"):
+        with mps_ext.sim.record_launches(max_threads=0):
+            pass
+    with pytest.raises(TypeError, match="max_threads must be an int or a callable"):
+        with mps_ext.sim.record_launches(max_threads="512"):
+            pass
+    # A kernel with nothing to fall back to raises, naming it and the limit.
+    with pytest.raises(RuntimeError, match="fp8_linear_gemv_m1_bfloat' takes at most 16 threads per threadgroup here"):
+        with mps_ext.sim.record_launches(max_threads=16):
+            mps_ext.fp8_linear(_randn(1, 64, dtype=BF16), _randn(32, 64, seed=1).to(torch.float8_e4m3fn),
+                               torch.tensor(0.5))
+
+
 def test_recordings_do_not_nest():
     with mps_ext.sim.record_launches():
         with pytest.raises(RuntimeError, match="already open"):

@@ -67,8 +67,24 @@ def _fill_policy(fill: FillPolicy):
     return lambda kernel, threads: fill
 
 
+ThreadLimit = Union[int, Callable[[str], int], None]
+
+
+def _thread_limit(limit: ThreadLimit):
+    """``max_threads`` as the callable the host asks, or None for the simulator's limits only."""
+    if limit is None:
+        return None
+    if callable(limit):
+        return lambda kernel: operator.index(limit(kernel))
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"record_launches: max_threads must be an int or a callable, got {type(limit).__name__}")
+    if limit <= 0:
+        raise ValueError(f"record_launches: max_threads must be positive, got {limit}")
+    return lambda kernel: limit
+
+
 @contextlib.contextmanager
-def record_launches(fill_simdgroups: FillPolicy = None):
+def record_launches(fill_simdgroups: FillPolicy = None, max_threads: ThreadLimit = None):
     """Record the kernel launches mps_ext's ops make on CPU tensors inside the block, instead of running them.
 
     Each op runs its real host plan (validation, kernel choice, geometry,
@@ -82,7 +98,12 @@ def record_launches(fill_simdgroups: FillPolicy = None):
     an int, or a callable ``(kernel host name, threads per threadgroup) ->
     int`` for a per-kernel figure (a CUDA GPU's SMs times the warps of that
     kernel one SM keeps resident); by default the simulator's setting
-    (:func:`gpu_cores`).
+    (:func:`gpu_cores`). ``max_threads`` limits the threads per threadgroup
+    of each kernel where the launches will run: an int, or a callable
+    ``(kernel host name) -> int`` (a translated kernel's launch bound on
+    CUDA). A plan that needs more falls back as it does for a Metal pipeline
+    whose ``maxTotalThreadsPerThreadgroup`` is lower, or raises naming the
+    kernel where it has nothing to fall back to.
 
     One recording at a time, process-wide. Torch ops on recorded outputs
     inside the block see unwritten memory: an op's own (``qr``'s R, the
@@ -90,9 +111,9 @@ def record_launches(fill_simdgroups: FillPolicy = None):
     ``info``: record ``lu_factor_ex``) and yours. A launch recorded after such
     a read raises ``RuntimeError``, since its plan may rest on that memory.
     """
-    policy = _fill_policy(fill_simdgroups)
+    policy, limit = _fill_policy(fill_simdgroups), _thread_limit(max_threads)
     recording = Recording()
-    _C._record_begin(policy)
+    _C._record_begin(policy, limit)
     try:
         yield recording
     finally:

@@ -15,6 +15,7 @@ import torch
 
 import mps_ext
 from cuda import DEV, Launch
+from translate_cuda import launch_bound
 
 # Backend::fill_simdgroups for the recordings: None plans as the simulator does (dry runs); run.py sets the
 # GPU's figure, its SMs x the warps of each kernel one SM keeps resident.
@@ -70,10 +71,11 @@ def _fallbacks() -> dict[str, int]:
 
 
 def record(op, *args, **kwargs):
-    """(recording, result) of the mps_ext op on CPU tensors, planned with fill_simdgroups; the result's
-    tensors stay unwritten until a Replay of the recording runs and is downloaded."""
+    """(recording, result) of the mps_ext op on CPU tensors, planned with fill_simdgroups and each kernel's
+    launch bound in the translation as its pipeline's thread limit; the result's tensors stay unwritten until a
+    Replay of the recording runs and is downloaded."""
     before = _fallbacks()
-    with mps_ext.sim.record_launches(fill_simdgroups) as recording:
+    with mps_ext.sim.record_launches(fill_simdgroups, max_threads=launch_bound) as recording:
         result = op(*args, **kwargs)
     # A call left to torch has nothing of ours to check, and torch's CPU op would have read unwritten buffers.
     to_torch = sorted(name for name, n in _fallbacks().items() if n > before.get(name, 0))
