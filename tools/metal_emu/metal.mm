@@ -391,16 +391,18 @@ bool done(const BufferState& s) { return s.status >= MTLCommandBufferStatusCompl
       state->end = now_seconds();
       state->error = error;
       state->status = error.empty() ? MTLCommandBufferStatusCompleted : MTLCommandBufferStatusError;
+      // Queued with the status, so that no buffer that starts after this one completed (and may complete
+      // before this thread runs again) has its handlers run first.
+      handlers().post([state, me] {
+        for (MTLCommandBufferHandler handler : state->handlers) {
+          handler(me);
+          Block_release(handler);
+        }
+        state->handlers.clear();
+        [me release];
+      });
     }
     gpu_cv.notify_all();
-    handlers().post([state, me] {
-      for (MTLCommandBufferHandler handler : state->handlers) {
-        handler(me);
-        Block_release(handler);
-      }
-      state->handlers.clear();
-      [me release];
-    });
   }).detach();
 }
 - (void)waitUntilCompleted {
