@@ -121,8 +121,8 @@ def test_decode_takes_a_k_too_long_to_stream(cores, scales):
 def test_stream_blocks_follow_the_gpu(cores):
     # One token routed to 8 of 128 experts, K = 768 (Qwen3-30B-A3B's down projection): three SIMD groups of
     # 8 bytes per lane, each threadgroup one routed row and a block of weight rows. One core is filled by the
-    # largest blocks (32 rows: 8 x 8 threadgroups of 3 SIMD groups); 80 cores (2560 SIMD groups) by blocks of
-    # 4 rows, the fewest (64 x 8 threadgroups).
+    # largest blocks (32 rows: 8 x 8 threadgroups of 3 SIMD groups); 80 cores (2560 SIMD groups) would take
+    # blocks of 4 rows, but a block holds at least 16 KB of weights: 24 rows (11 x 8 threadgroups).
     e, n, k = 128, 256, 768
     q, s, block, deq = experts(e, n, k, "block", seed=5)
     ends = torch.zeros(e, dtype=torch.int32)
@@ -132,7 +132,7 @@ def test_stream_blocks_follow_the_gpu(cores):
     with mps_ext.sim.checked(), mps_ext.sim.gpu_cores(cores), mps_ext.trace() as t:
         got = mps_ext.fp8_grouped_mm(x, q, s, ends, block_size=block)
     ran(t, "cpu", "fp8_grouped_mm_stream8_bfloat")
-    assert t.kernels[0].threadgroup[0] == 96 and t.kernels[0].grid[:2] == ((8, 8) if cores == 1 else (64, 8)), t.kernels
+    assert t.kernels[0].threadgroup[0] == 96 and t.kernels[0].grid[:2] == ((8, 8) if cores == 1 else (11, 8)), t.kernels
     want, mag = reference(x, deq, ends, torch.bfloat16)
     assert_close_dot(got, want, mag, k)
 

@@ -193,7 +193,7 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
   if (few_rows && m <= 1 && gemv_streams(k) && !backend->unavailable(kernel_of("gemv_stream"), stream_threads.x)) {
     kernel = kernel_of("gemv_stream");
     threads = stream_threads;
-    p.stream_rows = uint32_t(gemv_stream_rows(n, threads.x / 32, backend->fill_simdgroups(kernel, threads.x)));
+    p.stream_rows = uint32_t(gemv_stream_rows(n, k, threads.x / 32, backend->fill_simdgroups(kernel, threads.x)));
     grid = Size3{ceil_div(n, p.stream_rows)};
   } else if (few_rows) {
     // The gemv kernels are built for 1, 2, 4 or 8 rows of a (mps_ext/gemv.h).

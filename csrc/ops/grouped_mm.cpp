@@ -286,7 +286,7 @@ GroupedPlan stream_plan(const Problem& pr, at::ScalarType dtype, Backend& backen
   const GroupedMmParams& q = pr.params;
   GroupedPlan p{stream_kernel(q.k, dtype), {}, {stream_threads(q.k)}};
   const int64_t fill = backend.fill_simdgroups(p.kernel, p.threads.x);
-  p.stream_rows = uint32_t(gemv_stream_rows(q.n, p.threads.x / 32 * int64_t(q.m), fill));
+  p.stream_rows = uint32_t(gemv_stream_rows(q.n, q.k, p.threads.x / 32 * int64_t(q.m), fill));
   p.grid = {ceil_div(q.n, p.stream_rows), q.m};
   return p;
 }
