@@ -213,19 +213,22 @@ kernel void fp8_gemv_stream(device const In* a [[buffer(0)]], device const fp8* 
                             uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                             uint tid [[thread_index_in_threadgroup]]) {
   threadgroup float partial[mps_ext::kGemvStreamPartials];
+  threadgroup float factors[mps_ext::kGemvStreamMaxRows];
   const uint rows = p.stream_rows, first = group * rows, count = min(rows, p.n - first);
   const mps_ext::Fp8Weights<16, metal::is_same<In, fp8>::value> weights{
       w, p.w_stride, p.w_vectorized != 0, w_scale, p.block_n, p.block_k, p.scale_cols, p.scale_in_epilogue == 0,
       p.w_e5m2 != 0};
+  // Thread i < count writes row first + i (count <= 32: the host's
+  // stream_rows). Its scale is loaded now, so that its latency hides behind
+  // the stream instead of adding to the end of a threadgroup whose rows are
+  // few.
+  if (tid < count) factors[tid] = weights.scale(first + tid) * load_factor(In());
   mps_ext::gemv_stream<2>(weights, RowsOf<In>::make(a, p), first, count, p.n, p.k, sg, lane, partial + sg * rows);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  const float unfold = load_factor(In());
-  for (uint i = tid; i < count; i += simdgroups * 32) {
-    float dot = 0.0f;
-    for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + i];
-    const uint n = first + i;
-    out[n] = Out(epilogue(p, dot * weights.scale(n) * unfold, 0, n, a_scale, bias));
-  }
+  if (tid >= count) return;
+  float dot = 0.0f;
+  for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + tid];
+  out[first + tid] = Out(epilogue(p, dot * factors[tid], 0, first + tid, a_scale, bias));
 }
 
 inline float element(device const fp8* p, ulong i, bool e5m2) {

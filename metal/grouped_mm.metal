@@ -206,20 +206,23 @@ kernel void grouped_mm_stream(device const T* a [[buffer(0)]], device const fp8*
                               uint simdgroups [[simdgroups_per_threadgroup]], uint lane [[thread_index_in_simdgroup]],
                               uint tid [[thread_index_in_threadgroup]]) {
   threadgroup float partial[mps_ext::kGemvStreamPartials];
+  threadgroup float factors[mps_ext::kGemvStreamMaxRows];
   uint g;
   Extent row;
   if (!decode_rows_of<1>(offs, p, group.y, lane, g, row)) return;  // the whole threadgroup, before the barrier
   const uint rows = p.stream_rows, first = group.x * rows, count = min(rows, p.n - first);
   const auto w = fp8_weights_of<Bytes>(b, scales, p, g);
+  // Thread i < count writes row first + i (count <= 32: the host's
+  // stream_rows); its scale is loaded now, so that its latency hides behind
+  // the stream instead of adding to the threadgroup's end.
+  if (tid < count) factors[tid] = w.scale(first + tid);
   const mps_ext::XRows<T> x{a + ulong(g) * p.a_group + ulong(row.start) * p.a_row, p.a_row, 1, p.a_vectorized != 0};
   mps_ext::gemv_stream<G>(w, x, first, count, p.n, p.k, sg, lane, partial + sg * rows);
   threadgroup_barrier(mem_flags::mem_threadgroup);
-  device T* y = out + ulong(g) * p.out_group + ulong(row.start) * p.out_row;
-  for (uint i = tid; i < count; i += simdgroups * 32) {
-    float dot = 0.0f;
-    for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + i];
-    y[first + i] = T(dot * w.scale(first + i));
-  }
+  if (tid >= count) return;
+  float dot = 0.0f;
+  for (uint s = 0; s < simdgroups; ++s) dot += partial[s * rows + tid];
+  out[ulong(g) * p.out_group + ulong(row.start) * p.out_row + first + tid] = T(dot * factors[tid]);
 }
 
 // Decode for weights stored (G, K, N) with N contiguous (gpt-oss, Aria: b

@@ -87,13 +87,14 @@ at::Tensor rows_of(const at::Tensor& input, int64_t k) {
 
 }  // namespace
 
-constexpr int64_t kStreamMaxRows = 32, kStreamMinBlockBytes = 16384;
-static_assert(kStreamMaxRows * kGemvStreamMaxSlices <= kGemvStreamPartials, "the partials fit the kernel's array");
+constexpr int64_t kStreamMinBlockBytes = 16384;
+static_assert(kGemvStreamMaxRows * kGemvStreamMaxSlices <= kGemvStreamPartials, "the partials fit the kernel's array");
+static_assert(kGemvStreamMaxRows <= 32, "a SIMD group's threads finish a threadgroup's rows");
 
 int64_t gemv_stream_rows(int64_t n, int64_t k, int64_t simdgroups_per_block, int64_t fill) {
   const int64_t least = std::clamp<int64_t>((kStreamMinBlockBytes / std::max<int64_t>(k, 1) + 3) / 4 * 4, 4,
-                                            kStreamMaxRows);
-  int64_t rows = kStreamMaxRows;
+                                            int64_t(kGemvStreamMaxRows));
+  int64_t rows = kGemvStreamMaxRows;
   while (rows > least && ceil_div(n, rows) * simdgroups_per_block * 10 < fill * 9) rows -= 4;
   return rows;
 }

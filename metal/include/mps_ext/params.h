@@ -104,9 +104,11 @@ struct Fp8MatmulParams {
 };
 static_assert(sizeof(Fp8MatmulParams) == 76, "Fp8MatmulParams layout");
 // The streamed GEMV (mps_ext/gemv.h's gemv_stream): at most this many SIMD
-// groups per threadgroup (each owns 32 chunks of K), and partial dot
-// products for at most this many (rows x SIMD groups) in threadgroup memory.
-enum : mps_ext_u32 { kGemvStreamMaxSlices = 32, kGemvStreamPartials = 1024 };
+// groups per threadgroup (each owns 32 chunks of K), rows of w per
+// threadgroup (one thread of its first SIMD group finishes each), and
+// partial dot products for at most this many (rows x SIMD groups) in
+// threadgroup memory.
+enum : mps_ext_u32 { kGemvStreamMaxSlices = 32, kGemvStreamMaxRows = 32, kGemvStreamPartials = 1024 };
 
 
 // torch._grouped_mm: out_g = a_g @ b_g for each group g. `split` says which
