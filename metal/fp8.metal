@@ -16,9 +16,10 @@
 //   per row of w.
 // - gemv (m <= 8, decode): the decode GEMV loop of mps_ext/gemv.h with an
 //   e4m3fn weight policy: one SIMD group per row of w for one row of a, per
-//   four rows for more; each lane reads 16-byte chunks of each row (a SIMD
-//   group 512 contiguous bytes per chunk), decodes them once and uses them
-//   for every row of a (from cache: a is small). The host sizes the grid as
+//   four rows for two, per two for more (fp8_rows_per_simdgroup); each lane
+//   reads 16-byte chunks of each row (a SIMD group 512 contiguous bytes per
+//   chunk), decodes them once and uses them for every row of a (from cache:
+//   a is small). The host sizes the grid as
 //   for the dense GEMV (ops::gemv_geometry): K split over gemv_slices SIMD
 //   groups when the rows alone would not fill the GPU.
 //   Both read each weight byte once per call and fold the 256 the decode
@@ -147,7 +148,10 @@ struct RowsOf<fp8> {
 // four for two rows of a, two for four or eight (four against four or eight
 // rows of a held 128 registers and spilled: on the CUDA proxy two were
 // 1.04-1.11x faster at m = 4 on q_proj, down and lm_head, 0.95x on gate/up,
-// and 1.09-1.30x faster at m = 8; at m = 2 four were up to 1.16x faster).
+// and 1.09-1.30x faster at m = 8; at m = 2 four were up to 1.16x faster;
+// four rows of 8-byte chunks, which fit at 119 registers and issue 14% fewer
+// instructions per weight, were up to 1.15x slower at m = 4, lm_head aside:
+// 2% faster).
 // And 16-byte chunks of each row a lane reads per step: two for one row of
 // a, so a lane has 32 bytes in flight (on the CUDA proxy 12-15% faster than
 // one on the larger Llama shapes), one for more (two to four rows already
