@@ -396,6 +396,26 @@ def test_fp8_linear_decodes_every_code_exactly(rows, device):
     assert torch.equal(got, w.view(F8).float()[:, picks].t())
 
 
+@pytest.mark.parametrize("granularity", ["channel", "block"])
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_fp8_linear_nan_codes_poison_their_rows_as_in_torch(rows, granularity, device):
+    # The kernels decode every code through halves and then set the NaN codes (0x7F, 0xFF) of the loads that
+    # hold one to NaN: in torch, a NaN in a row of the dequantized w makes every dot product with it NaN.
+    # Codes at the first and last byte of a row and inside one; aligned rows, so whole steps stream.
+    n, k = 40, 1024
+    q, s, block, deq = weight_and_scale(n, k, granularity, seed=rows)
+    codes = bits(q)
+    codes[5, 100], codes[17, k - 1], codes[30, 0] = 0x7F, 0xFF, 0x7F
+    deq = deq.clone()
+    deq[[5, 17, 30], [100, k - 1, 0]] = math.nan
+    x = torch.randn(rows, k, generator=gen(rows)).to(torch.bfloat16)
+    with mps_ext.trace() as t:
+        got = on(device, mps_ext.fp8_linear, x, q, s, block_size=block)
+    ran(t, device, f"fp8_linear_{gemv(rows)}_bfloat")
+    want = F.linear(x.float(), deq)
+    assert torch.equal(got.isnan(), want.isnan()) and got.isnan().sum() == 3 * rows
+
+
 @pytest.mark.parametrize("k", [4096, 4100])
 @pytest.mark.parametrize("granularity", ["tensor", "block"])
 @pytest.mark.parametrize("rows", [2, 3])
