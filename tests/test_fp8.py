@@ -399,8 +399,9 @@ def test_fp8_linear_decodes_every_code_exactly(rows, device):
 @pytest.mark.parametrize("granularity", ["channel", "block"])
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_fp8_linear_nan_codes_poison_their_rows_as_in_torch(rows, granularity, device):
-    # The kernels decode every code through halves and then set the NaN codes (0x7F, 0xFF) of the loads that
-    # hold one to NaN: in torch, a NaN in a row of the dequantized w makes every dot product with it NaN.
+    # The kernels decode 16 bytes through halves unless they hold a NaN code (0x7F, 0xFF), then through
+    # floats, which give NaN its NaN: in torch, a NaN in a row of the dequantized w makes every dot product
+    # with it NaN.
     # Codes at the first and last byte of a row and inside one; aligned rows, so whole steps stream.
     n, k = 40, 1024
     q, s, block, deq = weight_and_scale(n, k, granularity, seed=rows)
