@@ -1,8 +1,6 @@
 #include "recording.h"
 
-#include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <utility>
 
@@ -17,35 +15,27 @@ class RecordingBackend final : public Backend {
  public:
   const char* name() const override { return "recording"; }
 
+  RecordingBackend(std::optional<FillPolicy> fill, std::optional<ThreadLimit> limit)
+      : fill_(std::move(fill)), limit_(std::move(limit)) {}
+
   std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
     if (auto why = sim_backend().unavailable(kernel, threads)) return why;
-    std::shared_ptr<const ThreadLimit> limit;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      limit = limit_;
-    }
-    if (!limit) return std::nullopt;
-    const int64_t most = (*limit)(kernel);
+    if (!limit_) return std::nullopt;
+    const int64_t most = (*limit_)(kernel);
     if (threads <= most) return std::nullopt;
     return "kernel '" + kernel + "' takes at most " + std::to_string(most) + " threads per threadgroup here, not " +
            std::to_string(threads);
   }
 
   int64_t fill_simdgroups(const std::string& kernel, uint32_t threads) override {
-    std::shared_ptr<const FillPolicy> fill;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      fill = fill_;
-    }
-    if (!fill) return sim_backend().fill_simdgroups(kernel, threads);
-    const int64_t simdgroups = (*fill)(kernel, threads);
+    if (!fill_) return sim_backend().fill_simdgroups(kernel, threads);
+    const int64_t simdgroups = (*fill_)(kernel, threads);
     TORCH_CHECK_VALUE(simdgroups > 0, "mps_ext.sim.record_launches: fill_simdgroups must be positive, got ",
                       simdgroups, " for kernel '", kernel, "'");
     return simdgroups;
   }
 
   void dispatch(const Launch& launch) override {
-    std::lock_guard<std::mutex> lock(mu_);
     TORCH_CHECK(read_after_.empty(), "mps_ext.sim.record_launches: a launch ('", launch.kernel,
                 "') after a host read of what recorded launches wrote ('", read_after_,
                 "' was recorded, not run): its plan may rest on unwritten memory; record it without that read (",
@@ -66,58 +56,37 @@ class RecordingBackend final : public Backend {
   // the triangle of the factors its kernel wrote: a replay checks the
   // kernel's buffer), not for a launch planned after it.
   void before_torch_ops() override {
-    std::lock_guard<std::mutex> lock(mu_);
     if (!launches_.empty()) read_after_ = launches_.back().kernel;
   }
 
-  void open(std::optional<FillPolicy> fill, std::optional<ThreadLimit> limit) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (fill) fill_ = std::make_shared<const FillPolicy>(std::move(*fill));
-    if (limit) limit_ = std::make_shared<const ThreadLimit>(std::move(*limit));
-    launches_.clear();
-    read_after_.clear();
-  }
-
-  // The launches, and the policies, to be released outside the lock: a Python one takes the GIL.
-  struct Closed {
-    std::vector<Launch> launches;
-    std::shared_ptr<const FillPolicy> fill;
-    std::shared_ptr<const ThreadLimit> limit;
-  };
-  Closed close() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {std::move(launches_), std::move(fill_), std::move(limit_)};
-  }
+  std::vector<Launch> take() { return std::move(launches_); }
 
  private:
-  std::mutex mu_;
-  std::shared_ptr<const FillPolicy> fill_;
-  std::shared_ptr<const ThreadLimit> limit_;
+  const std::optional<FillPolicy> fill_;
+  const std::optional<ThreadLimit> limit_;
   std::vector<Launch> launches_;
   std::string read_after_;  // the last launch before a host read, if there was one
 };
 
-RecordingBackend& backend() {
-  static RecordingBackend b;
-  return b;
-}
-
-std::atomic<bool> is_open{false};
+// Each thread's own recording: the launches of ops that other threads run
+// meanwhile are theirs to run (a recorded launch is never run, so recording
+// them here would hand those threads unwritten memory).
+thread_local std::unique_ptr<RecordingBackend> open_here;
 
 }  // namespace
 
 void begin(std::optional<FillPolicy> fill, std::optional<ThreadLimit> max_threads) {
-  bool closed = false;
-  TORCH_CHECK(is_open.compare_exchange_strong(closed, true),
-              "mps_ext.sim.record_launches: a recording is already open (they do not nest)");
-  backend().open(std::move(fill), std::move(max_threads));
+  TORCH_CHECK(!open_here, "mps_ext.sim.record_launches: a recording is already open on this thread (they do not nest)");
+  open_here = std::make_unique<RecordingBackend>(std::move(fill), std::move(max_threads));
 }
 
 std::vector<Launch> end() {
-  TORCH_CHECK(is_open.exchange(false), "mps_ext.sim.record_launches: no recording is open");
-  return backend().close().launches;
+  TORCH_CHECK(open_here, "mps_ext.sim.record_launches: no recording is open on this thread");
+  std::vector<Launch> launches = open_here->take();
+  open_here.reset();
+  return launches;
 }
 
-Backend* active() { return is_open.load() ? &backend() : nullptr; }
+Backend* active() { return open_here.get(); }
 
 }  // namespace mps_ext::recording

@@ -24,13 +24,14 @@ using FillPolicy = std::function<int64_t(const std::string& kernel, uint32_t thr
 // (Backend::unavailable).
 using ThreadLimit = std::function<int64_t(const std::string& kernel)>;
 
-// Opens the recording (one at a time, process-wide); plans are sized by
-// `fill`, or by the simulator's setting when there is none, and limited by
-// `max_threads` besides the simulator's limits.
+// Opens the calling thread's recording (one at a time per thread; other
+// threads' launches run as ever); plans are sized by `fill`, or by the
+// simulator's setting when there is none, and limited by `max_threads`
+// besides the simulator's limits.
 void begin(std::optional<FillPolicy> fill, std::optional<ThreadLimit> max_threads);
 // Closes it: the launches, in order.
 std::vector<Launch> end();
-// The backend CPU tensors have while a recording is open, else nullptr.
+// The backend CPU tensors have on this thread while its recording is open, else nullptr.
 Backend* active();
 
 }  // namespace mps_ext::recording

@@ -63,7 +63,7 @@ kernel void fp8_amax(device const T* x [[buffer(0)]], device atomic_uint* amax [
   uint m = 0;
   for (ulong i = local.x; i < count; i += size.x) {
     const ulong r = r0 + i / width, c = c0 + i % width;
-    m = max(m, as_type<uint>(float(x[r * p.cols + c])) & 0x7FFFFFFFu);
+    m = max(m, as_type<uint>(float(x[ulong(r) * p.cols + c])) & 0x7FFFFFFFu);
   }
   m = simd_max(m);
   if (lane == 0) atomic_fetch_max_explicit(&amax[group.y * p.scale_cols + group.x], m, memory_order_relaxed);
@@ -247,7 +247,9 @@ inline float element(device const T* p, ulong i, bool) { return float(p[i]); }
 template <typename T>
 struct RowTiles {
   device const T* base;
-  uint rows, k, stride, first;
+  uint rows, k;
+  ulong stride;
+  uint first;
   bool transposed;
   device const float* scale;
   uint block_rows, block_k, scale_cols;

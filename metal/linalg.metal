@@ -297,7 +297,7 @@ kernel void lu_factor_simd(device const T* a [[buffer(0)]], device T* lu [[buffe
 template <typename T>
 struct Triangle {
   device const T* a;
-  uint rs, cs;
+  ulong rs, cs;
   bool conj, unit;
   T at(uint i, uint j) const { return mps_ext::conj_if(a[i * rs + j * cs], conj); }
 };

@@ -6,6 +6,7 @@ fill the recording is given.
 """
 
 import struct
+import threading
 
 import pytest
 import torch
@@ -111,8 +112,9 @@ def test_launch_records_slots_offsets_and_parameter_bytes():
     w, x, b, out, params = launch.args  # metal/gemv.metal's buffers 0-4
     assert (x.offset, x.size) == (2, 608) and (w.offset, w.size) == (0, 1001 * 304 * 2)
     assert out.tensor.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()
-    n, k, m, *_, has_bias, w_vectorized, x_vectorized = struct.unpack("<9I", params)  # GemvParams
-    assert (n, k, m, has_bias, w_vectorized, x_vectorized) == (1001, 304, 1, 1, 1, 0)
+    w_stride, x_stride, y_stride, n, k, m, has_bias, w_vectorized, x_vectorized = struct.unpack("<3Q6I", params)
+    assert (n, k, m, has_bias, w_vectorized, x_vectorized) == (1001, 304, 1, 1, 1, 0)  # GemvParams
+    assert (w_stride, x_stride, y_stride) == (304, 304, 1001)
     assert launch.threadgroup_memory == 0  # the dense GEMV keeps its partial sums in registers
 
 
@@ -213,6 +215,33 @@ def test_recordings_do_not_nest():
     with mps_ext.sim.record_launches() as recording:  # the failed one closed nothing
         mps_ext.softmax(torch.randn(2, 8), -1)
     assert len(recording.launches) == 1
+
+
+def test_a_recording_keeps_only_its_own_threads_launches():
+    # Another thread's ops run while this thread records: their results are written, and none of their
+    # launches joins this recording; that thread may record on its own meanwhile.
+    x = torch.randn(3, 40)
+    started, recorded = threading.Event(), threading.Event()
+    seen = {}
+
+    def other():
+        started.wait()
+        seen["softmax"] = mps_ext.softmax(x, -1)
+        with mps_ext.sim.record_launches() as own:
+            mps_ext.log_softmax(x, -1)
+        seen["own"] = [l.kernel for l in own.launches]
+        recorded.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    with mps_ext.sim.record_launches() as recording:
+        started.set()
+        assert recorded.wait(60)
+        mps_ext.linear(_randn(1, 64), _randn(8, 64, seed=1))
+    thread.join()
+    torch.testing.assert_close(seen["softmax"], torch.softmax(x, -1))
+    assert seen["own"] == ["log_softmax_simd_float_float"]
+    assert [l.kernel for l in recording.launches] == ["gemv_dense_m1_r2_float"]
 
 
 def test_a_launch_after_a_host_read_of_recorded_results_raises():

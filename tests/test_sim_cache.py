@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import run_python
+
 import mps_ext.sim
 from mps_ext.sim import CompileError, compiler
 
@@ -163,10 +165,19 @@ def test_a_cache_on_a_file_system_without_locks_still_builds(cache, monkeypatch)
     assert run_fill(mps_ext.sim.Library(library_path(FILL % "8.0f", "unlocked"))) == 8.0
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "lots"])
-def test_cache_size_must_be_a_positive_number(cache, monkeypatch, value):
-    monkeypatch.setenv("MPS_EXT_SIM_CACHE_MB", value)
-    with pytest.raises(CompileError, match="MPS_EXT_SIM_CACHE_MB"):
+@pytest.mark.parametrize("name", ["MPS_EXT_SIM_CACHE_MB", "MPS_EXT_SIM_COMPILE_MEMORY_MB", "MPS_EXT_SIM_COMPILE_TIMEOUT"])
+@pytest.mark.parametrize("value", ["0", "-1", "lots", "inf", "1e400", "nan", "1e30"])
+def test_limits_from_the_environment_must_be_positive_numbers(cache, monkeypatch, name, value):
+    # Infinite or huge values would overflow what they are converted to (a byte count, a wait): the error
+    # names the variable instead.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(CompileError, match=f"{name}='{value}': expected a positive number of "):
+        library_path(FILL % "5.0f", "c")
+
+
+def test_address_spaces_mode_must_be_0_or_1(cache, monkeypatch):
+    monkeypatch.setenv("MPS_EXT_SIM_ADDRESS_SPACES", "yes")
+    with pytest.raises(CompileError, match="MPS_EXT_SIM_ADDRESS_SPACES='yes': expected 0, 1 or nothing"):
         library_path(FILL % "5.0f", "c")
 
 
@@ -226,6 +237,37 @@ def test_compiler_time_limit(cache, tmp_path, monkeypatch, cxx):
     monkeypatch.setenv("MPS_EXT_SIM_COMPILE_TIMEOUT", "1")
     with pytest.raises(CompileError, match="timed out after 1 s.*MPS_EXT_SIM_COMPILE_TIMEOUT"):
         mps_ext.sim.compile_shader(FILL % "6.0f")
+
+
+LOWER_LIMIT = """
+import resource
+resource.setrlimit(resource.RLIMIT_AS, ({kib} * 1024, {kib} * 1024))  # as `ulimit -v {kib}` in a shell
+import torch, mps_ext.sim
+lib = mps_ext.sim.compile_shader({source!r}, name="limited")
+x = torch.zeros(4)
+lib.fill(x)
+print(x[0].item())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the memory limit is an address-space rlimit")
+def test_compiling_under_a_lower_address_space_limit_of_ones_own(cache):
+    # A process whose own `ulimit -v` is below the compiler's 8 GiB cannot raise it: the compiler runs under the
+    # process's limit (6 GiB here) and the kernel builds and runs.
+    p = run_python(LOWER_LIMIT.format(kib=6 << 20, source=FILL % "9.0f"), env={"MPS_EXT_CACHE_DIR": str(cache)},
+                   timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split()[-1] == "9.0"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the memory limit is an address-space rlimit")
+def test_a_compile_failing_under_ones_own_lower_limit_says_which_to_raise(cache, tmp_path, monkeypatch, cxx):
+    cxx(fake_compiler(tmp_path, 'echo "limit $(ulimit -v)" >&2; exit 1'))
+    soft, hard = compiler.resource.getrlimit(compiler.resource.RLIMIT_AS)
+    monkeypatch.setattr(compiler.resource, "getrlimit", lambda which: (3 << 30, hard))
+    with pytest.raises(CompileError, match=r"(?s)limit 3145728\n.*this process's address-space limit "
+                                           r"\(ulimit -v: 3145728 KiB\), below the 8192 MiB.*ulimit -v 8388608"):
+        mps_ext.sim.compile_shader(FILL % "7.5f")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the memory limit is an address-space rlimit")

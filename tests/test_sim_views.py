@@ -2,6 +2,7 @@
 only the bytes it changed go back, so what other threads write meanwhile inside the span is kept; accesses
 between the elements are out of bounds."""
 
+import contextlib
 import sys
 import threading
 import time
@@ -162,6 +163,19 @@ def test_accesses_between_a_views_elements_are_out_of_bounds(lib, kernel, at, ma
     with pytest.raises(SimulatorError, match=match):
         getattr(lib, kernel)(x[:, :4], at, arg_casts="int32", threads=32)
     assert torch.equal(x, torch.zeros(8, 4096))
+
+
+@pytest.mark.parametrize("checked", [False, True], ids=["default", "checked"])
+@pytest.mark.parametrize("cols, width, at", [(1, 2, 1), (3, 4, 3), (4, 19, 10), (2, 18, 35)],
+                         ids=["every-other", "one-float-gap", "gap-under-64-bytes", "next-rows-gap"])
+def test_writes_between_a_views_elements_never_reach_the_tensor(lib, checked, cols, width, at):
+    """x[:, :cols] of rows `width` floats apart, gaps of 4 to 60 bytes: a write at float `at` of the
+    buffer, between two elements, is out of bounds in every mode and the tensor is left as it was."""
+    x = torch.zeros(6, width)
+    mode = mps_ext.sim.checked() if checked else contextlib.nullcontext()
+    with mode, pytest.raises(SimulatorError, match=r"out-of-bounds write to buffer\(0\) .*between its elements"):
+        lib.write_at(x[:, :cols], at, arg_casts="int32", threads=32)
+    assert torch.equal(x, torch.zeros(6, width))
 
 
 def test_checked_mode_compares_a_views_elements(lib):

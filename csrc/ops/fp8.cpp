@@ -154,15 +154,14 @@ void run_matmul(const char* op, const at::Tensor& a, const at::Tensor& w, const 
                 const at::Tensor& w_scale, int64_t block_n, int64_t block_k, const std::optional<at::Tensor>& bias,
                 at::Tensor& out) {
   const int64_t m = a.size(0), n = w.size(0), k = w.size(1);
-  TORCH_CHECK(m <= kMaxU32 && n <= kMaxU32 && k <= kMaxU32 && a.stride(0) <= kMaxU32 && w.stride(0) <= kMaxU32,
-              op, ": sizes beyond 2^32");
+  TORCH_CHECK(m <= kMaxU32 && n <= kMaxU32 && k <= kMaxU32, op, ": sizes beyond 2^32");
   Fp8MatmulParams p{};
   p.m = uint32_t(m);
   p.n = uint32_t(n);
   p.k = uint32_t(k);
-  p.a_stride = uint32_t(a.stride(0));
-  p.w_stride = uint32_t(w.stride(0));
-  p.out_stride = uint32_t(out.stride(0));
+  p.a_stride = uint64_t(a.stride(0));
+  p.w_stride = uint64_t(w.stride(0));
+  p.out_stride = uint64_t(out.stride(0));
   p.has_a_scale = a_scale.has_value();
   p.a_scale_stride = a_scale && a_scale->numel() > 1 ? 1 : 0;
   p.block_n = uint32_t(std::min(block_n, n));

@@ -135,8 +135,7 @@ std::optional<std::string> gemv_unsupported(const at::Tensor& input, const at::T
   const bool transposed = k_major(weight);
   if (weight.stride(1) != 1 && k != 1 && !transposed) return "weight neither row- nor column-major";
   constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-  if (n > kMax || k > kMax || weight.stride(transposed ? 1 : 0) > kMax || (has_bias && bias->stride(0) > kMax))
-    return "size >= 2^31";
+  if (n > kMax || k > kMax) return "size >= 2^31";
   const GemvPlan p = plan(m, n, k, input.scalar_type(), *backend, transposed);
   if (auto reason = backend->unavailable(p.kernel, p.threads.x * p.threads.y * p.threads.z)) return reason;
   return std::nullopt;
@@ -156,9 +155,9 @@ at::Tensor gemv(const at::Tensor& input, const at::Tensor& weight, const std::op
   q.m = uint32_t(m);
   // Between W's n rows, or for gemv_t between its k rows.
   const bool transposed = k_major(weight);
-  q.w_stride = uint32_t(transposed ? weight.stride(1) : n == 1 ? k : weight.stride(0));
-  q.x_stride = uint32_t(m == 1 ? k : x.stride(0));
-  q.y_stride = uint32_t(n);
+  q.w_stride = uint64_t(transposed ? weight.stride(1) : n == 1 ? k : weight.stride(0));
+  q.x_stride = uint64_t(m == 1 ? k : x.stride(0));
+  q.y_stride = uint64_t(n);
   const int64_t es = int64_t(input.element_size());
   q.w_vectorized = aligned16(weight) && ((transposed ? k : n) == 1 || q.w_stride * es % 16 == 0);
   q.x_vectorized = aligned16(x) && (m == 1 || q.x_stride * es % 16 == 0);

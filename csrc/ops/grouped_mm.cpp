@@ -89,14 +89,14 @@ Problem problem_of(const at::Tensor& a, const at::Tensor& b, const std::optional
   q.m = uint32_t(a.size(-2));
   q.k = uint32_t(a.size(-1));
   q.n = uint32_t(b.size(-1));
-  q.a_group = a2 ? 0 : uint32_t(a.stride(0));
-  q.a_row = uint32_t(a.stride(-2));
-  q.a_k = uint32_t(a.stride(-1));
-  q.b_group = b2 ? 0 : uint32_t(b.stride(0));
-  q.b_k = uint32_t(b.stride(-2));
-  q.b_col = uint32_t(b.stride(-1));
-  q.out_group = out.stride.size() == 3 ? uint32_t(out.stride[0]) : 0;
-  q.out_row = uint32_t(out.stride[out.stride.size() - 2]);
+  q.a_group = a2 ? 0 : uint64_t(a.stride(0));
+  q.a_row = uint64_t(a.stride(-2));
+  q.a_k = uint64_t(a.stride(-1));
+  q.b_group = b2 ? 0 : uint64_t(b.stride(0));
+  q.b_k = uint64_t(b.stride(-2));
+  q.b_col = uint64_t(b.stride(-1));
+  q.out_group = out.stride.size() == 3 ? uint64_t(out.stride[0]) : 0;
+  q.out_row = uint64_t(out.stride[out.stride.size() - 2]);
   const auto multiple16 = [](const at::Tensor& t, int64_t stride) { return stride * t.element_size() % 16 == 0; };
   q.a_vectorized = aligned16(a) && multiple16(a, q.a_row) && multiple16(a, q.a_group);
   // b's contiguous rows: of W_g (n x k) when b is the transposed weights, of the stored (k x n) matrix otherwise.
@@ -335,7 +335,7 @@ std::optional<std::string> unsupported(const at::Tensor& a, const at::Tensor& b,
   const Layout out = output_layout(a, b, offs);
   for (const at::Tensor* t : {&a, &b})
     for (int64_t d = 0; d < t->dim(); ++d)
-      if (t->size(d) > kMax || t->stride(d) > kMax) return "size >= 2^31";
+      if (t->size(d) > kMax) return "size >= 2^31";
   if (out.size[0] * out.stride[0] > kMax) return "size >= 2^31";
   const Problem pr = problem_of(a, b, offs, out);
   if (pr.groups == 0) return std::nullopt;  // nothing to run
@@ -357,7 +357,7 @@ at::Tensor run_kernels(const at::Tensor& a, const at::Tensor& b, const std::opti
     pr.params.block_n = uint32_t(fp8->block_n);
     pr.params.block_k = uint32_t(fp8->block_k);
     pr.params.scale_cols = uint32_t(fp8->scales.size(2));
-    pr.params.scale_group = uint32_t(fp8->scales.stride(0));
+    pr.params.scale_group = uint64_t(fp8->scales.stride(0));
   }
   dispatch(Launch{p.kernel, {}, p.grid, p.threads}
                .tensor(a)

@@ -107,17 +107,16 @@ std::optional<std::string> matrix_unsupported(const at::Tensor& A) {
 // (batch stride 0) when it has no batch of its own.
 struct Operand {
   at::Tensor t;  // bound to the kernel (complex64 as its view_as_real)
-  uint32_t bs, rs, cs;
+  uint64_t bs, rs, cs;
 };
 
 Operand operand(const at::Tensor& x, const Shape& batch) {
   const int64_t rows = x.size(-2), cols = x.size(-1);
-  at::Tensor t = numel_of(batch_of(x)) == 1 ? x.reshape({1, rows, cols})
-                                            : x.expand(concat(batch, {rows, cols})).reshape({numel_of(batch), rows, cols});
-  for (int64_t d = 0; d < 3; ++d)
-    if (t.stride(d) > kMaxElements) t = t.contiguous();
-  const uint32_t bs = t.size(0) == 1 && numel_of(batch) != 1 ? 0 : uint32_t(t.stride(0));
-  return {t.is_complex() ? at::view_as_real(t) : t, bs, uint32_t(t.stride(1)), uint32_t(t.stride(2))};
+  const at::Tensor t = numel_of(batch_of(x)) == 1
+                           ? x.reshape({1, rows, cols})
+                           : x.expand(concat(batch, {rows, cols})).reshape({numel_of(batch), rows, cols});
+  const uint64_t bs = t.size(0) == 1 && numel_of(batch) != 1 ? 0 : uint64_t(t.stride(0));
+  return {t.is_complex() ? at::view_as_real(t) : t, bs, uint64_t(t.stride(1)), uint64_t(t.stride(2))};
 }
 
 at::Tensor bind(const at::Tensor& t) { return t.is_complex() ? at::view_as_real(t) : t; }
@@ -188,7 +187,7 @@ at::Tensor solve_with_factors(const at::Tensor& LU, const at::Tensor& pivots, co
   set_rhs(p, rhs, !left);
   const at::Tensor piv = own == 1 ? pivots.reshape({1, n}).contiguous()
                                   : pivots.expand(concat(batch, {n})).reshape({-1, n}).contiguous();
-  p.p_bs = piv.size(0) == 1 ? 0 : uint32_t(n);
+  p.p_bs = piv.size(0) == 1 ? 0 : uint64_t(n);
   p.flags = (adjoint != !left ? kLinalgAdjoint : 0) | (left ? 0 : kLinalgConjRhs);
   const bool tiny = n <= kTinyN;
   dispatch(Launch{lu_kernel(tiny ? "solve_thread" : "solve_simd", B.scalar_type()), {},
@@ -215,7 +214,7 @@ at::Tensor householder(const at::Tensor& V, const at::Tensor& tau, int64_t cols)
   const Operand v = operand(V, batch);
   set_matrix(p, v);
   const at::Tensor taus = tau.reshape({systems, k}).contiguous();
-  p.p_bs = uint32_t(k);
+  p.p_bs = uint64_t(k);
   dispatch(Launch{qr_kernel("householder_simd", V.scalar_type()), {}, {uint32_t(systems)}, {32}}
                .tensor(v.t)
                .tensor(bind(taus))

@@ -10,13 +10,13 @@
 // backend key makes the dispatcher use that derivative for the backend's
 // autograd key instead of decomposing linear into mm/addmm. MPS has torch's
 // linear_backward kernel; the CPU key has none, so the CPU overrides register
-// one here, computed with mm and sum as the decomposition's derivative is.
-// mm and addmm keep their own derivatives. torch's linear derivative has no
+// one here, computed with mm and sum as the decomposition's derivative is
+// (once, for good: see register_linear). mm and addmm keep their own derivatives. torch's linear derivative has no
 // forward-mode formula (nor on mps, where it is used too); a CPU call with tangents
 // decomposes into mm/addmm, as it does without the overrides. So does a call
 // traced by torch.compile or torch.export (fake or functional tensors): a graph
-// must not call linear_backward, whose CPU kernel exists only while the
-// overrides are on (and whose gradient of the bias has torch's meta shape only
+// must not call linear_backward, whose CPU kernel exists only once the
+// overrides have been on (and whose gradient of the bias has torch's meta shape only
 // on mps); mm and addmm reach the GEMV as linear does.
 #include <ATen/ATen.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -222,7 +222,16 @@ void register_linear(OverrideLibrary& lib, c10::DeviceType device) {
   lib.impl("mv", TORCH_FN(mv));
   lib.impl("addmv", TORCH_FN(addmv));
   if (device != c10::DeviceType::CPU) return;
-  lib.impl("linear_backward", TORCH_FN(linear_backward_cpu));
+  // linear_backward's CPU kernel outlives the overrides: a graph recorded
+  // while they were on holds torch's LinearBackward nodes, which call it
+  // whenever that backward runs, overrides on or off. Never unregistered, and
+  // harmless while they are off (only those nodes call it).
+  static const torch::Library* const backward = [] {
+    auto* l = new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+    l->impl("linear_backward", TORCH_FN(linear_backward_cpu));
+    return l;
+  }();
+  (void)backward;
   torch_linear_autograd_cpu = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linear", "")
                                   .getComputedKernelForDispatchKey(c10::DispatchKey::AutogradCPU);
   lib.impl_autograd("linear", torch::CppFunction::makeFromBoxedFunction<&linear_autograd_cpu>());

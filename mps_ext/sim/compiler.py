@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -116,14 +117,7 @@ _last_prune = -math.inf
 
 def _cache_limit() -> int:
     """``$MPS_EXT_SIM_CACHE_MB`` (default 2048) in bytes."""
-    text = os.environ.get("MPS_EXT_SIM_CACHE_MB", "2048")
-    try:
-        mb = float(text)
-    except ValueError:
-        mb = -1.0
-    if not mb > 0:
-        raise CompileError(f"MPS_EXT_SIM_CACHE_MB must be a positive number of megabytes, got {text!r}")
-    return int(mb * 2 ** 20)
+    return int(_env_limit("MPS_EXT_SIM_CACHE_MB", 2048, "megabytes", _MOST_MEGABYTES) * 2 ** 20)
 
 
 def _used(path: Path) -> None:
@@ -199,7 +193,15 @@ def _clang_candidates() -> list[str]:
     return found
 
 
-def _env_limit(name: str, default: float) -> float:
+# The largest values the limits take: what the operating system's calls hold (a wait's milliseconds in a
+# C int, an rlimit's bytes in 64 bits).
+_MOST_SECONDS = 2 ** 31 // 1000 - 1
+_MOST_MEGABYTES = 2 ** 43
+
+
+def _env_limit(name: str, default: float, unit: str, most: float) -> float:
+    """``$name`` as a number, ``default`` when unset; anything but a positive number up to ``most`` (``inf``,
+    ``1e400``, words) is an error naming the variable."""
     value = os.environ.get(name)
     if not value:
         return default
@@ -207,9 +209,23 @@ def _env_limit(name: str, default: float) -> float:
         limit = float(value)
     except ValueError:
         limit = math.nan
-    if not (limit > 0 and math.isfinite(limit)):
-        raise CompileError(f"{name}={value!r}: expected a positive number")
+    if not 0 < limit <= most:
+        raise CompileError(f"{name}={value!r}: expected a positive number of {unit}, at most {most:g}")
     return limit
+
+
+def _address_space_kib() -> tuple[int, str]:
+    """The address-space limit of a compiler run, in KiB: ``$MPS_EXT_SIM_COMPILE_MEMORY_MB`` (default 8192), or
+    the process's own soft limit where that is lower (a process cannot raise its hard limit: the compiler runs
+    under the lower one); with a note for a failed run when the process's limit decided it."""
+    kib = int(_env_limit("MPS_EXT_SIM_COMPILE_MEMORY_MB", 8192, "megabytes", _MOST_MEGABYTES) * 1024)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY or soft // 1024 >= kib:
+        return kib, ""
+    own = soft // 1024
+    return own, (f"note: the compiler ran under this process's address-space limit (ulimit -v: {own} KiB), below "
+                 f"the {kib // 1024} MiB it is given (MPS_EXT_SIM_COMPILE_MEMORY_MB); if it ran out of memory, "
+                 f"raise that limit (ulimit -v {kib} or unlimited) in the shell that starts Python")
 
 
 def _kill(proc: subprocess.Popen) -> None:
@@ -224,10 +240,12 @@ def _kill(proc: subprocess.Popen) -> None:
 def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
     """Runs a compiler command with a time limit (``MPS_EXT_SIM_COMPILE_TIMEOUT`` seconds, default 600)
     and, on Linux, an address-space limit (``MPS_EXT_SIM_COMPILE_MEMORY_MB``, default 8192)."""
-    timeout = _env_limit("MPS_EXT_SIM_COMPILE_TIMEOUT", 600)
-    memory_mb = _env_limit("MPS_EXT_SIM_COMPILE_MEMORY_MB", 8192)
+    timeout = _env_limit("MPS_EXT_SIM_COMPILE_TIMEOUT", 600, "seconds", _MOST_SECONDS)
+    note = ""
     if sys.platform == "linux":
-        cmd = ["/bin/sh", "-c", f'ulimit -v {int(memory_mb * 1024)} && exec "$@"', "sh", *cmd]
+        kib, note = _address_space_kib()
+        # The soft limit only: at most the hard one, so setting it cannot fail.
+        cmd = ["/bin/sh", "-c", f'ulimit -S -v {kib} && exec "$@"', "sh", *cmd]
     try:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, start_new_session=True)
@@ -241,6 +259,8 @@ def _run(cmd: list[str], what: str) -> subprocess.CompletedProcess:
     except BaseException:
         _kill(proc)
         raise
+    if proc.returncode != 0 and note:
+        err = f"{err.rstrip()}\n{note}"
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
@@ -283,6 +303,8 @@ def toolchain() -> Toolchain:
     ``MPS_EXT_SIM_ADDRESS_SPACES=1`` makes a missing clang an error, ``=0`` erases address spaces.
     """
     mode = os.environ.get("MPS_EXT_SIM_ADDRESS_SPACES", "")
+    if mode not in ("", "0", "1"):
+        raise CompileError(f"MPS_EXT_SIM_ADDRESS_SPACES={mode!r}: expected 0, 1 or nothing")
     return _select(os.environ.get("MPS_EXT_SIM_CXX") or None, mode, os.environ.get("CXX", "c++"))
 
 

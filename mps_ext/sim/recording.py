@@ -105,7 +105,8 @@ def record_launches(fill_simdgroups: FillPolicy = None, max_threads: ThreadLimit
     whose ``maxTotalThreadsPerThreadgroup`` is lower, or raises naming the
     kernel where it has nothing to fall back to.
 
-    One recording at a time, process-wide. Torch ops on recorded outputs
+    A recording belongs to the thread that opens it, one at a time per
+    thread: what other threads' ops launch meanwhile runs as ever. Torch ops on recorded outputs
     inside the block see unwritten memory: an op's own (``qr``'s R, the
     triangle of the factors its kernel writes; ``lu_factor``'s check of
     ``info``: record ``lu_factor_ex``) and yours. A launch recorded after such

@@ -18,9 +18,6 @@ using Run = GuardedBuffers::Run;
 
 constexpr unsigned char kCanary = 0xA5;
 constexpr size_t kTrailingGuard = size_t(64) << 20;
-// Element runs closer than this (or than the run before them is long) are
-// copied as one: the bytes in between cost little, a run each would cost more.
-constexpr size_t kRunGap = 64;
 // Page ranges protected one by one, per region; beyond, the whole span is
 // accessible (each range takes memory mappings, which a process has few of).
 constexpr size_t kMaxPageRanges = 256;
@@ -33,12 +30,14 @@ size_t natural_alignment(const void* p) {
 }
 
 // Adds [offset, offset + length) to sorted `runs`, joining it to the last run
-// when at most `gap` bytes apart; false when it starts before the last run.
-bool append(std::vector<Run>& runs, size_t offset, size_t length, size_t gap) {
+// when they touch or overlap; false when it starts before the last run. Runs
+// are never joined across a gap, however small: the bytes between a strided
+// view's elements are not its own, and a write there must not reach them.
+bool append(std::vector<Run>& runs, size_t offset, size_t length) {
   if (!runs.empty()) {
     Run& last = runs.back();
     if (offset < last.offset) return false;
-    if (offset <= last.end() + gap) {
+    if (offset <= last.end()) {
       last.length = std::max(last.end(), offset + length) - last.offset;
       return true;
     }
@@ -47,10 +46,10 @@ bool append(std::vector<Run>& runs, size_t offset, size_t length, size_t gap) {
   return true;
 }
 
-std::vector<Run> merged(std::vector<Run> runs, size_t gap) {
+std::vector<Run> merged(std::vector<Run> runs) {
   std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) { return a.offset < b.offset; });
   std::vector<Run> out;
-  for (const Run& r : runs) append(out, r.offset, r.length, gap);
+  for (const Run& r : runs) append(out, r.offset, r.length);
   return out;
 }
 
@@ -73,8 +72,7 @@ std::vector<Run> element_runs(const Buffer& b) {
   std::vector<size_t> index(dims.size(), 0);
   bool ordered = true;
   for (size_t offset = 0;;) {
-    const size_t gap = std::max(kRunGap, run);
-    if (!append(runs, offset, run, gap)) {
+    if (!append(runs, offset, run)) {
       ordered = false;
       runs.push_back(Run{offset, run});
     }
@@ -88,7 +86,7 @@ std::vector<Run> element_runs(const Buffer& b) {
     if (d == dims.size()) break;
   }
   // Overlapping strides (as_strided) visit addresses out of order.
-  return ordered ? runs : merged(std::move(runs), std::max(kRunGap, run));
+  return ordered ? runs : merged(std::move(runs));
 }
 
 // The page ranges (in bytes from `base`) that hold the runs starting at `data`.
@@ -97,7 +95,7 @@ std::vector<Run> pages_of(const std::vector<Run>& runs, const char* data, const 
   for (const Run& r : runs) {
     const size_t first = size_t(data + r.offset - base) / page * page;
     const size_t last = (size_t(data + r.end() - base) + page - 1) / page * page;
-    append(pages, first, last - first, 0);
+    append(pages, first, last - first);
   }
   return pages;
 }
@@ -145,7 +143,7 @@ GuardedBuffers::GuardedBuffers(const Launch& launch) {
     } else {
       for (uint32_t i : r.slots)
         for (const Run& run : runs_[i]) r.runs.push_back(Run{size_t(host_[i] - r.host) + run.offset, run.length});
-      r.runs = merged(std::move(r.runs), kRunGap);
+      r.runs = merged(std::move(r.runs));
     }
     try {
       map(r);

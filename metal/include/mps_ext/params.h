@@ -4,10 +4,18 @@
 
 #if defined(__METAL_VERSION__)
 typedef uint mps_ext_u32;
+typedef ulong mps_ext_u64;
 #else
 #include <cstdint>
 typedef uint32_t mps_ext_u32;
+typedef uint64_t mps_ext_u64;
 #endif
+
+// Strides and offsets are 64-bit wherever a kernel indexes memory with them:
+// a view's elements may lie 2^32 or more elements apart in its storage (rows
+// of a large buffer, a batch of huge matrices), and its sizes need not be
+// large for that. Sizes stay 32-bit; the host plans check them. The 64-bit
+// fields come first, so that no struct has padding between fields.
 
 namespace mps_ext {
 
@@ -26,17 +34,17 @@ static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 // y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k; for
 // gemv_t, W stored k-major (k x n, w_stride between its k rows).
 struct GemvParams {
+  mps_ext_u64 w_stride;    // elements between rows of W
+  mps_ext_u64 x_stride;    // elements between rows of x
+  mps_ext_u64 y_stride;    // elements between rows of y
   mps_ext_u32 n;
   mps_ext_u32 k;
   mps_ext_u32 m;           // rows of x, at most the kernel's M
-  mps_ext_u32 w_stride;    // elements between rows of W
-  mps_ext_u32 x_stride;    // elements between rows of x
-  mps_ext_u32 y_stride;    // elements between rows of y
   mps_ext_u32 has_bias;
   mps_ext_u32 w_vectorized;  // 1: W and its rows start 16-byte aligned
   mps_ext_u32 x_vectorized;  // 1: x and its rows start 16-byte aligned
 };
-static_assert(sizeof(GemvParams) == 36, "GemvParams layout");
+static_assert(sizeof(GemvParams) == 48, "GemvParams layout");
 // The most SIMD groups of a gemv_t threadgroup: its threadgroup memory holds
 // the totals of all but one (7 x 256 floats for 16-bit types).
 enum : mps_ext_u32 { kGemvTMaxSlices = 8 };
@@ -48,16 +56,16 @@ enum : mps_ext_u32 { kGemvTMaxSlices = 8 };
 // complex64 counts as one). Solutions are written column-major: (i, j) at
 // (b * k + j) * n + i; QR's outputs column-major too.
 struct LinalgParams {
+  mps_ext_u64 a_bs, a_rs, a_cs;
+  mps_ext_u64 p_bs;  // pivots or tau: between systems (0 when shared)
+  mps_ext_u64 b_bs, b_rs, b_cs;
   mps_ext_u32 n;
   mps_ext_u32 k;
   mps_ext_u32 batch;
-  mps_ext_u32 a_bs, a_rs, a_cs;
-  mps_ext_u32 p_bs;  // pivots or tau: between systems (0 when shared)
-  mps_ext_u32 b_bs, b_rs, b_cs;
   mps_ext_u32 flags;  // LinalgFlags
   mps_ext_u32 m;  // QR: rows
 };
-static_assert(sizeof(LinalgParams) == 48, "LinalgParams layout");
+static_assert(sizeof(LinalgParams) == 80, "LinalgParams layout");
 
 enum LinalgFlags : mps_ext_u32 {
   kLinalgAdjoint = 1,   // LU solve: solve with A^H
@@ -82,12 +90,12 @@ static_assert(sizeof(Fp8BlockParams) == 24, "Fp8BlockParams layout");
 // a is e4m3fn with one scale or one per row (scaled_mm), or float/half/bfloat
 // without (weight-only fp8_linear).
 struct Fp8MatmulParams {
+  mps_ext_u64 a_stride;    // elements between rows of a
+  mps_ext_u64 w_stride;    // bytes between rows of w
+  mps_ext_u64 out_stride;  // elements between rows of out
   mps_ext_u32 m;
   mps_ext_u32 n;
   mps_ext_u32 k;
-  mps_ext_u32 a_stride;    // elements between rows of a
-  mps_ext_u32 w_stride;    // bytes between rows of w
-  mps_ext_u32 out_stride;  // elements between rows of out
   mps_ext_u32 has_a_scale;
   mps_ext_u32 a_scale_stride;  // 0: one scale for a; 1: one per row
   mps_ext_u32 block_n;
@@ -102,7 +110,7 @@ struct Fp8MatmulParams {
   mps_ext_u32 gemv_slices;        // gemv: SIMD groups that split K for the same rows (1: none)
   mps_ext_u32 stream_rows;        // gemv_stream: rows of w per threadgroup (even)
 };
-static_assert(sizeof(Fp8MatmulParams) == 76, "Fp8MatmulParams layout");
+static_assert(sizeof(Fp8MatmulParams) == 88, "Fp8MatmulParams layout");
 // The streamed GEMV (mps_ext/gemv.h's gemv_stream): at most this many SIMD
 // groups per threadgroup (each owns 32 chunks of K), rows of w per
 // threadgroup (one thread of its first SIMD group finishes each), and
@@ -118,24 +126,25 @@ enum : mps_ext_u32 { kGemvStreamMaxSlices = 32, kGemvStreamMaxRows = 32, kGemvSt
 enum GroupedSplit : mps_ext_u32 { kGroupedSplitNone = 0, kGroupedSplitRows = 1, kGroupedSplitCols = 2, kGroupedSplitK = 3 };
 
 struct GroupedMmParams {
+  mps_ext_u64 a_group, a_row, a_k;      // strides of a, in elements
+  mps_ext_u64 b_group, b_k, b_col;      // strides of b
+  mps_ext_u64 out_group, out_row;       // strides of out (its columns are contiguous)
+  mps_ext_u64 scale_group;              // fp8_grouped_mm: floats between one expert's scales and the next's
   mps_ext_u32 split;   // a GroupedSplit
   mps_ext_u32 groups;
   mps_ext_u32 m;       // rows of out (of every group, or all groups' when split by rows)
   mps_ext_u32 n;       // columns of out (all groups' when split by columns)
   mps_ext_u32 k;       // contraction length (all groups' when split by K)
-  mps_ext_u32 a_group, a_row, a_k;      // strides of a, in elements
-  mps_ext_u32 b_group, b_k, b_col;      // strides of b
-  mps_ext_u32 out_group, out_row;       // strides of out (its columns are contiguous)
   mps_ext_u32 a_vectorized;  // decode: a, its rows and its groups start 16-byte aligned
   mps_ext_u32 b_vectorized;  // decode: b's contiguous rows (b_col or b_k apart) and groups start 16-byte aligned
   mps_ext_u32 decode_slices;  // decode: SIMD groups that split K for the same weight rows (1, 2, 4)
   mps_ext_u32 decode_chunks;  // decode along N: 16-byte column chunks per threadgroup (2, 4)
   // fp8_grouped_mm (e4m3fn expert weights W_g, n x k): one scale per block_n x block_k block of W_g,
-  // scale_cols per row of blocks, scale_group floats apart from one expert to the next.
-  mps_ext_u32 block_n, block_k, scale_cols, scale_group;
+  // scale_cols per row of blocks.
+  mps_ext_u32 block_n, block_k, scale_cols;
   mps_ext_u32 stream_rows;  // fp8_grouped_mm's streamed decode: weight rows per threadgroup (even)
 };
-static_assert(sizeof(GroupedMmParams) == 88, "GroupedMmParams layout");
+static_assert(sizeof(GroupedMmParams) == 128, "GroupedMmParams layout");
 // The e4m3fn bytes of a weight row one lane of fp8_grouped_mm's decode reads
 // per K-step (fp8_linear's GEMV reads 16). With 16, the 2-row decode held 102
 // registers on the CUDA proxy against 64, and ran 1.2-2.0x slower
