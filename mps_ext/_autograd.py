@@ -50,12 +50,19 @@ def _flat(values) -> list:
     return out
 
 
-def _laid_out_as(tangent: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    # Forward AD wants an output that is a view (LU factors and left solutions: column-major, as
-    # torch's) to get a tangent of its layout. Written without strides: under vmap the tangent is batched.
-    if output.dim() >= 2 and not output.is_contiguous() and output.mT.is_contiguous():
-        return tangent.mT.contiguous().mT
-    return tangent
+def _own(outputs):
+    """``outputs`` with each view made a tensor of its own, the same memory and strides.
+
+    The kernels return some results as views of the buffer they wrote (reshaped to the input's batch shape,
+    a column-major matrix as the transpose of a row-major one). autograd holds such a view as one made inside
+    the custom Function, or in no-grad mode, and raises when an in-place op (``nn.ReLU(inplace=True)``,
+    ``y += r``) modifies it, where torch's own results take one. ``detach`` keeps the strides exactly (torch's,
+    size-1 dimensions included, which ``_unsafe_view`` would recompute) and drops no history: these are the
+    kernels' results, computed below autograd on tensors no transform wraps any more.
+    """
+    if isinstance(outputs, tuple):
+        return tuple(_own(o) for o in outputs)
+    return outputs.detach() if outputs._is_view() else outputs
 
 
 def tangent_sum(terms, out: torch.Tensor) -> torch.Tensor:
@@ -83,7 +90,7 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
         def forward(*args):
             *args, kwargs = args
             with _differentiable_below(), torch._C._AutoDispatchBelowAutograd():
-                return op(*args, **kwargs)
+                return _own(op(*args, **kwargs))
 
         @staticmethod
         def setup_context(ctx, inputs, output):
@@ -118,10 +125,7 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
             output = tuple(saved)
             # Not differentiated at this level (its own tangents have none), only at the outer ones.
             with _differentiable_below(), torch._C._AutoDispatchBelowAutograd():
-                result = jvp(args, ctx.fw_kwargs, output if len(output) > 1 else output[0], tangents[:-1])
-                result = result if isinstance(result, tuple) else (result,)
-                result = tuple(t if t is None else _laid_out_as(t, o) for t, o in zip(result, output))
-            return result if len(result) > 1 else result[0]
+                return jvp(args, ctx.fw_kwargs, output if len(output) > 1 else output[0], tangents[:-1])
 
     Function.__name__ = f"MpsExt_{name}"
 
@@ -133,7 +137,7 @@ def register(name: str, setup_context: Callable, backward: Callable | None = Non
             # tensors: autograd.Function.apply would hand the call back to them.
             return _apply(Function, *args, kwargs)
         with torch._C._AutoDispatchBelowAutograd():
-            return op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs)
+            return _own(op.redispatch(keyset & torch._C._after_autograd_keyset, *args, **kwargs))
 
     _lib.impl(name, autograd_kernel, "Autograd", with_keyset=True)
 

@@ -6,14 +6,19 @@ rule torch calls the operator once per batch element, and warns.
 The grouped matmuls' rows are split by ``offs``: with only the rows batched, the batch goes inside the rows
 and the groups' ends scale with it. Operators whose batches mean something else (scaled_mm's 2-D operands,
 quantization's per-tensor scales) keep torch's per-element fallback. The rules run the operator once per
-element too where the vmapped dimension cannot join the others: a linear's batched weight, the grouped
-matmuls' batched weights or offsets, linear algebra inputs with different numbers of batch dimensions (a batch
-of systems against one vector each).
+element too where the vmapped dimension cannot join the others: a linear's batched weight, scale or bias, the
+grouped matmuls' batched weights, scales or offsets, linear algebra inputs with different numbers of batch
+dimensions (a batch of systems against one vector each).
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def _batched(bdim) -> bool:
+    # in_dims follows the arguments' pytree: a list argument (block_size) has a list of Nones.
+    return isinstance(bdim, int)
 
 
 def _front(x, bdim, size: int):
@@ -26,7 +31,7 @@ def _front(x, bdim, size: int):
 def _each(op, info, in_dims, args, kwargs):
     """torch's fallback, for the cases a rule cannot batch: the operator once per batch element."""
     def element(i):
-        return op(*[a if d is None else a.select(d, i) for a, d in zip(args, in_dims)], **kwargs)
+        return op(*[a.select(d, i) if _batched(d) else a for a, d in zip(args, in_dims)], **kwargs)
 
     results = [element(i) for i in range(info.batch_size)]
     if isinstance(results[0], tuple):
@@ -55,7 +60,7 @@ def _linear(name: str):
     op = getattr(torch.ops.mps_ext, name).default
 
     def rule(info, in_dims, input, *rest, **kwargs):
-        if any(d is not None for d in in_dims[1:]):
+        if any(_batched(d) for d in in_dims[1:]):
             return _each(op, info, in_dims, (input, *rest), kwargs)
         return op(input.movedim(in_dims[0], 0), *rest, **kwargs), 0
 
@@ -72,7 +77,7 @@ def _grouped(name: str, offs_at: int):
     def rule(info, in_dims, *args, **kwargs):
         x, weight = args[:2]
         if (len(args) <= offs_at or args[offs_at] is None or in_dims[0] is None
-                or any(d is not None for d in in_dims[1:]) or x.dim() != 3 or weight.dim() != 3):
+                or any(_batched(d) for d in in_dims[1:]) or x.dim() != 3 or weight.dim() != 3):
             return _each(op, info, in_dims, args, kwargs)
         size = info.batch_size
         rows = x.movedim(in_dims[0], 1)

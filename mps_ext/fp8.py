@@ -11,8 +11,10 @@ simulator.
 
 from __future__ import annotations
 
+import copy
 import fnmatch
 import json
+import math
 import os
 import warnings
 from collections.abc import Iterable
@@ -139,7 +141,7 @@ def fp8_linear(input: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     ``block_size=(bn, bk)`` (block-wise, as FP8 checkpoints' ``weight_scale_inv``).
     Inputs with at most 8 rows run a GEMV kernel reading each weight byte once (one row
     with ``in_features`` up to 16384: the row held in registers, the weight streamed past it).
-    Differentiable in ``input`` and ``bias`` (the weight is frozen).
+    Differentiable in ``input``, ``weight_scale`` and ``bias``, in both modes (the FP8 weight has no derivative).
     """
     return torch.ops.mps_ext.fp8_linear(input, weight, weight_scale, bias,
                                         list(block_size) if block_size is not None else None)
@@ -158,7 +160,8 @@ def fp8_grouped_mm(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Te
     that dtype); rows past ``offs[-1]`` are left unwritten, as torch leaves them. Up to two rows per expert on
     average (decode) run a kernel that holds each routed row in registers and streams its expert's FP8 bytes
     past it; up to eight a kernel that reads each routed expert's bytes once for its rows; more rows (prefill)
-    a tiled kernel that decodes them into its tiles. Differentiable in ``x`` (the weights are frozen).
+    a tiled kernel that decodes them into its tiles. Differentiable in ``x`` and ``weight_scale``, in both modes (the
+    FP8 weights have no derivative).
     """
     return torch.ops.mps_ext.fp8_grouped_mm(x, weight, weight_scale, offs,
                                             list(block_size) if block_size is not None else None, out_dtype)
@@ -170,7 +173,7 @@ DEFAULT_EXCLUDE = ("lm_head", "*embed*")
 
 
 def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tuple[int, int] = (128, 128),
-            exclude: Iterable[str] = DEFAULT_EXCLUDE) -> torch.nn.Module:
+            exclude: Iterable[str] = DEFAULT_EXCLUDE, include: Iterable[str] = ()) -> torch.nn.Module:
     """Make ``model`` run its linear layers in FP8, in place, and return it.
 
     - Modules that already hold FP8 weights are adopted as they are, bytes and
@@ -194,18 +197,32 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
     - Linear layers whose weight another module shares (tied embeddings) and
       the ones torch marks as read directly by their parent
       (``nn.MultiheadAttention``'s ``out_proj``) stay as they are, with a warning.
+    - Linear layers whose class overrides ``nn.Linear.forward`` (routers that
+      return routing weights with the product: Llama 4's ``Llama4Router``,
+      PhiMoE's ``PhimoeTopKRouter``) stay as they are, with a warning: an
+      ``FP8Linear`` would return the product alone.
+    - ``include``: names or patterns (matched as ``exclude``'s) of such linear
+      layers to convert all the same, for classes whose forward is the product
+      (Falcon's ``FalconLinear``: ``x @ W.T + b``); an included layer runs
+      ``FP8Linear``'s forward. ``ValueError`` if a pattern names no module.
 
     Raises ``NotImplementedError`` naming any other module that holds float8
-    tensors (e5m2 weights, FP8 embeddings, FP8 experts without a gate): they
-    would be read as floats. Exclude them to keep them as they are.
+    tensors (e5m2 weights, FP8 embeddings, FP8 experts without a gate, FP8
+    linear layers with a forward of their own): they would be read as floats.
+    Exclude them to keep them as they are.
     """
     from .nn import FP8Experts, FP8Linear
 
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
+    included = [include] if isinstance(include, str) else list(include)
     owners: dict[int, list[str]] = {}
     for name, module in model.named_modules(remove_duplicate=False):
         for t in module.parameters(recurse=False):
             owners.setdefault(id(t), []).append(name)
+    names = [name for name, _ in model.named_modules()]
+    unmatched = [p for p in included if not any(_excluded(name, [p]) for name in names)]
+    if unmatched:
+        raise ValueError(f"convert: include={unmatched} names no module of {type(model).__name__}")
 
     # Every layer is checked and built before any is replaced: an error leaves the model as it was.
     plan = []
@@ -216,6 +233,10 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
             if isinstance(child, (FP8Experts, FP8Linear)) or _excluded(name, patterns):
                 continue
             if _holds_fp8_weights(child):
+                if _own_forward(child) and not _excluded(name, included):
+                    raise NotImplementedError(f"convert: {name} ({type(child).__name__}) holds FP8 weights but runs a "
+                                              "forward of its own class; pass exclude=[...] with its name to keep it "
+                                              "as it is, or include=[...] to run it as a plain FP8 linear layer")
                 scale = _scale_of(name, child)
                 plan.append((module, child_name, lambda c=child, s=scale: FP8Linear.from_fp8(
                     c.weight, s, getattr(c, "bias", None), c.block_size)))
@@ -235,7 +256,8 @@ def convert(model: torch.nn.Module, granularity: str = "channel", block_size: tu
                     plan.append((module, child_name,
                                  lambda c=child: FP8Experts.from_experts(c, granularity, block_size)))
             elif isinstance(child, torch.nn.Linear):
-                why = _kept_linear(child, [o for o in owners.get(id(child.weight), []) if o != name])
+                why = _kept_linear(child, [o for o in owners.get(id(child.weight), []) if o != name],
+                                   _excluded(name, included))
                 if why:
                     warnings.warn(f"convert: {name} stays {child.weight.dtype}: {why}", stacklevel=2)
                 else:
@@ -258,15 +280,22 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
     (``[128, 128]``, or null for one scale per tensor), and ``model.safetensors`` (or shards with their
     ``model.safetensors.index.json``) holding float8_e4m3fn ``<layer>.weight`` tensors with float32
     ``<layer>.weight_scale_inv`` scales. The model is built with transformers (``model_class``, default
-    ``AutoModelForCausalLM``) in ``dtype``; each linear layer with a ``weight_scale_inv`` becomes an
-    :class:`mps_ext.nn.FP8Linear` holding the checkpoint's bytes and scales unchanged (partial blocks
-    included); so do stacked MoE experts whose experts the checkpoint stores one by one
-    (``<experts>.<e>.{gate,up,down}_proj.weight`` with their ``weight_scale_inv``, as Qwen3-MoE's
-    FP8 checkpoints do), as an :class:`mps_ext.nn.FP8Experts`; the rest (``modules_to_not_convert``,
+    ``AutoModelForCausalLM``) in ``dtype``, and the checkpoint's names are mapped onto it as transformers'
+    loader maps them (the class's conversion mapping, each ``weight_scale_inv`` following its weight):
+    experts stored one by one (Mixtral's and MiniMax-M2's ``block_sparse_moe.experts.<e>.w1/w3/w2``,
+    Qwen3-MoE's and DeepSeek-V3's ``mlp.experts.<e>.{gate,up,down}_proj``) are stacked as transformers
+    stacks them. Each linear layer with a ``weight_scale_inv`` becomes an :class:`mps_ext.nn.FP8Linear`
+    holding the checkpoint's bytes and scales unchanged (partial blocks included), and such stacked experts
+    an :class:`mps_ext.nn.FP8Experts`; a linear layer whose class overrides ``nn.Linear.forward`` (a
+    router) gets its weight dequantized instead, with a warning. The rest (``modules_to_not_convert``,
     norms, embeddings) loads in ``dtype``. Static activation scales are not used: activations stay in
-    ``dtype``. A float8 tensor that is neither such a linear layer's weight nor such experts' raises
-    ``NotImplementedError`` naming it. Nothing is downloaded: fetch a hub checkpoint first
-    (``huggingface-cli download <id> --local-dir <path>``).
+    ``dtype``. Every FP8 weight, scale and bias is checked against its layer (weights (out, in), experts
+    (E, out, in), float scales on the ``weight_block_size`` grid): ``ValueError`` naming the tensor
+    otherwise. The tensors of modules the model does not have (the multi-token-prediction layer
+    ``model.layers.<num_hidden_layers>`` of DeepSeek-V3's and GLM-4.5's checkpoints) are not loaded, with a
+    warning, as transformers' loader leaves them. A float8 tensor that is neither such a linear layer's
+    weight nor such experts' raises ``NotImplementedError`` naming it. Nothing is downloaded: fetch a hub
+    checkpoint first (``huggingface-cli download <id> --local-dir <path>``).
     """
     import transformers
     from .nn import FP8Linear
@@ -279,29 +308,47 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
                          f"quantization_config {quant or None}, expected quant_method 'fp8'")
     config.quantization_config = None
     block = quant.get("weight_block_size")
+    block = None if block is None else tuple(block)
     model = (model_class or transformers.AutoModelForCausalLM).from_config(config, dtype=dtype)
-    tensors = _read_safetensors(path)
+    tensors, sources = _as_transformers_loads(model, _read_safetensors(path), block)
     converted = set()  # the state keys filled from FP8 tensors
     for name, module in list(model.named_modules()):
-        if _stacked_experts(module) and f"{name}.0.down_proj.weight_scale_inv" in tensors:
-            model.set_submodule(name, _checkpoint_experts(name, module, tensors, block))
+        if _stacked_experts(module) and f"{name}.gate_up_proj_scale_inv" in tensors:
+            model.set_submodule(name, _checkpoint_experts(name, module, tensors, sources, block))
             converted |= {f"{name}.{p}{s}" for p in ("gate_up_proj", "down_proj") for s in ("", "_scale_inv")}
             continue
         scale = tensors.pop(f"{name}.weight_scale_inv", None)
         if scale is None:
             continue
-        weight = tensors.pop(f"{name}.weight")
+        weight = tensors.pop(f"{name}.weight", None)
+        if weight is None:
+            raise ValueError(f"from_pretrained: the checkpoint holds {_described(sources, f'{name}.weight_scale_inv')}"
+                             f" but no {name}.weight")
         if not isinstance(module, torch.nn.Linear) or weight.dtype != torch.float8_e4m3fn:
             raise NotImplementedError(f"from_pretrained: {name} ({type(module).__name__}) has a {weight.dtype} "
                                       "weight with scales; only e4m3fn linear layers and MoE experts load in FP8")
-        model.set_submodule(name, FP8Linear.from_fp8(weight, scale, tensors.pop(f"{name}.bias", None), block))
+        layer = f"{name} ({type(module).__name__}({module.in_features}, {module.out_features}))"
+        _expect(sources, f"{name}.weight", weight, (module.out_features, module.in_features), layer)
+        why = _scale_mismatch(scale, *weight.shape, block)
+        if why:
+            raise ValueError(f"from_pretrained: {_described(sources, f'{name}.weight_scale_inv')} {why}")
+        if _own_forward(module):
+            warnings.warn(f"from_pretrained: {name} is loaded dequantized to {dtype}: its class "
+                          f"{type(module).__name__} overrides nn.Linear.forward, which an FP8Linear would not run",
+                          stacklevel=2)
+            tensors[f"{name}.weight"] = _dequantized_weight(weight, scale, block, torch.float32)
+            continue
+        bias = tensors.pop(f"{name}.bias", None)
+        if bias is not None:
+            _expect(sources, f"{name}.bias", bias, (module.out_features,), layer)
+        model.set_submodule(name, FP8Linear.from_fp8(weight, scale, bias, block))
         converted |= {f"{name}.weight", f"{name}.weight_scale_inv", f"{name}.bias"}
     for key in [k for k in tensors if k.endswith(".activation_scale")]:
         del tensors[key]
     for key, t in tensors.items():
         if t.dtype.itemsize == 1 and t.is_floating_point():
-            raise NotImplementedError(f"from_pretrained: {key} ({t.dtype}) is not the weight of one of the "
-                                      "model's linear layers or MoE experts with its weight_scale_inv")
+            raise NotImplementedError(f"from_pretrained: {_described(sources, key)} ({t.dtype}) is not the weight of "
+                                      "one of the model's linear layers or MoE experts with its weight_scale_inv")
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     state = model.state_dict(keep_vars=True)
     loaded = {id(state[k]) for k in tensors if k in state}
@@ -312,27 +359,115 @@ def from_pretrained(path: str | os.PathLike, dtype: torch.dtype = torch.bfloat16
     return model.eval()
 
 
-def _checkpoint_experts(name: str, experts: torch.nn.Module, tensors: dict[str, torch.Tensor], block):
-    """The FP8 experts ``name`` of a checkpoint, stored as the hub stores them, one expert at a time
-    (``<name>.<e>.{gate,up,down}_proj.weight`` and ``weight_scale_inv``; the tensors are taken out of
-    ``tensors``), stacked as transformers' loader stacks them: gate and up concatenated, their scales too."""
+def _as_transformers_loads(model: torch.nn.Module, tensors: dict[str, torch.Tensor], block):
+    """The checkpoint's ``tensors`` (taken out of the dict) under ``model``'s names, renamed and merged as
+    transformers' loader does for the model's class (its conversion mapping: Mixtral's and MiniMax-M2's
+    ``block_sparse_moe.experts.<e>.w1/w3/w2`` and Qwen3-MoE's, DeepSeek-V3's and GLM-4.5's
+    ``mlp.experts.<e>.{gate,up,down}_proj`` are stacked into ``mlp.experts.gate_up_proj`` and ``down_proj``),
+    each ``weight_scale_inv`` merged as its weight is, as transformers' FP8 quantizer merges them; and, for
+    each, the checkpoint keys it was made of. The tensors of modules the model does not have
+    (multi-token-prediction layers: ``model.layers.<num_hidden_layers>`` of DeepSeek-V3 and GLM-4.5) are left
+    out with a warning, as transformers' loader leaves them."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, dot_natural_key, rename_source_key
+
+    transforms = get_model_conversion_mapping(model)
+    renamings = [t for t in transforms if isinstance(t, WeightRenaming)]
+    converters = [t for t in transforms if isinstance(t, WeightConverter)]
+    converters += [c.copy([s + "_scale_inv" for s in c._original_source_patterns],
+                          [t + "_scale_inv" for t in c._original_target_patterns], operations=list(c.operations))
+                   for c in converters if all(s.endswith(".weight") for s in c._original_source_patterns)]
+    by_pattern = {p: c for c in converters for p in c.source_patterns}
+    state = model.state_dict()
+    # What the keys may become: rename_source_key adds or strips the base model's prefix to reach one of these.
+    known = dict.fromkeys([*state, *(f"{k}_scale_inv" for k in state)], True)
+    modules = {name for name, _ in model.named_modules()}
+    out, sources, merges, skipped = {}, {}, {}, {}
+    # Taken out of ``tensors`` so that each merge frees what it stacks: the checkpoint plus one merged tensor.
+    for key in sorted(tensors, key=dot_natural_key):  # experts in their order, as transformers stacks them
+        t = tensors.pop(key)
+        renamed, pattern = rename_source_key(key, renamings, converters, model.base_model_prefix, known)
+        if renamed not in known and key in known:  # a key that fits as it is keeps its name, as in transformers
+            renamed, pattern = key, None
+        absent = _absent_module(renamed, modules)
+        if absent is not None:
+            skipped.setdefault(absent, []).append(key)
+        elif pattern is None:
+            out[renamed], sources[renamed] = t, [key]
+        else:
+            if block is None and key.endswith(".weight_scale_inv") and t.numel() == 1:
+                t = t.reshape(1, 1)  # per tensor: stacked and concatenated to (E, 2, 1), as transformers holds them
+            merges.setdefault(renamed, copy.deepcopy(by_pattern[pattern])).add_tensor(renamed, key, pattern, t)
+            sources.setdefault(renamed, []).append(key)
+    for target, merge in merges.items():
+        try:
+            merged = merge.convert(target, model=model, config=model.config)
+        except Exception as e:
+            raise ValueError(f"from_pretrained: {_described(sources, target)} cannot be merged as transformers' "
+                             f"loader merges it: {e}") from e
+        for name, t in merged.items():
+            out[name], sources[name] = t[0] if isinstance(t, list) else t, sources[target]
+    if skipped:
+        warnings.warn(f"from_pretrained: {type(model).__name__} has no module {', '.join(skipped)}: the checkpoint's "
+                      f"{sum(map(len, skipped.values()))} tensors of it are not loaded, as transformers' loader does "
+                      "not load them (multi-token-prediction layers, for one, are not part of transformers' models)",
+                      stacklevel=3)
+    return out, sources
+
+
+def _absent_module(key: str, modules: set[str]) -> str | None:
+    """The first module on the path of state key ``key`` that is not one of ``modules``, or None."""
+    parts = key.split(".")[:-1]
+    return next((".".join(parts[:i]) for i in range(1, len(parts) + 1) if ".".join(parts[:i]) not in modules), None)
+
+
+def _described(sources: dict[str, list[str]], key: str) -> str:
+    """``key``, and the checkpoint tensors it was made of where they are named otherwise, for errors."""
+    made_of = sources.get(key, [key])
+    if made_of == [key]:
+        return key
+    if len(made_of) == 1:
+        return f"{key} (the checkpoint's {made_of[0]})"
+    return f"{key} (merged from the checkpoint's {made_of[0]} and {len(made_of) - 1} more)"
+
+
+def _expect(sources: dict[str, list[str]], key: str, t: torch.Tensor, shape: tuple[int, ...], of: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"from_pretrained: {_described(sources, key)} has shape {tuple(t.shape)}, expected "
+                         f"{tuple(shape)} for {of}")
+
+
+def _checkpoint_experts(name: str, experts: torch.nn.Module, tensors: dict[str, torch.Tensor],
+                        sources: dict[str, list[str]], block):
+    """An :class:`mps_ext.nn.FP8Experts` for the float experts ``name`` of the model from the checkpoint's FP8
+    ``<name>.gate_up_proj``, ``<name>.down_proj`` and their ``_scale_inv`` (taken out of ``tensors``), each checked
+    against the experts' shapes (always (E, out, in) in FP8) and its scale grid."""
     from .nn import FP8Experts
 
-    def take(proj: str, what: str) -> list[torch.Tensor]:
-        keys = [f"{name}.{e}.{proj}.{what}" for e in range(experts.gate_up_proj.shape[0])]
-        if any(k not in tensors for k in keys):
-            raise ValueError(f"from_pretrained: the checkpoint holds FP8 experts {name} but not "
-                             f"{next(k for k in keys if k not in tensors)}")
-        return [tensors.pop(k).reshape(-1) if what == "weight_scale_inv" and block is None else tensors.pop(k)
-                for k in keys]
-
-    gate, up, down = (take(p, "weight") for p in ("gate_proj", "up_proj", "down_proj"))
-    gate_scale, up_scale, down_scale = (take(p, "weight_scale_inv") for p in ("gate_proj", "up_proj", "down_proj"))
-    if any(w.dtype != torch.float8_e4m3fn for w in gate + up + down):
-        raise NotImplementedError(f"from_pretrained: {name} has experts whose weights are not float8_e4m3fn")
-    return FP8Experts.from_fp8(torch.stack([torch.cat(p) for p in zip(gate, up)]),
-                               torch.stack([torch.cat(p) for p in zip(gate_scale, up_scale)]), torch.stack(down),
-                               torch.stack(down_scale), block, experts)
+    gate_up, down = (tuple(getattr(experts, p).shape) for p in ("gate_up_proj", "down_proj"))
+    if getattr(experts, "is_transposed", False):
+        gate_up, down = (s[:1] + s[:0:-1] for s in (gate_up, down))
+    e, h, i = down
+    if block is None:  # one scale per tensor: per half of gate_up_proj
+        grids = (e, 2, 1), (e, 1, 1)
+    else:
+        bn, bk = block
+        grids = (e, 2 * -(-i // bn), -(-h // bk)), (e, -(-h // bn), -(-i // bk))
+    of = f"{name} ({type(experts).__name__}: {e} experts of {i} from {h})"
+    parts = []
+    for key, shape in ((f"{name}.gate_up_proj", gate_up), (f"{name}.gate_up_proj_scale_inv", grids[0]),
+                       (f"{name}.down_proj", down), (f"{name}.down_proj_scale_inv", grids[1])):
+        t = tensors.pop(key, None)
+        if t is None:
+            raise ValueError(f"from_pretrained: the checkpoint holds FP8 experts {name} but not {key}")
+        _expect(sources, key, t, shape, of)
+        if key.endswith("_scale_inv") and (not t.is_floating_point() or t.dtype.itemsize == 1):
+            raise ValueError(f"from_pretrained: {_described(sources, key)} is {t.dtype}, expected float32")
+        if not key.endswith("_scale_inv") and t.dtype != torch.float8_e4m3fn:
+            raise NotImplementedError(f"from_pretrained: {_described(sources, key)} is {t.dtype}; only e4m3fn "
+                                      "experts load in FP8")
+        parts.append(t)
+    return FP8Experts.from_fp8(*parts, block, experts)
 
 
 def _read_safetensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
@@ -356,12 +491,16 @@ def _excluded(name: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) or fnmatch.fnmatchcase(last, p) for p in patterns)
 
 
-def _kept_linear(linear: torch.nn.Linear, others: list[str]) -> str | None:
-    """Why converting ``linear`` would break the model (``others``: the other modules holding its weight)."""
+def _kept_linear(linear: torch.nn.Linear, others: list[str], included: bool) -> str | None:
+    """Why converting ``linear`` would break the model (``others``: the other modules holding its weight;
+    ``included``: named by ``convert``'s ``include``)."""
     if isinstance(linear, torch.nn.modules.linear.NonDynamicallyQuantizableLinear):
         return "its parent reads its weight directly (torch's NonDynamicallyQuantizableLinear)"
     if others:
         return f"its weight is tied to {', '.join(o or 'the model' for o in others)}"
+    if _own_forward(linear) and not included:
+        return (f"its class {type(linear).__name__} overrides nn.Linear.forward; pass include=[...] with its name "
+                "to convert it all the same")
     return None
 
 
@@ -409,18 +548,37 @@ def _holds_fp8_weights(module: torch.nn.Module) -> bool:
 
 def _scale_of(name: str, module: torch.nn.Module) -> torch.Tensor:
     """``module.weight_scale_inv``, checked against the shape its ``block_size`` implies."""
-    scale, block = module.weight_scale_inv, module.block_size
-    n, k = module.weight.shape
+    why = _scale_mismatch(module.weight_scale_inv, *module.weight.shape, module.block_size)
+    if why:
+        raise ValueError(f"convert: {name}.weight_scale_inv {why}")
+    return module.weight_scale_inv
+
+
+def _scale_mismatch(scale: torch.Tensor, n: int, k: int, block) -> str | None:
+    """Why ``scale`` cannot be the ``weight_scale_inv`` of an (n, k) e4m3fn weight quantized per ``block``
+    (None: one scale for the tensor or one per output channel), or None."""
+    if not scale.is_floating_point() or scale.dtype.itemsize == 1:
+        return f"is {scale.dtype}, expected float32"
     if block is None:
-        ok = scale.numel() in (1, n)
-        want = f"one value or {n}"
+        if scale.numel() == 1 or tuple(scale.shape) in ((n,), (n, 1)):
+            return None
+        want = f"one value or {(n, 1)}"
     else:
         want = (-(-n // block[0]), -(-k // block[1]))
-        ok = tuple(scale.shape) == want
-    if not ok:
-        raise ValueError(f"convert: {name}.weight_scale_inv has shape {tuple(scale.shape)}, expected {want} for "
-                         f"a weight of shape {(n, k)} and block_size {block}")
-    return scale
+        if tuple(scale.shape) == want:
+            return None
+    return f"has shape {tuple(scale.shape)}, expected {want} for a weight of shape {(n, k)} and block_size {block}"
+
+
+def _own_forward(module: torch.nn.Module) -> bool:
+    """Whether the linear layer ``module`` runs a forward of its class's own, not a linear layer's product:
+    routers that subclass ``nn.Linear`` return routing weights with it (Llama 4's ``Llama4Router``, PhiMoE's
+    ``PhimoeTopKRouter``), transformers' ``FP8GroupedLinear`` splits its input into groups."""
+    if not isinstance(module, torch.nn.Linear):
+        return False
+    owner = next(c for c in type(module).__mro__ if "forward" in vars(c))
+    return owner is not torch.nn.Linear and not (owner.__name__ == "FP8Linear" and
+                                                 owner.__module__ == "transformers.integrations.finegrained_fp8")
 
 
 def _dequantized_weight(weight, weight_scale, block_size, dtype):
@@ -439,21 +597,52 @@ def _dequantized_experts(weight, weight_scale, block_size, dtype):
     return torch.stack([dequantize(w, s, dtype, block=block_size) for w, s in zip(weight, weight_scale)])
 
 
+def _block_sums(t: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """The sums of ``t`` (..., N, K) over each ``block_n x block_k`` block, the last ones partial:
+    (..., ceil(N / block_n), ceil(K / block_k))."""
+    n, k = t.shape[-2:]
+    rows, cols = -(-n // block_n), -(-k // block_k)
+    t = torch.nn.functional.pad(t, (0, cols * block_k - k, 0, rows * block_n - n))
+    return t.reshape(*t.shape[:-2], rows, block_n, cols, block_k).sum((-3, -1))
+
+
+def _scale_grad(grad_weight: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, block_size):
+    """The gradient in ``weight_scale`` from ``grad_weight``, the one in the dequantized weight
+    ``weight * weight_scale`` (..., N, K): each scale's is the sum, over the codes it scales, of the code times
+    that code's gradient. A scale covers a block (``block_size``), a whole matrix (one value per tensor or
+    expert) or an output channel, as the kernels read them."""
+    n, k = weight.shape[-2:]
+    if block_size is not None:
+        block_n, block_k = block_size
+    elif weight_scale.numel() == math.prod(weight.shape[:-2]):
+        block_n, block_k = n, k
+    else:
+        block_n, block_k = 1, k
+    codes = dequantize(weight, weight.new_ones((), dtype=torch.float32))
+    sums = _block_sums(grad_weight * codes, max(block_n, 1), max(block_k, 1))
+    return sums.reshape(weight_scale.shape).to(weight_scale.dtype)
+
+
 def _grouped_setup(ctx, inputs, kwargs, output):
     x, weight, weight_scale, offs, block_size, _ = inputs
-    ctx.save_for_backward(weight, weight_scale, offs)
+    # x only for weight_scale's gradient: frozen FP8 experts keep no activations alive.
+    ctx.save_for_backward(weight, weight_scale, offs, x if ctx.needs_input_grad[2] else None)
     ctx.block_size = block_size
 
 
 def _grouped_backward(ctx, grad):
     from ._ops import _zero_past
 
-    weight, weight_scale, offs = ctx.saved_tensors
-    grad_x = None
+    weight, weight_scale, offs, x = ctx.saved_tensors
+    grad_x = grad_scale = None
     if ctx.needs_input_grad[0]:
         w = _dequantized_experts(weight, weight_scale, ctx.block_size, grad.dtype)
         grad_x = _zero_past(torch.ops.mps_ext.grouped_mm(_zero_past(grad, offs, 0), w, offs), offs, 0)
-    return grad_x, None, None, None, None, None
+    if ctx.needs_input_grad[2]:
+        # Each expert's grad^T x over its rows (offs splitting the shared dimension), in float32: (E, N, K).
+        grad_weight = torch.ops.mps_ext.grouped_mm(grad.float().t(), x.float(), offs)
+        grad_scale = _scale_grad(grad_weight, weight, weight_scale, ctx.block_size)
+    return grad_x, None, grad_scale, None, None, None
 
 
 def _grouped_jvp(inputs, kwargs, out, tangents):
@@ -466,19 +655,23 @@ def _grouped_jvp(inputs, kwargs, out, tangents):
 
 def _linear_setup(ctx, inputs, kwargs, output):
     input, weight, weight_scale, bias, block_size = inputs
-    ctx.save_for_backward(weight, weight_scale)
+    # input only for weight_scale's gradient: a frozen FP8 layer keeps no activations alive.
+    ctx.save_for_backward(weight, weight_scale, input if ctx.needs_input_grad[2] else None)
     ctx.block_size = block_size
     ctx.bias_dtype = bias.dtype if bias is not None else None
 
 
 def _linear_backward(ctx, grad):
-    weight, weight_scale = ctx.saved_tensors
-    grad_input = grad_bias = None
+    weight, weight_scale, input = ctx.saved_tensors
+    grad_input = grad_scale = grad_bias = None
     if ctx.needs_input_grad[0]:
         grad_input = grad @ _dequantized_weight(weight, weight_scale, ctx.block_size, grad.dtype)
+    if ctx.needs_input_grad[2]:
+        grad_weight = grad.reshape(-1, grad.shape[-1]).float().t() @ input.reshape(-1, input.shape[-1]).float()
+        grad_scale = _scale_grad(grad_weight, weight, weight_scale, ctx.block_size)
     if ctx.needs_input_grad[3]:
         grad_bias = grad.reshape(-1, grad.shape[-1]).sum(0).to(ctx.bias_dtype)
-    return grad_input, None, None, grad_bias, None
+    return grad_input, None, grad_scale, grad_bias, None
 
 
 def _linear_jvp(inputs, kwargs, out, tangents):
@@ -487,6 +680,35 @@ def _linear_jvp(inputs, kwargs, out, tangents):
     op = torch.ops.mps_ext.fp8_linear
     return _autograd.tangent_sum([None if t_input is None else op(t_input, weight, scale, None, block),
                                   None if t_scale is None else op(input, weight, t_scale, None, block), t_bias], out)
+
+
+def _scaled_mm_setup(ctx, inputs, kwargs, output):
+    a, b, scale_a, scale_b, bias, out_dtype, _ = inputs
+    ctx.save_for_backward(a, b, scale_a, scale_b)
+    ctx.out_dtype = output.dtype
+    ctx.bias = None if bias is None else (bias.shape, bias.dtype)
+
+
+def _scaled_mm_backward(ctx, grad):
+    # out = scale_a * scale_b * (a @ b) + bias, the scales broadcast (one value, or scale_a (M, 1) and
+    # scale_b (1, N)): each scale's gradient sums grad * the other scale * a @ b over what it scales.
+    if ctx.out_dtype.itemsize == 1:
+        raise RuntimeError("mps_ext.scaled_mm has no backward (reverse-mode) derivative for a float8 output: "
+                           "it rounds")
+    a, b, scale_a, scale_b = ctx.saved_tensors
+    grad = grad.float()
+    grad_a = grad_b = grad_bias = None
+    if ctx.needs_input_grad[2] or ctx.needs_input_grad[3]:
+        # Ones of the scales' shapes, not batched where a scale is (vmap): the product once.
+        ones = [torch.ones(s.shape, dtype=torch.float32, device=s.device) for s in (scale_a, scale_b)]
+        weighted = grad * torch.ops.mps_ext.scaled_mm(a, b, *ones, None, torch.float32, None)
+        if ctx.needs_input_grad[2]:
+            grad_a = (weighted * scale_b).sum_to_size(scale_a.shape).to(scale_a.dtype)
+        if ctx.needs_input_grad[3]:
+            grad_b = (weighted * scale_a).sum_to_size(scale_b.shape).to(scale_b.dtype)
+    if ctx.needs_input_grad[4]:
+        grad_bias = grad.sum_to_size(ctx.bias[0]).to(ctx.bias[1])
+    return None, None, grad_a, grad_b, grad_bias, None, None
 
 
 def _scaled_mm_jvp(inputs, kwargs, out, tangents):
@@ -498,6 +720,21 @@ def _scaled_mm_jvp(inputs, kwargs, out, tangents):
                                  out)
 
 
+def _dequantize_setup(ctx, inputs, kwargs, output):
+    q, scale, block_rows, block_cols, _ = inputs
+    ctx.save_for_backward(q)
+    ctx.blocks = (block_rows, block_cols)
+    ctx.scale = (scale.shape, scale.dtype)
+
+
+def _dequantize_backward(ctx, grad):
+    (q,) = ctx.saved_tensors
+    codes = torch.ops.mps_ext.fp8_dequantize(q, q.new_ones(ctx.scale[0], dtype=torch.float32), *ctx.blocks,
+                                             torch.float32)
+    grad_scale = _block_sums(grad.float() * codes, *ctx.blocks)
+    return None, grad_scale.reshape(ctx.scale[0]).to(ctx.scale[1]), None, None, None
+
+
 def _dequantize_jvp(inputs, kwargs, out, tangents):
     q, _, block_rows, block_cols, dtype = inputs
     return torch.ops.mps_ext.fp8_dequantize(q, tangents[1], block_rows, block_cols, dtype)
@@ -507,13 +744,13 @@ def _no_setup(ctx, inputs, kwargs, output):
     pass
 
 
+# The FP8 products and dequantizing are linear in their float arguments (the float8 ones have no derivative);
+# quantizing rounds: no derivative; nor has a scaled product's float8 output, which rounds, in reverse mode.
 _autograd.register("fp8_linear", _linear_setup, _linear_backward, _linear_jvp)
 _autograd.register("fp8_grouped_mm", _grouped_setup, _grouped_backward, _grouped_jvp)
-# Quantizing rounds: no derivative. Scaled products and dequantizing have a
-# forward derivative in their scales; reverse mode raises for them.
 _autograd.register("fp8_quantize", _no_setup)
-_autograd.register("fp8_dequantize", _no_setup, jvp=_dequantize_jvp)
-_autograd.register("scaled_mm", _no_setup, jvp=_scaled_mm_jvp)
+_autograd.register("fp8_dequantize", _dequantize_setup, _dequantize_backward, _dequantize_jvp)
+_autograd.register("scaled_mm", _scaled_mm_setup, _scaled_mm_backward, _scaled_mm_jvp)
 
 
 def _fake_storage(x: torch.Tensor) -> torch.dtype:

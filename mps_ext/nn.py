@@ -37,7 +37,7 @@ class FP8Linear(torch.nn.Module):
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.uint8, device=device))
         self.register_buffer("weight_scale_inv", torch.ones(scale_shape, dtype=torch.float32, device=device))
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
-        self._register_load_state_dict_pre_hook(_weight_bits_hook)
+        self._register_load_state_dict_pre_hook(_fp8_bits_hook, with_module=True)
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, granularity: str = "channel",
@@ -62,8 +62,19 @@ class FP8Linear(torch.nn.Module):
     def from_fp8(cls, weight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None = None,
                  block_size: tuple[int, int] | None = None) -> FP8Linear:
         """A layer around an existing e4m3fn ``weight`` (float8_e4m3fn or uint8
-        bits) and its scales, as stored in FP8 checkpoints; nothing is requantized."""
+        bits) and its scales, as stored in FP8 checkpoints; nothing is requantized.
+        Raises ``ValueError`` naming the argument whose shape or dtype does not fit:
+        ``weight_scale_inv`` must be the block grid of ``block_size`` (a transposed
+        grid would scale the wrong blocks), or one value or one per output channel."""
+        if weight.dim() != 2 or weight.dtype not in (torch.float8_e4m3fn, torch.uint8):
+            raise ValueError(f"FP8Linear.from_fp8: weight must be 2-D float8_e4m3fn (or uint8 bits), got "
+                             f"{weight.dtype} of shape {tuple(weight.shape)}")
         n, k = weight.shape
+        why = fp8._scale_mismatch(weight_scale_inv, n, k, block_size)
+        if why:
+            raise ValueError(f"FP8Linear.from_fp8: weight_scale_inv {why}")
+        if bias is not None and tuple(bias.shape) != (n,):
+            raise ValueError(f"FP8Linear.from_fp8: bias has shape {tuple(bias.shape)}, expected {(n,)}")
         layer = cls(k, n, bias=bias is not None, block_size=block_size, device=weight.device)
         layer.weight = _bits(weight.detach())
         per_tensor = block_size is None and weight_scale_inv.numel() == 1
@@ -89,7 +100,8 @@ class FP8Experts(torch.nn.Module):
     ``grouped_mm`` experts run ``torch._grouped_mm``, biases added per row and the gate applied between.
 
     Buffers: ``gate_up_proj`` (E, 2 * intermediate, hidden) and ``down_proj`` (E, hidden, intermediate)
-    holding e4m3fn bits as ``uint8``, always (E, out, in), whatever layout the model stored; float32
+    holding e4m3fn bits as ``uint8`` (a state dict's float8_e4m3fn tensors load into them bit for bit), always
+    (E, out, in), whatever layout the model stored; float32
     ``gate_up_proj_scale_inv`` and ``down_proj_scale_inv``: per output channel (E, N, 1), per expert
     (E, 1, 1), or (E, ceil(N / bn), ceil(K / bk)) with ``block_size=(bn, bk)``; ``gate_up_proj_bias``
     (E, 2 * intermediate) and ``down_proj_bias`` (E, hidden) in the model's dtype, or None.
@@ -111,6 +123,7 @@ class FP8Experts(torch.nn.Module):
         self.register_buffer("down_proj_scale_inv", down_proj_scale_inv.detach().float())
         self.register_buffer("gate_up_proj_bias", _detached(gate_up_proj_bias))
         self.register_buffer("down_proj_bias", _detached(down_proj_bias))
+        self._register_load_state_dict_pre_hook(_fp8_bits_hook, with_module=True)
 
     @classmethod
     def from_experts(cls, experts: torch.nn.Module, granularity: str = "channel",
@@ -133,7 +146,7 @@ class FP8Experts(torch.nn.Module):
             block = tuple(w.shape[1:]) if granularity == "tensor" else block_size  # "tensor": (E, 1, 1) scales
             q, s = zip(*(fp8.quantize(m, block=block) for m in w))
             parts += [torch.stack(q), torch.stack(s)]
-        return cls(*parts, _gate_of(experts), block_size if granularity == "block" else None,
+        return cls(*parts, _ExpertsGate(experts), block_size if granularity == "block" else None,
                    *_biases_of(experts))
 
     @classmethod
@@ -149,27 +162,47 @@ class FP8Experts(torch.nn.Module):
         its own block grid; without, (E, 2, 1), one scale per half (or per expert, or per channel). Halves
         whose size I is not a multiple of bn get blocks of gcd(I, bn) rows (the scales repeated, the bytes
         shared as they are); ``down_proj_scale_inv`` is a regular grid, (E, ceil(H / bn), ceil(I / bk)).
+        Raises ``ValueError`` naming the argument whose shape or dtype does not fit.
         """
+        for arg, w in (("gate_up_proj", gate_up_proj), ("down_proj", down_proj)):
+            if w.dim() != 3 or w.dtype not in (torch.float8_e4m3fn, torch.uint8):
+                raise ValueError(f"FP8Experts.from_fp8: {arg} must be 3-D float8_e4m3fn (or uint8 bits), got "
+                                 f"{w.dtype} of shape {tuple(w.shape)}")
+        for arg, s in (("gate_up_proj_scale_inv", gate_up_proj_scale_inv),
+                       ("down_proj_scale_inv", down_proj_scale_inv)):
+            if not s.is_floating_point() or s.dtype.itemsize == 1:
+                raise ValueError(f"FP8Experts.from_fp8: {arg} is {s.dtype}, expected float32")
         e, n2, k = gate_up_proj.shape
         half = n2 // 2
+        if n2 % 2 or down_proj.shape != (e, k, half):
+            raise ValueError(f"FP8Experts.from_fp8: down_proj has shape {tuple(down_proj.shape)}, expected "
+                             f"{(e, k, half)} for a gate_up_proj of shape {(e, n2, k)}")
         if block_size is None:
             per_half = gate_up_proj_scale_inv.reshape(e, -1, 1)
             if per_half.shape[1] not in (1, 2, n2):
                 raise ValueError(f"FP8Experts.from_fp8: gate_up_proj_scale_inv of shape "
                                  f"{tuple(gate_up_proj_scale_inv.shape)} has neither one scale per expert, per half "
                                  f"nor per channel of a gate_up_proj of shape {(e, n2, k)}")
+            if down_proj_scale_inv.numel() not in (e, e * k):
+                raise ValueError(f"FP8Experts.from_fp8: down_proj_scale_inv of shape "
+                                 f"{tuple(down_proj_scale_inv.shape)} has neither one scale per expert nor per "
+                                 f"channel of a down_proj of shape {(e, k, half)}")
             return cls(gate_up_proj, per_half.repeat_interleave(n2 // per_half.shape[1], 1), down_proj,
-                       down_proj_scale_inv.reshape(e, -1, 1), _gate_of(experts), None, *_biases_of(experts))
+                       down_proj_scale_inv.reshape(e, -1, 1), _ExpertsGate(experts), None, *_biases_of(experts))
         bn, bk = block_size
         rows = -(-half // bn)
         if gate_up_proj_scale_inv.shape != (e, 2 * rows, -(-k // bk)):
             raise ValueError(f"FP8Experts.from_fp8: gate_up_proj_scale_inv has shape "
                              f"{tuple(gate_up_proj_scale_inv.shape)}, expected {(e, 2 * rows, -(-k // bk))}: two "
                              f"grids of {bn} x {bk} blocks over halves of {half} rows")
+        if down_proj_scale_inv.shape != (e, -(-k // bn), -(-half // bk)):
+            raise ValueError(f"FP8Experts.from_fp8: down_proj_scale_inv has shape {tuple(down_proj_scale_inv.shape)}, "
+                             f"expected {(e, -(-k // bn), -(-half // bk))}: a grid of {bn} x {bk} blocks over a "
+                             f"down_proj of shape {(e, k, half)}")
         fine = math.gcd(half, bn)
         halves = gate_up_proj_scale_inv.unflatten(1, (2, rows)).repeat_interleave(bn // fine, 2)[:, :, :half // fine]
         down = down_proj_scale_inv.repeat_interleave(bn // fine, 1)[:, :-(-down_proj.shape[1] // fine)]
-        return cls(gate_up_proj, halves.flatten(1, 2), down_proj, down, _gate_of(experts), (fine, bk),
+        return cls(gate_up_proj, halves.flatten(1, 2), down_proj, down, _ExpertsGate(experts), (fine, bk),
                    *_biases_of(experts))
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
@@ -195,12 +228,20 @@ class FP8Experts(torch.nn.Module):
                 f"intermediate_dim={self.intermediate_dim}, bias={self.down_proj_bias is not None}, {scales}")
 
 
-def _gate_of(experts: torch.nn.Module):
+class _ExpertsGate:
     """``experts``' own ``_apply_gate`` (transformers' gated experts define it: ``act_fn(gate) * up``, gpt-oss's
-    clamped interleaved SwiGLU, ...), bound to a copy of the plain attributes and submodules it reads, so that
-    the gate is the model's and the float expert weights are not kept alive by it."""
-    state = {k: v for k, v in vars(experts).items() if not k.startswith("_")} | dict(experts.named_children())
-    return types.MethodType(type(experts)._apply_gate, types.SimpleNamespace(**state))
+    clamped interleaved SwiGLU, ...) run on a copy of the plain attributes and submodules it reads, so that the
+    gate is the model's and the float expert weights are not kept alive by it. It keeps the experts' class, not
+    a method bound to the copy: pickle stores a class by name, while a bound method is looked up again on its
+    object when loaded, and the copy has no such method."""
+
+    def __init__(self, experts: torch.nn.Module):
+        self.experts_class = type(experts)
+        state = {k: v for k, v in vars(experts).items() if not k.startswith("_")} | dict(experts.named_children())
+        self.state = types.SimpleNamespace(**state)
+
+    def __call__(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.experts_class._apply_gate(self.state, gate_up)
 
 
 def _biases_of(experts: torch.nn.Module) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -215,7 +256,9 @@ def _bits(w: torch.Tensor) -> torch.Tensor:
     return w.view(torch.uint8) if w.dtype == torch.float8_e4m3fn else w
 
 
-def _weight_bits_hook(state_dict, prefix, *args):
-    key = prefix + "weight"
-    if key in state_dict:
-        state_dict[key] = _bits(state_dict[key])
+def _fp8_bits_hook(module, state_dict, prefix, *args):
+    """Float8 tensors of a state dict load into the uint8 buffers holding e4m3fn bits bit for bit: a copy into
+    them would convert each value to an integer."""
+    for name, buffer in module.named_buffers(recurse=False):
+        if buffer.dtype == torch.uint8 and prefix + name in state_dict:
+            state_dict[prefix + name] = _bits(state_dict[prefix + name])

@@ -1,13 +1,15 @@
 """transformers' models in FP8 for the tests: tiny MoE models built from configs, their dequantized twins, and
 Hugging Face's fine-grained FP8 format written with torch alone (block quantization as its recipes do it,
-checkpoints as the hub stores them, MoE experts one by one)."""
+checkpoints as the hub stores them, MoE experts one by one, in the model's names or in the hub's names that
+transformers' save_pretrained gives them)."""
 
+import fnmatch
 import json
 
 import torch
 import torch.nn.functional as F
 import transformers
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 from mps_ext.nn import FP8Experts, FP8Linear
 
@@ -85,22 +87,62 @@ def write_fp8_checkpoint(model, path, not_converted, shards=1):
     return tensors, dequantized
 
 
-def tiny_moe(arch: str):
+def write_hub_fp8_checkpoint(model, path, not_converted, extra=None, **config):
+    """``model`` saved in Hugging Face's fine-grained FP8 format with the names the hub's checkpoints have: the
+    layout of transformers' own ``save_pretrained``, which reverses its conversion mapping (Mixtral's
+    ``block_sparse_moe.experts.<e>.w1/w3/w2``, Qwen3-MoE's ``mlp.experts.<e>.gate_proj``, ...), plus the
+    ``extra`` tensors, with ``config`` set in its config.json. Every 2-D weight but the embeddings and the
+    modules matching ``not_converted`` (``fnmatch`` patterns of those names) is in 128 x 128 blocks. Returns
+    the checkpoint's tensors and its dequantized twin as transformers' own loader loads it (from the same
+    tensors as floats, in the same layout, under ``path / "float"``)."""
+    floats = path / "float"
+    model.save_pretrained(floats)
+    tensors, dequantized = {}, {}
+    for name, t in {**load_file(str(floats / "model.safetensors")), **(extra or {})}.items():
+        module, _, param = name.rpartition(".")
+        if param == "weight" and t.dim() == 2 and "embed" not in name and not any(
+                fnmatch.fnmatchcase(module, p) for p in not_converted):
+            tensors[name], tensors[f"{module}.weight_scale_inv"], dequantized[name] = quantized(t)
+        else:
+            tensors[name] = dequantized[name] = t
+    save_file(tensors, str(path / "model.safetensors"))
+    save_file(dequantized, str(floats / "model.safetensors"))
+    settings = {**json.loads((floats / "config.json").read_text()), **config}
+    (floats / "config.json").write_text(json.dumps(settings))
+    settings["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic",
+                                       "weight_block_size": list(BLOCK), "modules_to_not_convert": not_converted}
+    (path / "config.json").write_text(json.dumps(settings))
+    return tensors, transformers.AutoModelForCausalLM.from_pretrained(floats, dtype=torch.float32).eval()
+
+
+def tiny_moe(arch: str, **overrides):
+    """A tiny MoE model of transformers' class for ``arch`` (8 experts of 48 from 64, top 2; Llama 4: 4 experts),
+    random weights; ``overrides``: config entries."""
     torch.manual_seed(7)
     common = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   head_dim=16, max_position_embeddings=64, tie_word_embeddings=False, num_experts_per_tok=2)
-    if arch == "qwen3_moe":
-        config = transformers.Qwen3MoeConfig(**common, num_experts=8, moe_intermediate_size=48)
-    elif arch == "mixtral":
-        config = transformers.MixtralConfig(**common, num_local_experts=8, intermediate_size=48)
-    elif arch == "deepseek_v3":  # multi-head latent attention, a shared expert, every layer MoE
-        config = transformers.DeepseekV3Config(**{**common, "num_key_value_heads": 4, "head_dim": 8},
-                                               n_routed_experts=8, moe_intermediate_size=48, first_k_dense_replace=0,
-                                               q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
-                                               qk_nope_head_dim=16, v_head_dim=16, n_group=2, topk_group=1)
-    else:
-        config = transformers.GptOssConfig(**common, num_local_experts=8, intermediate_size=48,
-                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    mixtral_like = dict(num_local_experts=8, intermediate_size=48)
+    configs = {
+        "qwen3_moe": (transformers.Qwen3MoeConfig, dict(num_experts=8, moe_intermediate_size=48)),
+        "mixtral": (transformers.MixtralConfig, mixtral_like),
+        "minimax_m2": (transformers.MiniMaxM2Config, mixtral_like),
+        "phimoe": (transformers.PhimoeConfig, mixtral_like),  # its router subclasses nn.Linear
+        # multi-head latent attention, a shared expert, every layer MoE
+        "deepseek_v3": (transformers.DeepseekV3Config, dict(num_key_value_heads=4, head_dim=8, n_routed_experts=8,
+                                                            moe_intermediate_size=48, first_k_dense_replace=0,
+                                                            q_lora_rank=48, kv_lora_rank=32, qk_rope_head_dim=8,
+                                                            qk_nope_head_dim=16, v_head_dim=16, n_group=2,
+                                                            topk_group=1)),
+        "glm4_moe": (transformers.Glm4MoeConfig, dict(n_routed_experts=8, moe_intermediate_size=48,
+                                                      intermediate_size=96, first_k_dense_replace=0)),
+        # its router subclasses nn.Linear; its experts are stacked (E, in, out) and have no _apply_gate
+        "llama4": (transformers.Llama4TextConfig, dict(num_local_experts=4, intermediate_size=48,
+                                                       intermediate_size_mlp=96)),
+        "gpt_oss": (transformers.GptOssConfig, dict(mixtral_like, rope_parameters={"rope_type": "default",
+                                                                                  "rope_theta": 10000.0})),
+    }
+    config_class, specific = configs[arch]
+    config = config_class(**{**common, **specific, **overrides})
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # gpt-oss initializes its expert biases to zero: make them count
         for name, t in model.named_parameters():

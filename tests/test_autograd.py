@@ -1,8 +1,9 @@
 """Autograd in both modes over every op: gradients (backward) and tangents
 (torch.autograd.forward_ad, torch.func.jvp, torch.func.jacfwd) of mps_ext's
 functions and of torch's ops with the overrides on, on each device, against
-torch's on the CPU with the overrides off; and backward for every bias form of
-every linear path."""
+torch's on the CPU with the overrides off; in-place ops on every op's outputs;
+backward for every bias form of every linear path; and both modes in every float
+argument of the FP8 ops, in every form of their scales."""
 
 import contextlib
 
@@ -14,7 +15,7 @@ from torch.autograd import forward_ad
 import mps_ext
 from conftest import on, ran_kernels
 from mps_ext import fp8
-from op_cases import CASES, floating, randn
+from op_cases import CASES, FP8_FORMS, floating, randn
 from tolerances import assert_close, assert_close_normwise
 
 ROUTES = ["mps_ext", "overrides"]
@@ -73,17 +74,30 @@ def jvp(f, inputs, tangents, mode):
 def test_backward(case, route, device):
     f, context = route_of(case, route, device)
     inputs = case.make(0)
-    if not case.backward:
-        if route == "overrides":
-            pytest.skip(f"torch has no derivative for {case.name} either")
-        with pytest.raises(RuntimeError, match=f"mps_ext.{case.name} has no backward"):
-            on(device, lambda *xs: gradients(f, xs, case.differentiable), *inputs)
-        return
-    want = gradients(case.theirs, inputs, case.differentiable)
+    if route == "overrides" and case.reference_backward:
+        pytest.skip(f"torch has no backward for {case.name}: the overrides keep its autograd")
+    want = gradients(case.reference_backward or case.theirs, inputs, case.differentiable)
     with context, mps_ext.trace() as t:
         got = on(device, lambda *xs: gradients(f, xs, case.differentiable), *inputs)
     ran_kernels(t, device)
     case.check(tuple(got), tuple(want))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.overridden and not c.reference_backward], ids=repr)
+def test_backward_after_the_overrides_are_disabled(case, device):
+    # A graph recorded with the overrides on keeps the derivatives they chose (torch's linear derivative, whose
+    # CPU kernel they give): its backward runs, and agrees, once they are off again.
+    want = gradients(case.theirs, case.make(0), case.differentiable)
+
+    def recorded_then_disabled(*xs):
+        xs = [x.detach().requires_grad_(i in case.differentiable) for i, x in enumerate(xs)]
+        with mps_ext.overrides.enabled(device):
+            outs = floating(case.theirs(*xs))
+        cotangents = [randn(*o.shape, dtype=o.dtype, seed=7 + j).to(o.device) for j, o in enumerate(outs)]
+        assert device == "mps" or not mps_ext.overrides.is_enabled(device)
+        return torch.autograd.grad(outs, [xs[i] for i in case.differentiable], cotangents)
+
+    case.check(tuple(on(device, recorded_then_disabled, *case.make(0))), tuple(want))
 
 
 def func_vjp(f, differentiable, seed=7):
@@ -100,7 +114,7 @@ def func_vjp(f, differentiable, seed=7):
     return vjp_of
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.backward], ids=repr)
+@pytest.mark.parametrize("case", CASES, ids=repr)
 def test_func_vjp(case, device):
     # torch.func's reverse mode runs each op's backward inside its transform (the linear algebra ops' backward
     # once called requires_grad_, which torch.func refuses).
@@ -108,7 +122,7 @@ def test_func_vjp(case, device):
     with mps_ext.trace() as t:
         got = on(device, func_vjp(case.ours, case.differentiable), *inputs)
     ran_kernels(t, device)
-    case.check(tuple(got), func_vjp(case.theirs, case.differentiable)(*inputs))
+    case.check(tuple(got), func_vjp(case.reference_backward or case.theirs, case.differentiable)(*inputs))
 
 
 def hvp_by_double_backward(f, x, rest, v):
@@ -129,7 +143,7 @@ SECOND_ORDER = {  # H v (u^T H v for forward over forward) of a scalar f in x, b
 
 
 @pytest.mark.parametrize("mode", list(SECOND_ORDER))
-@pytest.mark.parametrize("case", [c for c in CASES if c.backward and not c.make(0)[0].is_complex()], ids=repr)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.make(0)[0].is_complex()], ids=repr)
 def test_second_derivatives(case, mode, device):
     # The outer derivative sees through each op's own derivative (its forward and jvp run with grad modes on
     # below their level; the linear algebra backward is a torch.func.vjp): once it saw constants, and second
@@ -194,10 +208,56 @@ def test_forward_derivative(case, route, mode, device, request):
     case.check(tuple(got), tuple(want))
 
 
-def test_forward_derivative_missing_raises():
+def test_missing_derivatives_raise():
+    # Quantizing rounds, and so does a float8 product: differentiating through them raises rather than giving
+    # zeros.
     x = randn(4, 8)
     with forward_ad.dual_level(), pytest.raises(NotImplementedError, match="fp8_quantize has no forward"):
         fp8.quantize(forward_ad.make_dual(x, torch.ones_like(x)))
+    q, scale = fp8.quantize(x.requires_grad_())
+    with pytest.raises(RuntimeError, match="fp8_quantize has no backward"):
+        scale.sum().backward()
+    scale = scale.detach().requires_grad_()
+    out = mps_ext.scaled_mm(q, q.t(), scale, scale, out_dtype=torch.float8_e4m3fn)
+    with pytest.raises(RuntimeError, match="scaled_mm has no backward .* float8 output"):
+        torch.autograd.grad(out, scale, torch.ones_like(out))
+
+
+@pytest.mark.parametrize("made", ["grad_mode", "no_grad"])
+@pytest.mark.parametrize("case", CASES, ids=repr)
+def test_in_place_on_outputs(case, made, device):
+    # An in-place op on an op's outputs (nn.ReLU(inplace=True), y += r) works as on torch's, though the kernels
+    # write some outputs as views of a buffer of their own: autograd refuses in-place ops on views that a custom
+    # Function returns or that no-grad mode made.
+    inputs = case.make(0)
+    differentiable = case.differentiable if made == "grad_mode" else ()
+    outs = floating(case.theirs(*inputs))
+    residuals = [randn(*o.shape, dtype=o.dtype, seed=3 + j) for j, o in enumerate(outs)]
+    cotangents = [randn(*o.shape, dtype=o.dtype, seed=7 + j) for j, o in enumerate(outs)]
+
+    def modified(f, in_place):
+        def run(*args):
+            n = len(inputs)
+            xs = [x.detach().requires_grad_(i in differentiable) for i, x in enumerate(args[:n])]
+            rs = [r.detach().requires_grad_() for r in args[n:n + len(outs)]]
+            with torch.no_grad() if made == "no_grad" else contextlib.nullcontext():
+                ys = floating(f(*xs))
+            ys = [y.mul_(2).add_(r) if in_place else y * 2 + r for y, r in zip(ys, rs)]
+            return torch.autograd.grad(ys, [xs[i] for i in differentiable] + rs, args[n + len(outs):])
+        return run
+
+    args = (*inputs, *residuals, *cotangents)
+    want = modified(case.reference_backward or case.theirs, in_place=False)(*args)
+    try:
+        with mps_ext.trace() as t:
+            got = on(device, modified(case.ours, in_place=True), *args)
+    except RuntimeError as e:  # the op's backward reads the output it modified: as torch's does
+        assert "modified by an inplace operation" in str(e)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            modified(case.theirs, in_place=True)(*args)
+        return
+    ran_kernels(t, device)
+    case.check(tuple(got), tuple(want))
 
 
 # --- every bias form of every linear path -----------------------------------------------------------------------
@@ -252,3 +312,76 @@ def test_backward_every_bias_form(path, bias_form, device, request):
     for g, w in zip(got, want):
         assert g.shape == w.shape
         assert_close(g, w, scale=4)
+
+
+@pytest.mark.parametrize("path", ["mps_ext.linear", "fp8_linear", "FP8Linear"])
+@pytest.mark.parametrize("after", ["relu_inplace", "residual"])
+def test_in_place_after_linear_layers(path, after, device):
+    # A transformer block's in-place ops on a linear's output, as on torch's linear.
+    layer, weight = fp8_layer(bias=True)
+    linears = {"mps_ext.linear": lambda x: mps_ext.linear(x, weight.to(x.device), layer.bias),
+               "fp8_linear": lambda x: mps_ext.fp8_linear(x, layer.weight, layer.weight_scale_inv, layer.bias),
+               "FP8Linear": layer}
+
+    def block(linear):
+        def run(x, r, grad):
+            x, r = x.detach().requires_grad_(), r.detach().requires_grad_()
+            y = linear(x)
+            if after == "relu_inplace":
+                y = torch.nn.ReLU(inplace=True)(y)
+            else:
+                y += r
+            return torch.autograd.grad(y, (x, r), grad, allow_unused=True, materialize_grads=True)
+        return run
+
+    x, r, grad = randn(M, K, seed=1), randn(M, N, seed=2), randn(M, N, seed=3)
+    want = block(lambda x: F.linear(x, weight, layer.bias))(x, r, grad)
+    layer = layer.to(device)
+    with mps_ext.trace() as t:
+        got = on(device, block(linears[path]), x, r, grad)
+    ran_kernels(t, device)
+    for g, w in zip(got, want):
+        assert_close(g, w, scale=4)
+
+
+# --- FP8: every float argument, every form of the scales --------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", FP8_FORMS, ids=repr)
+def test_fp8_derivatives_in_every_float_argument(case, device):
+    # A scale's gradient agrees with its tangent (a missing one shows as None from backward, zeros from jacrev).
+    # The Jacobian in each float argument by reverse mode (jacrev: the backward under vmap) and by forward mode
+    # (jacfwd) equals torch's in float64, and a backward of one cotangent its contraction; gradcheck's
+    # finite differences agree with both modes (the products are linear in each argument, so its float32
+    # differences are exact to rounding), batched gradients and tangents included.
+    inputs = case.make(0)
+    wide = [x.double() if x.dtype == torch.float32 else x for x in inputs]
+    out = case.theirs(*wide)
+    cotangent = randn(*out.shape, seed=7)
+    jacobians = [torch.func.jacrev(case.theirs, argnums=i)(*wide) for i in case.differentiable]
+    for i, want in zip(case.differentiable, jacobians):
+        assert want.abs().max() > 0
+        for jacobian in (torch.func.jacrev, torch.func.jacfwd):
+            with mps_ext.trace() as t:
+                got = on(device, jacobian(case.ours, argnums=i), *inputs)
+            ran_kernels(t, device)
+            assert_close_normwise(got, want)
+    wants = [torch.tensordot(cotangent.double(), J, out.dim()) for J in jacobians]
+
+    def backward(cotangent, *xs):
+        xs = [x.detach().requires_grad_(i in case.differentiable) for i, x in enumerate(xs)]
+        return torch.autograd.grad(case.ours(*xs), [xs[i] for i in case.differentiable], cotangent)
+
+    with mps_ext.trace() as t:
+        got = on(device, backward, cotangent, *inputs)
+    ran_kernels(t, device)
+    for g, w in zip(got, wants):
+        assert_close_normwise(g, w)
+
+    def gradcheck(*xs):
+        xs = [x.detach().requires_grad_(i in case.differentiable) for i, x in enumerate(xs)]
+        return torch.autograd.gradcheck(case.ours, xs, eps=0.1, atol=1e-3, rtol=1e-3, fast_mode=True,
+                                        check_forward_ad=True, check_batched_grad=True,
+                                        check_batched_forward_grad=True)
+
+    assert on(device, gradcheck, *inputs)

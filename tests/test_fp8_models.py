@@ -1,7 +1,10 @@
 """FP8 linear layers with transformers' own classes: `fp8.convert` adopts transformers' FP8Linear layers (bytes and
-scales kept), excludes and leaves alone what it must; `fp8.from_pretrained` loads a checkpoint written in Hugging
-Face's fine-grained FP8 format (tiny Llama and Qwen3 built from configs, 128 x 128 blocks, partial ones
-included) with its FP8 bytes, and decodes the tokens its dequantized reference decodes."""
+scales kept), excludes and leaves alone what it must (linear subclasses with a forward of their own unless
+included); `fp8.from_pretrained` loads a checkpoint written in Hugging Face's fine-grained FP8 format (tiny Llama
+and Qwen3 built from configs, 128 x 128 blocks, partial ones included) with its FP8 bytes, and decodes the tokens
+its dequantized reference decodes, and refuses FP8 tensors that do not fit their layer."""
+
+import copy
 
 import pytest
 import torch
@@ -10,8 +13,9 @@ import torch.nn.functional as F
 pytest.importorskip("transformers", reason='needs transformers: pip install "mps_ext[demo]"')
 
 import transformers  # noqa: E402
-from hf_fp8 import BLOCK, block_quantize, expand, write_fp8_checkpoint  # noqa: E402
+from hf_fp8 import BLOCK, PROMPT, block_quantize, dequantized_twin, expand, write_fp8_checkpoint  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
+from transformers.integrations.finegrained_fp8 import FP8GroupedLinear as HFFP8GroupedLinear  # noqa: E402
 from transformers.integrations.finegrained_fp8 import FP8Linear as HFFP8Linear  # noqa: E402
 
 import mps_ext  # noqa: E402
@@ -69,6 +73,10 @@ def test_convert_refuses_fp8_it_cannot_adopt():
     bad.weight_scale_inv = torch.nn.Parameter(bad.weight_scale_inv.t().contiguous(), requires_grad=False)
     with pytest.raises(ValueError, match=r"convert: 0.weight_scale_inv has shape \(2, 3\), expected \(3, 2\)"):
         fp8.convert(torch.nn.Sequential(bad))
+    # transformers' FP8 layer for block-diagonal linear layers (DeepSeek-V4's): an FP8Linear would run one product.
+    grouped = torch.nn.Sequential(HFFP8GroupedLinear(64, 128, n_groups=2, block_size=BLOCK))
+    with pytest.raises(NotImplementedError, match=r"0 \(FP8GroupedLinear\) holds FP8 weights but runs a forward of"):
+        fp8.convert(grouped)
 
 
 def tiny_config(arch: str, tie: bool):
@@ -147,3 +155,46 @@ def test_from_pretrained_errors(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(NotImplementedError, match=r"mlp.up_proj.weight \(torch.float8_e4m3fn\) is not the weight"):
         fp8.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("tensor, broken, error", [
+    ("model.layers.0.mlp.gate_proj.weight_scale_inv", lambda t: t.t().contiguous(),
+     r"model\.layers\.0\.mlp\.gate_proj\.weight_scale_inv has shape \(2, 3\), expected \(3, 2\) for a weight of "
+     r"shape \(300, 160\)"),
+    ("model.layers.1.mlp.up_proj.weight", lambda t: t.t().contiguous(),
+     r"model\.layers\.1\.mlp\.up_proj\.weight has shape \(160, 300\), expected \(300, 160\) for "
+     r"model\.layers\.1\.mlp\.up_proj \(Linear\(160, 300\)\)"),
+    ("model.layers.0.self_attn.o_proj.weight_scale_inv", lambda t: t.to(torch.uint8),
+     r"model\.layers\.0\.self_attn\.o_proj\.weight_scale_inv is torch\.uint8, expected float32"),
+], ids=["transposed scale grid", "transposed weight", "scales in bytes"])
+def test_from_pretrained_checks_fp8_tensors_against_their_layer(tmp_path, tensor, broken, error):
+    """FP8 tensors that do not fit their layer are refused, naming the tensor: loaded, a transposed grid would
+    scale each block by another block's scale."""
+    config = tiny_config("llama", tie=False)
+    config.intermediate_size = 300  # gate_proj and up_proj 300 x 160: 3 x 2 blocks, not a square grid
+    tensors, _ = write_fp8_checkpoint(transformers.AutoModelForCausalLM.from_config(config), tmp_path, ["lm_head"])
+    tensors[tensor] = broken(tensors[tensor])
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=error):
+        fp8.from_pretrained(tmp_path, dtype=torch.float32)
+
+
+def test_convert_leaves_linear_subclasses_with_a_forward_of_their_own_unless_included():
+    """Falcon's linear layers are FalconLinear, whose forward (x @ W.T + b) is a linear layer's product: they stay
+    by default (their class overrides nn.Linear.forward, as routers' do), include= converts them."""
+    torch.manual_seed(9)
+    config = transformers.FalconConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with pytest.warns(UserWarning, match=r"stays torch\.float32: its class FalconLinear overrides "
+                                         r"nn\.Linear\.forward") as caught:
+        kept = fp8.convert(copy.deepcopy(model))
+    assert len(caught) == 8 and not any(isinstance(m, FP8Linear) for m in kept.modules())
+    with pytest.raises(ValueError, match=r"include=\['\*\.router'\] names no module of FalconForCausalLM"):
+        fp8.convert(model, include=["*.router"])
+    converted = fp8.convert(copy.deepcopy(model), include=["*.self_attention.*", "*.mlp.*"])
+    assert not any(type(m).__name__ == "FalconLinear" for m in converted.transformer.h.modules())
+    reference = dequantized_twin(model, converted)
+    with mps_ext.trace() as t:
+        got = converted.generate(PROMPT, max_new_tokens=3, do_sample=False)
+    assert torch.equal(got, reference.generate(PROMPT, max_new_tokens=3, do_sample=False))
+    assert "fp8_linear_gemv_stream_float" in t.names

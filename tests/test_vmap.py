@@ -2,14 +2,16 @@
 each batch element on the CPU; the operators with a batching rule (mps_ext/_vmap.py) launch their kernels
 once for the whole vmapped batch, the others once per element (torch's fallback)."""
 
+import itertools
+
 import pytest
 import torch
 
 import mps_ext
 from mps_ext import fp8
 from conftest import on, ran_kernels
-from op_cases import CASES, LINALG_SCALE, floating, randn, well_conditioned
-from tolerances import assert_close
+from op_cases import CASES, FP8_FORMS, LINALG_SCALE, dequantized, floating, randn, well_conditioned
+from tolerances import assert_close, assert_close_normwise
 
 BATCH = 3
 # The operators whose rule batches every input (the linears and the grouped matmuls: their input only).
@@ -64,7 +66,7 @@ def test_vmap(case, which, device):
     case.check(got, per_element(case, elements, batched))
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.backward], ids=repr)
+@pytest.mark.parametrize("case", CASES, ids=repr)
 def test_per_sample_gradients(case, device):
     # vmap(grad(f)): each element's gradient in its first differentiable input, the others shared.
     first = case.differentiable[0]
@@ -172,3 +174,93 @@ def test_moe_rows_batched_anywhere(fp8_weights, device):
         assert len(t.kernels) == launches, t.names
         want = torch.stack([theirs(e, weights[i] if weight_dim == 0 else weight) for i, e in enumerate(x.unbind(1))])
         assert_close(got[:, :written], want[:, :written], scale=4)
+
+
+# The FP8 products in every form of their scales, block-wise ones included: their block_size, a list, comes to
+# the rules with a list of in_dims (one None per entry), not a batch dimension.
+FP8_PRODUCTS = [c for c in FP8_FORMS if c.name.startswith(("fp8_linear", "fp8_grouped_mm"))]
+
+
+def batchings(cases):
+    """(case, the inputs batched) for every non-empty subset of each case's inputs."""
+    for case in cases:
+        n = len(case.make(0))
+        for r in range(1, n + 1):
+            for which in itertools.combinations(range(n), r):
+                yield pytest.param(case, which, id=f"{case.name}-{'+'.join(map(str, which))}")
+
+
+@pytest.mark.parametrize("case, which", list(batchings(FP8_PRODUCTS)))
+def test_fp8_vmap_every_batched_argument(case, which, device):
+    # Equal to torch per element; the input (the rows) alone batched launches once, any other argument
+    # batched (weights, scales, bias, offsets) once per element.
+    elements = [case.make(seed) for seed in range(BATCH)]
+    batched = [i in which for i in range(len(elements[0]))]
+    inputs = [stacked(elements, i, b, 0) for i, b in enumerate(batched)]
+    in_dims = tuple(0 if b else None for b in batched)
+    with mps_ext.trace() as t:
+        got = on(device, lambda *xs: torch.vmap(case.ours, in_dims=in_dims)(*xs), *inputs)
+    ran_kernels(t, device)
+    one = launches_of_one(case, device, elements[0])
+    assert len(t.kernels) == (one if which == (0,) else BATCH * one), t.names
+    case.check(got, per_element(case, elements, batched))
+
+
+def per_sample(derivative, samples, shared):
+    """``derivative`` of each sample (batched along the first dimension) with the ``shared`` arguments."""
+    return torch.func.vmap(derivative, in_dims=(0,) + (None,) * len(shared))(samples, *shared)
+
+
+@pytest.mark.parametrize("transform", ["grad", "jacrev"])
+@pytest.mark.parametrize("case", FP8_PRODUCTS, ids=repr)
+def test_fp8_per_sample_gradients(case, transform, device):
+    # vmap(grad(f)) and vmap(jacrev(f)) in every float argument (input, scales, bias), each sample's input
+    # batched, the rest shared, against a loop of torch's in float64 (sums of products that cancel: normwise).
+    elements = [case.make(seed) for seed in range(BATCH)]
+    shared = elements[0][1:]
+    samples = torch.stack([e[0] for e in elements])
+    weights = randn(*case.theirs(*elements[0]).shape, seed=5)
+
+    def derivative(f):
+        if transform == "jacrev":
+            return torch.func.jacrev(f, argnums=case.differentiable)
+        return torch.func.grad(lambda *args: (f(*args) * weights.to(args[0].device)).sum(), argnums=case.differentiable)
+
+    with mps_ext.trace() as t:
+        got = on(device, lambda *a: per_sample(derivative(case.ours), a[0], a[1:]), samples, *shared)
+    ran_kernels(t, device)
+    wide = [x.double() if x.dtype == torch.float32 else x for x in shared]
+    want = [derivative(case.theirs)(e[0].double(), *wide) for e in elements]
+    for g, w in zip(got, zip(*want)):
+        assert_close_normwise(g, torch.stack(w))
+
+
+@pytest.mark.parametrize("granularity", ["tensor", "channel", "block"])
+def test_fp8_linear_layer_vmap_and_per_sample_gradients(granularity, device):
+    # An FP8Linear under vmap, and each sample's gradients in its input and in the layer's scales and bias
+    # (torch.func.functional_call: the buffers as arguments), against torch's linear of the dequantized weight.
+    layer = mps_ext.nn.FP8Linear.from_linear(torch.nn.Linear(40, 20), granularity, block_size=(8, 16))
+    weight, block = layer.weight.view(torch.float8_e4m3fn), layer.block_size
+    samples = randn(BATCH, 3, 40, seed=1)
+
+    def loss(f):
+        return lambda x, scale, bias: f(x, scale, bias).square().sum()
+
+    def ours(x, scale, bias):
+        return torch.func.functional_call(layer, {"weight_scale_inv": scale, "bias": bias}, (x,))
+
+    def theirs(x, scale, bias):
+        return torch.nn.functional.linear(x, dequantized(weight, scale, block), bias)
+
+    buffers = (layer.weight_scale_inv, layer.bias)
+    want = torch.stack([theirs(x, *buffers) for x in samples])
+    want_grads = [torch.func.grad(loss(theirs), argnums=(0, 1, 2))(x, *buffers) for x in samples]
+    layer.to(device)
+    with mps_ext.trace() as t:
+        got = on(device, lambda xs, *b: torch.vmap(ours, in_dims=(0, None, None))(xs, *b), samples, *buffers)
+        got_grads = on(device, lambda xs, *b: per_sample(torch.func.grad(loss(ours), argnums=(0, 1, 2)), xs, b),
+                       samples, *buffers)
+    ran_kernels(t, device)
+    assert_close(got, want, scale=4)
+    for g, w in zip(got_grads, zip(*want_grads)):
+        assert_close_normwise(g, torch.stack(w))
