@@ -292,8 +292,49 @@ def grouped_mm_cases() -> Iterator[Case]:
             yield Case(f"grouped_mm {variant} {SHORT[dtype]}", run)
 
 
+def pad_cases() -> Iterator[Case]:
+    # F.pad with the overrides on: every mode at every element size (the forward kernels move bytes), a
+    # 16-byte-aligned row (one load and store per chunk) and an unaligned one; backward in each type.
+    from torch.nn import functional as F
+
+    from . import overrides
+
+    sizes = {1: torch.uint8, 2: torch.bfloat16, 4: torch.float32, 8: torch.int64, 16: torch.complex128}
+    names = {1: "uchar", 2: "ushort", 4: "uint", 8: "ulong", 16: "uint4"}
+    for mode in ("constant", "reflect", "replicate"):
+        for size, dtype in sizes.items():
+            for pad in ((16 // size, 3, 2, 1), (1, 2, 0, 3)):
+                def run(device, mode=mode, dtype=dtype, pad=pad):
+                    x = (torch.randn(2, 3, 5, 24, generator=torch.Generator().manual_seed(1)) * 50).to(dtype)
+                    with overrides.enabled(device):
+                        got = F.pad(x.to(device), pad, mode=mode)
+                    return _flat(got), _flat(F.pad(x, pad, mode=mode)), 1.0
+
+                kernel = f"pad_{mode}_{names[size]}"
+                yield Case(f"pad {mode} {str(dtype)[6:]} {pad}", run, kernels=(kernel,),
+                           skip=lambda d, dtype=dtype: "mps holds no complex128" if d == "mps" and
+                           dtype == torch.complex128 else None)
+        if mode == "constant":
+            continue
+        for dtype, name in ((torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16"),
+                            (torch.complex64, "c64")):
+            def backward(device, mode=mode, dtype=dtype):
+                g = torch.Generator().manual_seed(2)
+                x = torch.randn(2, 3, 5, 9, generator=g).to(dtype)
+                dy = torch.randn(2, 3, 8, 14, generator=g).to(dtype)
+                xd = x.to(device).detach().requires_grad_()
+                with overrides.enabled(device):
+                    F.pad(xd, (2, 3, 1, 2), mode=mode).backward(dy.to(device))
+                xw = x.to(torch.complex128 if dtype.is_complex else torch.float64).detach().requires_grad_()
+                F.pad(xw, (2, 3, 1, 2), mode=mode).backward(dy.to(xw.dtype))
+                return _flat(xd.grad), _flat(xw.grad.to(dtype)), 4.0
+
+            yield Case(f"pad backward {mode} {name} (2, 3, 5, 9)", backward)
+
+
 def cases() -> list[Case]:
-    return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *stream_cases()]
+    return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *pad_cases(),
+            *stream_cases()]
 
 
 def verify(case: Case, device: str) -> tuple[bool, float, list[str], set[str]]:

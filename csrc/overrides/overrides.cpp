@@ -88,6 +88,7 @@ void enable(c10::DeviceType device) {
   register_linalg(*lib);
   register_fp8(*lib, device);
   register_grouped_mm(*lib);
+  register_pad(*lib);
   libraries[device] = std::move(lib);
 }
 

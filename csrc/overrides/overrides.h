@@ -99,5 +99,6 @@ void register_linear(OverrideLibrary& lib, c10::DeviceType device);
 void register_linalg(OverrideLibrary& lib);
 void register_fp8(OverrideLibrary& lib, c10::DeviceType device);
 void register_grouped_mm(OverrideLibrary& lib);
+void register_pad(OverrideLibrary& lib);
 
 }  // namespace mps_ext::overrides

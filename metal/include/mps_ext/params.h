@@ -4,10 +4,12 @@
 
 #if defined(__METAL_VERSION__)
 typedef uint mps_ext_u32;
+typedef int mps_ext_i32;
 typedef ulong mps_ext_u64;
 #else
 #include <cstdint>
 typedef uint32_t mps_ext_u32;
+typedef int32_t mps_ext_i32;
 typedef uint64_t mps_ext_u64;
 #endif
 
@@ -158,5 +160,30 @@ enum : mps_ext_u32 { kFp8GroupedDecodeBytes = 8 };
 // experts). fp8_grouped_mm reads one chunk of kFp8GroupedDecodeBytes: two ran
 // up to 12% slower on the down projection.
 enum : mps_ext_u32 { kGroupedDecodeChunks = 2 };
+
+
+// Padding (metal/pad.metal): along each dimension d, output index o stands
+// for input index o - before[d] (before < 0 crops), reflected or replicated
+// back into [0, in_size[d]) as torch's CPU kernels index (reflect and
+// replicate), or the fill value outside it (constant). Dimensions come in
+// the output's memory order, outermost first, the output contiguous in it
+// (the host drops and merges the dimensions that are not padded); src is the
+// input (forward) or the output's gradient (backward), src_stride its
+// strides in elements.
+enum : mps_ext_u32 { kPadMaxDims = 6 };
+enum PadMode : mps_ext_u32 { kPadConstant = 0, kPadReflect = 1, kPadReplicate = 2 };
+struct PadParams {
+  mps_ext_u64 src_stride[kPadMaxDims];
+  mps_ext_u64 fill[2];  // constant: the value's bytes, cast to the element type as torch fills
+  mps_ext_u32 in_size[kPadMaxDims];
+  mps_ext_u32 out_size[kPadMaxDims];
+  mps_ext_i32 before[kPadMaxDims];
+  mps_ext_u32 dims;
+  mps_ext_u32 threads;  // forward: rows x chunks of 16 bytes of each; backward: elements of the gradient
+  mps_ext_u32 chunks;   // forward: 16-byte chunks of an output row (the last dimension)
+  mps_ext_u32 src_vectorized;  // forward: src's rows (last dimension contiguous) and chunks 16-byte aligned
+  mps_ext_u32 out_vectorized;  // forward: the output's rows 16-byte aligned
+};
+static_assert(sizeof(PadParams) == 160, "PadParams layout");
 
 }  // namespace mps_ext
