@@ -649,7 +649,84 @@ def linalg_large():
             qr_case(4096, 32, 32, F32, large=True), qr_case(4096, 64, 64, C64, large=True)]
 
 
+# ---------------------------------------------------------------- pad
+
+def padded(x, pad, mode):
+    """F.pad as a pipeline calls it, on the CPU with the overrides on: the pad kernels' host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return F.pad(x, pad, mode=mode)
+
+
+def pad_case(shape, pad, mode, dt, large=False, unaligned=False):
+    # The forward moves bytes: torch's own result on the GPU, bit for bit, is the reference.
+    x = randn(*shape, dtype=dt, scale=100.0)
+    if unaligned:
+        x = offset_view(x)
+    recording, y = record(padded, x, pad, mode)
+    poison(y)
+    (x_dev,) = on_dev(x)
+    tfn = lambda: F.pad(x_dev, pad, mode=mode)
+
+    def check():
+        same = torch.equal(y.to(DEV), tfn())
+        return same, "bit for bit torch's" if same else "DIFFERS from torch's"
+
+    name = DT.get(dt, str(dt).removeprefix("torch."))
+    return Case("pad", f"pad {mode} {tuple(shape)} {pad} {name}{' unaligned' if unaligned else ''}",
+                Replay(recording), check, nbytes(x, y), 0, tfn if large else None, "F.pad")
+
+
+def pad_backward_case(shape, pad, mode, dt, large=False):
+    x, dy = randn(*shape, dtype=dt), randn(*F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, dtype=dt)
+    xg = x.clone().requires_grad_()
+    with mps_ext.overrides.enabled("cpu"):
+        y = F.pad(xg, pad, mode=mode)  # the forward runs here, in the simulator: only the backward is recorded
+
+    def grad():
+        with mps_ext.overrides.enabled("cpu"):
+            return torch.autograd.grad(y, xg, dy)
+
+    recording, (dx,) = record(grad)
+    poison(dx)
+    x_dev, dy_dev = on_dev(x, dy)
+    xw = x_dev.double().requires_grad_()
+    (ref,) = torch.autograd.grad(F.pad(xw, pad, mode=mode), xw, dy_dev.double())
+    xt = x_dev.clone().requires_grad_()
+    yt = F.pad(xt, pad, mode=mode)
+    tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
+    return Case("pad", f"pad backward {mode} {tuple(shape)} {pad} {DT[dt]}", Replay(recording),
+                compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
+                tfn if large else None, "F.pad backward")
+
+
+def pad_small():
+    cases = []
+    # Every element size (the forward kernels move bytes), aligned and not.
+    for dt in (torch.uint8, BF16, F32, torch.int64, torch.complex128):
+        for mode in ("constant", "reflect", "replicate"):
+            cases += [pad_case((2, 3, 5, 40), (16 // torch.empty(0, dtype=dt).element_size(), 3, 2, 1), mode, dt),
+                      pad_case((2, 3, 7, 9), (1, 2, 3, 0), mode, dt, unaligned=True)]
+    cases += [pad_case((1, 4, 3, 40, 48), (0, 0, 0, 0, 2, 0), "constant", BF16),
+              pad_case((1, 4, 3, 9, 10), (1, 1, 2, 0, 0, 2), "reflect", F32)]
+    for dt in (F32, F16, BF16, C64):
+        for mode in ("reflect", "replicate"):
+            cases += [pad_backward_case((2, 3, 9, 11), (2, 3, 1, 2), mode, dt),
+                      pad_backward_case((2, 2, 4, 5, 6), (1, 2, 2, 1, 3, 0), mode, dt)]
+    return cases
+
+
+def pad_large():
+    return [pad_case((1, 96, 17, 480, 832), (0, 0, 0, 0, 1, 0), "constant", BF16, large=True),
+            pad_case((1, 96, 17, 480, 832), (1, 1, 1, 1, 2, 0), "constant", BF16, large=True),
+            pad_case((1, 192, 2, 256, 256), (0, 0, 0, 0, 1, 0), "constant", F32, large=True),
+            pad_case((8, 256, 128, 128), (1, 1, 1, 1), "reflect", BF16, large=True),
+            pad_case((8, 256, 128, 128), (1, 1, 1, 1), "replicate", F32, large=True),
+            pad_case((8, 512, 16000), (256, 256), "reflect", F32, large=True),
+            pad_backward_case((8, 256, 128, 128), (1, 1, 1, 1), "reflect", BF16, large=True),
+            pad_backward_case((1, 96, 17, 120, 208), (1, 1, 1, 1, 2, 0), "replicate", F32, large=True)]
+
+
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
-         "linalg": linalg_small}
+         "linalg": linalg_small, "pad": pad_small}
 LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
-         "linalg": linalg_large}
+         "linalg": linalg_large, "pad": pad_large}
