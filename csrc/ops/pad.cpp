@@ -67,16 +67,11 @@ at::Tensor pad_output(const at::Tensor& self, const PadShape& s, PadOp op, c10::
     crop_only = crop_only && s.before[d] <= 0 && s.out[d] - self.size(d) - s.before[d] <= 0;
   const at::TensorOptions options = self.options().device(device);
   if (crop_only) {
-    at::Tensor view = at::empty_strided(self.sizes(), self.strides(), options.device(at::kMeta));
+    at::Tensor view = meta_view(self);
     for (int64_t d = 0; d < self.dim(); ++d) view = view.narrow(d, -s.before[d], s.out[d]);
     return at::empty_strided(view.sizes(), at::empty_like(view).strides(), options);
   }
   return at::empty(s.out, options.memory_format(self.suggest_memory_format()));
-}
-
-// The layout of a tensor like `t`, without memory.
-at::Tensor meta_like(const at::Tensor& t, c10::MemoryFormat format) {
-  return at::empty_like(at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta)), format);
 }
 
 // The kernels' dimensions: those of `written` (the output forward, the
@@ -89,20 +84,10 @@ struct KernelDims {
 
 std::optional<KernelDims> kernel_dims(const at::Tensor& self, const PadShape& s, const at::Tensor& src,
                                       const at::Tensor& written) {
-  const int64_t rank = self.dim();
-  std::vector<int64_t> order(rank);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return written.stride(a) > written.stride(b);
-  });
+  const std::optional<std::vector<int64_t>> order = dense_order(written);
+  if (!order) return std::nullopt;
   KernelDims k;
-  int64_t expected = 1;  // written must be contiguous in this order (sizes of 1 aside)
-  for (auto it = order.rbegin(); it != order.rend(); ++it) {
-    if (written.size(*it) == 1) continue;
-    if (written.stride(*it) != expected) return std::nullopt;
-    expected *= written.size(*it);
-  }
-  for (int64_t d : order) {
+  for (int64_t d : *order) {
     const int64_t in = self.size(d), out = s.out[d], before = s.before[d];
     const bool unpadded = before == 0 && in == out;
     if (unpadded && in == 1) continue;
@@ -164,19 +149,11 @@ bool differentiates(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kComplexFloat;
 }
 
-std::optional<std::string> pad_backend_unsupported(const at::Tensor& t, const std::string& kernel) {
-  std::string why;
-  Backend* backend = backend_for(t.device(), &why);
-  if (!backend) return why;
-  if (t.layout() != at::kStrided) return std::string("not strided");
-  return backend->unavailable(kernel, kPadThreadsPerGroup);
-}
-
 }  // namespace
 
 std::optional<std::string> pad_unsupported(const at::Tensor& self, c10::IntArrayRef pad, PadOp op) {
   const int64_t es = int64_t(self.element_size());
-  if (auto why = pad_backend_unsupported(self, forward_kernel(op.mode, es))) return why;
+  if (auto why = kernel_unsupported(self, forward_kernel(op.mode, es), kPadThreadsPerGroup)) return why;
   if (es > 16 || 16 % es) return std::string("element size");
   if (!pads_dtype(self.scalar_type(), op.mode)) return std::string("dtype ") + c10::toString(self.scalar_type());
   const std::optional<PadShape> s = pad_shape(self, pad, op);
@@ -218,13 +195,13 @@ std::optional<std::string> pad_backward_unsupported(const at::Tensor& grad_outpu
   const at::ScalarType t = self.scalar_type();
   if (!differentiates(t)) return std::string("dtype ") + c10::toString(t);
   const std::string kernel = std::string("pad_backward_") + pad_mode_name(op.mode) + "_" + metal_type(t);
-  if (auto why = pad_backend_unsupported(self, kernel)) return why;
+  if (auto why = kernel_unsupported(self, kernel, kPadThreadsPerGroup)) return why;
   if (grad_output.device() != self.device()) return std::string("tensors on different devices");
   if (grad_output.scalar_type() != t || grad_output.layout() != at::kStrided) return std::string("invalid arguments");
   const std::optional<PadShape> s = pad_shape(self, pad, op);
   if (!s || grad_output.sizes() != c10::IntArrayRef(s->out)) return std::string("invalid arguments");
   if (self.numel() == 0) return std::nullopt;  // nothing to launch
-  if (!kernel_dims(self, *s, grad_output, meta_like(self, self.suggest_memory_format())))
+  if (!kernel_dims(self, *s, grad_output, at::empty_like(meta_view(self), self.suggest_memory_format())))
     return std::string("more than ") + std::to_string(kPadMaxDims) + " dimensions or sizes past 2^31";
   if (self.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kPadThreadsPerGroup)
     return std::string("more than 2^32 elements");

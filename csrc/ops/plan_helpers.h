@@ -3,7 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend.h"
 
 namespace mps_ext::ops {
 
@@ -25,5 +32,39 @@ inline at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::
 
 // The rows of x a decode kernel is built for: 1, 2, 4 or 8.
 inline int64_t rows_bucket(int64_t m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : 8; }
+
+// Why `kernel` cannot run on `t`'s device at this many threads per
+// threadgroup (no backend there, t not strided, the kernel unavailable), or
+// nullopt.
+inline std::optional<std::string> kernel_unsupported(const at::Tensor& t, const std::string& kernel,
+                                                     uint32_t threads_per_threadgroup) {
+  std::string why;
+  Backend* backend = backend_for(t.device(), &why);
+  if (!backend) return why;
+  if (t.layout() != at::kStrided) return std::string("not strided");
+  return backend->unavailable(kernel, threads_per_threadgroup);
+}
+
+// `t`'s layout (sizes, strides, dtype) on the meta device, without memory.
+inline at::Tensor meta_view(const at::Tensor& t) {
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+
+// The dimensions of `t` in its memory order, outermost first (those of size
+// 1 wherever their strides put them), or nullopt where t is not dense in that
+// order: the order in which a kernel that writes element k of t at offset k
+// walks its dimensions.
+inline std::optional<std::vector<int64_t>> dense_order(const at::Tensor& t) {
+  std::vector<int64_t> order(t.dim());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return t.stride(a) > t.stride(b); });
+  int64_t expected = 1;
+  for (auto it = order.rbegin(); it != order.rend(); ++it) {
+    if (t.size(*it) == 1) continue;
+    if (t.stride(*it) != expected) return std::nullopt;
+    expected *= t.size(*it);
+  }
+  return order;
+}
 
 }  // namespace mps_ext::ops

@@ -89,6 +89,7 @@ void enable(c10::DeviceType device) {
   register_fp8(*lib, device);
   register_grouped_mm(*lib);
   register_pad(*lib);
+  register_upsample(*lib);
   libraries[device] = std::move(lib);
 }
 

@@ -100,5 +100,6 @@ void register_linalg(OverrideLibrary& lib);
 void register_fp8(OverrideLibrary& lib, c10::DeviceType device);
 void register_grouped_mm(OverrideLibrary& lib);
 void register_pad(OverrideLibrary& lib);
+void register_upsample(OverrideLibrary& lib);
 
 }  // namespace mps_ext::overrides

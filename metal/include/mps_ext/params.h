@@ -186,4 +186,35 @@ struct PadParams {
 };
 static_assert(sizeof(PadParams) == 160, "PadParams layout");
 
+// Interpolation (metal/upsample.metal): along each interpolated dimension d,
+// output index o reads the input indices torch's CPU kernels compute from
+// scale[d] (area_pixel_compute_scale's value); the other dimensions (batch,
+// channels) read their own index. Dimensions
+// come in the written tensor's memory order (the output forward, the
+// input's gradient backward), outermost first, that tensor contiguous in
+// it; src is the input (forward) or the output's gradient (backward),
+// src_stride its strides in elements.
+enum : mps_ext_u32 { kUpsampleMaxDims = 5, kUpsampleMaxInterpolated = 3 };
+enum UpsampleMode : mps_ext_u32 {
+  kUpsampleNearest = 0,       // upsample_nearest*: floor(o * scale)
+  kUpsampleNearestExact = 1,  // _upsample_nearest_exact*: floor((o + 0.5) * scale)
+  kUpsampleLinear = 2,        // upsample_linear1d, upsample_bilinear2d, upsample_trilinear3d
+  kUpsampleCubic = 3,         // upsample_bicubic2d
+};
+struct UpsampleParams {
+  mps_ext_u64 src_stride[kUpsampleMaxDims];
+  float scale[kUpsampleMaxDims];
+  mps_ext_u32 in_size[kUpsampleMaxDims];
+  mps_ext_u32 out_size[kUpsampleMaxDims];
+  mps_ext_u32 dims;
+  mps_ext_u32 interpolated;  // bit d: dimension d is interpolated
+  mps_ext_u32 align_corners;
+  // nearest and nearest-exact: 1 where torch's CPU kernel indexes the call
+  // with nearest_idx or nearest_exact_idx (its channels-last forward kernels,
+  // every backward), 0 where with its generic forward kernel's helpers.
+  mps_ext_u32 nearest_idx;
+  mps_ext_u32 threads;  // elements of the written tensor
+};
+static_assert(sizeof(UpsampleParams) == 120, "UpsampleParams layout");
+
 }  // namespace mps_ext

@@ -1,0 +1,248 @@
+// Interpolation: validation, the dimensions and scales the kernels see,
+// launch geometry, for both backends. The kernels are in
+// metal/upsample.metal.
+#include "ops/upsample.h"
+
+#include <ATen/ATen.h>
+#include <ATen/ops/_upsample_nearest_exact1d_backward_meta_dispatch.h>
+#include <ATen/ops/_upsample_nearest_exact1d_meta_dispatch.h>
+#include <ATen/ops/_upsample_nearest_exact2d_backward_meta_dispatch.h>
+#include <ATen/ops/_upsample_nearest_exact2d_meta_dispatch.h>
+#include <ATen/ops/_upsample_nearest_exact3d_backward_meta_dispatch.h>
+#include <ATen/ops/_upsample_nearest_exact3d_meta_dispatch.h>
+#include <ATen/ops/upsample_bicubic2d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_bicubic2d_meta_dispatch.h>
+#include <ATen/ops/upsample_bilinear2d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_bilinear2d_meta_dispatch.h>
+#include <ATen/ops/upsample_linear1d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_linear1d_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest1d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest1d_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest2d_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest3d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_nearest3d_meta_dispatch.h>
+#include <ATen/ops/upsample_trilinear3d_backward_meta_dispatch.h>
+#include <ATen/ops/upsample_trilinear3d_meta_dispatch.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "backend.h"
+#include "ops/naming.h"
+#include "ops/plan_helpers.h"
+
+namespace mps_ext::ops {
+
+namespace {
+
+constexpr uint32_t kUpsampleThreadsPerGroup = 256;
+// Along interpolated dimensions: below 2^23, (o + 0.5) is exact in float, and
+// torch's two nearest-exact kernels (generic and channels-last) agree.
+constexpr int64_t kUpsampleMaxInterpolatedSize = int64_t(1) << 23;
+constexpr int64_t kUpsampleMaxSize = std::numeric_limits<int32_t>::max();
+
+bool upsample_nearest(UpsampleMode mode) { return mode == kUpsampleNearest || mode == kUpsampleNearestExact; }
+
+const char* upsample_mode_name(UpsampleMode mode) {
+  return mode == kUpsampleNearest ? "nearest" : mode == kUpsampleNearestExact ? "nearest_exact"
+                                              : mode == kUpsampleLinear ? "linear" : "cubic";
+}
+
+// torch's result of the call on the meta device: its shape and layout (the
+// structured kernels' meta function, which their CPU and MPS kernels share),
+// or nullopt where torch raises.
+std::optional<at::Tensor> upsample_torch_output(const at::Tensor& self, UpsampleOp op, const UpsampleArgs& a) {
+  const at::Tensor m = meta_view(self);
+  const c10::IntArrayRef size = a.output_size;
+  const auto& [s0, s1, s2] = a.scales;
+  try {
+    switch (op.mode) {
+      case kUpsampleNearest:
+        return op.dims == 1 ? at::meta::upsample_nearest1d(m, size, s0)
+               : op.dims == 2 ? at::meta::upsample_nearest2d(m, size, s0, s1)
+                              : at::meta::upsample_nearest3d(m, size, s0, s1, s2);
+      case kUpsampleNearestExact:
+        return op.dims == 1 ? at::meta::_upsample_nearest_exact1d(m, size, s0)
+               : op.dims == 2 ? at::meta::_upsample_nearest_exact2d(m, size, s0, s1)
+                              : at::meta::_upsample_nearest_exact3d(m, size, s0, s1, s2);
+      case kUpsampleLinear:
+        return op.dims == 1 ? at::meta::upsample_linear1d(m, size, a.align_corners, s0)
+               : op.dims == 2 ? at::meta::upsample_bilinear2d(m, size, a.align_corners, s0, s1)
+                              : at::meta::upsample_trilinear3d(m, size, a.align_corners, s0, s1, s2);
+      case kUpsampleCubic:
+        return at::meta::upsample_bicubic2d(m, size, a.align_corners, s0, s1);
+    }
+  } catch (const c10::Error&) {
+  }
+  return std::nullopt;
+}
+
+std::optional<at::Tensor> upsample_torch_grad_input(const at::Tensor& grad_output, c10::IntArrayRef input_size,
+                                                    UpsampleOp op, const UpsampleArgs& a) {
+  const at::Tensor m = meta_view(grad_output);
+  const c10::IntArrayRef size = a.output_size;
+  const auto& [s0, s1, s2] = a.scales;
+  try {
+    switch (op.mode) {
+      case kUpsampleNearest:
+        return op.dims == 1 ? at::meta::upsample_nearest1d_backward(m, size, input_size, s0)
+               : op.dims == 2 ? at::meta::upsample_nearest2d_backward(m, size, input_size, s0, s1)
+                              : at::meta::upsample_nearest3d_backward(m, size, input_size, s0, s1, s2);
+      case kUpsampleNearestExact:
+        return op.dims == 1 ? at::meta::_upsample_nearest_exact1d_backward(m, size, input_size, s0)
+               : op.dims == 2 ? at::meta::_upsample_nearest_exact2d_backward(m, size, input_size, s0, s1)
+                              : at::meta::_upsample_nearest_exact3d_backward(m, size, input_size, s0, s1, s2);
+      case kUpsampleLinear:
+        return op.dims == 1   ? at::meta::upsample_linear1d_backward(m, size, input_size, a.align_corners, s0)
+               : op.dims == 2 ? at::meta::upsample_bilinear2d_backward(m, size, input_size, a.align_corners, s0, s1)
+                              : at::meta::upsample_trilinear3d_backward(m, size, input_size, a.align_corners, s0,
+                                                                        s1, s2);
+      case kUpsampleCubic:
+        return at::meta::upsample_bicubic2d_backward(m, size, input_size, a.align_corners, s0, s1);
+    }
+  } catch (const c10::Error&) {
+  }
+  return std::nullopt;
+}
+
+// The scale the kernels compute an interpolated dimension's source indices
+// from, as torch's CPU kernels compute it in float: area_pixel_compute_scale
+// (without align_corners compute_scales_value: the call's scale where it is
+// given and positive, else in / out).
+float upsample_scale(int64_t in, int64_t out, bool align_corners, std::optional<double> scale) {
+  if (align_corners) return out > 1 ? float(in - 1) / float(out - 1) : 0.0f;
+  return scale && *scale > 0 ? float(1.0 / *scale) : float(in) / float(out);
+}
+
+// Whether torch's CPU forward indexes a nearest call with nearest_idx or
+// nearest_exact_idx (its channels-last kernel, which the 2-D ops also take
+// for outputs of at most 128 rows and columns together) rather than with its
+// generic kernel's helpers; every backward does.
+bool upsample_forward_uses_nearest_idx(const at::Tensor& self, const at::Tensor& out, UpsampleOp op) {
+  if (!upsample_nearest(op.mode) || op.dims == 1) return false;
+  if (op.dims == 2)
+    return (self.is_contiguous(at::MemoryFormat::ChannelsLast) && self.size(1) > 3) ||
+           out.size(2) + out.size(3) <= 128;
+  return self.is_contiguous(at::MemoryFormat::ChannelsLast3d) && self.size(1) > 3;
+}
+
+// The kernels' parameters: the dimensions of `written` in its memory order;
+// along each, the sizes of the op's input (`in`) and output (`out`) and the
+// strides of `src`; or nullopt past the sizes the kernels index.
+std::optional<UpsampleParams> upsample_params(c10::IntArrayRef in, c10::IntArrayRef out, const at::Tensor& src,
+                                              const at::Tensor& written, UpsampleOp op, const UpsampleArgs& a,
+                                              bool nearest_idx) {
+  const std::optional<std::vector<int64_t>> order = dense_order(written);
+  if (!order || written.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kUpsampleThreadsPerGroup)
+    return std::nullopt;
+  UpsampleParams p{};
+  const int64_t first_interpolated = written.dim() - op.dims;
+  for (size_t k = 0; k < order->size(); ++k) {
+    const int64_t d = (*order)[k];
+    const bool interpolated = d >= first_interpolated;
+    const int64_t limit = interpolated ? kUpsampleMaxInterpolatedSize : kUpsampleMaxSize;
+    if (in[d] > limit || out[d] > limit) return std::nullopt;
+    p.src_stride[k] = uint64_t(src.stride(d));
+    p.in_size[k] = uint32_t(in[d]);
+    p.out_size[k] = uint32_t(out[d]);
+    if (interpolated) {
+      p.interpolated |= 1u << k;
+      p.scale[k] = upsample_scale(in[d], out[d], a.align_corners, a.scales[d - first_interpolated]);
+    }
+  }
+  p.dims = uint32_t(order->size());
+  p.align_corners = a.align_corners;
+  p.nearest_idx = nearest_idx;
+  p.threads = uint32_t(written.numel());
+  return p;
+}
+
+// The forward kernel: nearest moves elements as their bytes (the MSL type of that size), linear and cubic
+// compute in the tensor's type.
+std::string upsample_forward_kernel(UpsampleMode mode, const at::Tensor& self) {
+  const int64_t es = int64_t(self.element_size());
+  const char* type = !upsample_nearest(mode) ? metal_type(self.scalar_type())
+                     : es == 1               ? "uchar"
+                     : es == 2               ? "ushort"
+                                             : "uint";
+  return std::string("upsample_") + upsample_mode_name(mode) + "_" + type;
+}
+
+std::string upsample_backward_kernel(UpsampleMode mode, at::ScalarType t) {
+  return std::string("upsample_backward_") + upsample_mode_name(mode) + "_" + metal_type(t);
+}
+
+// The mode whose backward kernel computes a call's gradient: torch's bicubic
+// backward copies the gradient where no interpolated size changes, whatever
+// the scales (its forward interpolates them), as nearest_idx copies.
+UpsampleMode upsample_backward_mode(UpsampleOp op, c10::IntArrayRef input_size, const UpsampleArgs& a) {
+  const bool unchanged = input_size.size() == size_t(op.dims + 2) && input_size.slice(2).equals(a.output_size);
+  return op.mode == kUpsampleCubic && unchanged ? kUpsampleNearest : op.mode;
+}
+
+void upsample_dispatch(const std::string& kernel, const at::Tensor& src, const at::Tensor& written,
+                       const UpsampleParams& p) {
+  dispatch(Launch{kernel, {}, {ceil_div(p.threads, kUpsampleThreadsPerGroup)}, {kUpsampleThreadsPerGroup}}
+               .tensor(src)
+               .tensor(written)
+               .bytes(p));
+}
+
+const char* const kUpsampleTooLarge = "sizes past 2^23 along interpolated dimensions, 2^31 along others, or 2^32 "
+                                      "elements";
+
+}  // namespace
+
+std::optional<std::string> upsample_unsupported(const at::Tensor& self, UpsampleOp op, const UpsampleArgs& args) {
+  const at::ScalarType t = self.scalar_type();
+  // torch's CPU nearest kernels also take uint8, and float64, whose source indices (and linear and cubic
+  // weights) they compute in double: float64 is torch's.
+  if (!float_type(t) && !(upsample_nearest(op.mode) && t == at::kByte))
+    return std::string("dtype ") + c10::toString(t);
+  if (auto why = kernel_unsupported(self, upsample_forward_kernel(op.mode, self), kUpsampleThreadsPerGroup)) return why;
+  const std::optional<at::Tensor> like = upsample_torch_output(self, op, args);
+  if (!like) return std::string("invalid arguments");
+  if (like->numel() == 0) return std::nullopt;  // nothing to launch
+  if (!upsample_params(self.sizes(), like->sizes(), self, *like, op, args, false))
+    return std::string(kUpsampleTooLarge);
+  return std::nullopt;
+}
+
+at::Tensor upsample_kernels(const at::Tensor& self, UpsampleOp op, const UpsampleArgs& args) {
+  const at::Tensor like = *upsample_torch_output(self, op, args);
+  at::Tensor out = at::empty_strided(like.sizes(), like.strides(), self.options());
+  if (out.numel() == 0) return out;
+  const UpsampleParams p = *upsample_params(self.sizes(), out.sizes(), self, out, op, args,
+                                            upsample_forward_uses_nearest_idx(self, out, op));
+  upsample_dispatch(upsample_forward_kernel(op.mode, self), self, out, p);
+  return out;
+}
+
+std::optional<std::string> upsample_backward_unsupported(const at::Tensor& grad_output, c10::IntArrayRef input_size,
+                                                         UpsampleOp op, const UpsampleArgs& args) {
+  const at::ScalarType t = grad_output.scalar_type();
+  if (!float_type(t)) return std::string("dtype ") + c10::toString(t);
+  const std::string kernel = upsample_backward_kernel(upsample_backward_mode(op, input_size, args), t);
+  if (auto why = kernel_unsupported(grad_output, kernel, kUpsampleThreadsPerGroup)) return why;
+  const std::optional<at::Tensor> like = upsample_torch_grad_input(grad_output, input_size, op, args);
+  if (!like) return std::string("invalid arguments");
+  if (like->numel() == 0) return std::nullopt;
+  if (!upsample_params(input_size, grad_output.sizes(), grad_output, *like, op, args, true))
+    return std::string(kUpsampleTooLarge);
+  return std::nullopt;
+}
+
+at::Tensor upsample_backward_kernels(const at::Tensor& grad_output, c10::IntArrayRef input_size, UpsampleOp op,
+                                     const UpsampleArgs& args) {
+  const at::Tensor like = *upsample_torch_grad_input(grad_output, input_size, op, args);
+  at::Tensor grad_input = at::empty_strided(like.sizes(), like.strides(), grad_output.options());
+  if (grad_input.numel() == 0) return grad_input;
+  const UpsampleParams p = *upsample_params(input_size, grad_output.sizes(), grad_output, grad_input, op, args, true);
+  const UpsampleMode mode = upsample_backward_mode(op, input_size, args);
+  upsample_dispatch(upsample_backward_kernel(mode, grad_output.scalar_type()), grad_output, grad_input, p);
+  return grad_input;
+}
+
+}  // namespace mps_ext::ops
