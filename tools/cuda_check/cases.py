@@ -726,7 +726,94 @@ def pad_large():
             pad_backward_case((1, 96, 17, 120, 208), (1, 1, 1, 1, 2, 0), "replicate", F32, large=True)]
 
 
+
+# ---------------------------------------------------------------- upsample
+
+def interpolated(x, mode, size, align_corners):
+    """F.interpolate as a pipeline calls it, on the CPU with the overrides on: the upsample kernels' host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return F.interpolate(x, size=size, mode=mode, align_corners=align_corners)
+
+
+def upsample_case(shape, size, mode, dt, align_corners=None, channels_last=False, large=False):
+    # Nearest moves elements: torch's CPU result, which the kernels index as, is the reference bit for bit.
+    # Linear and cubic against float64 on DEV, torch's own beside them.
+    x = randn(*shape, dtype=dt, scale=100.0 if dt == torch.uint8 else 1.0)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    recording, y = record(interpolated, x, mode, size, align_corners)
+    nearest = mode.startswith("nearest")
+    want = F.interpolate(x, size=size, mode=mode) if nearest else None
+    poison(y)
+    (x_dev,) = on_dev(x)
+    tfn = lambda: F.interpolate(x_dev, size=size, mode=mode, align_corners=align_corners)
+    if nearest:
+        def check():
+            same = torch.equal(y, want)
+            return same, "bit for bit torch's CPU kernel's" if same else "DIFFERS from torch's CPU kernel's"
+    else:
+        ref = F.interpolate(x_dev.double(), size=size, mode=mode, align_corners=align_corners)
+        check = compare(y, ref, dt, extra=4, torch_out=tfn if large else None)
+    layout = " channels-last" if channels_last else ""
+    corners = " align_corners" if align_corners else ""
+    name = DT.get(dt, str(dt).removeprefix("torch."))
+    return Case("upsample", f"upsample {mode} {tuple(shape)} to {tuple(size)} {name}{layout}{corners}",
+                Replay(recording), check, nbytes(x, y), 0, tfn if large else None, "F.interpolate")
+
+
+def upsample_backward_case(shape, size, mode, dt, large=False):
+    x, dy = randn(*shape, dtype=dt), randn(*shape[:2], *size, dtype=dt)
+    xg = x.clone().requires_grad_()
+    y = interpolated(xg, mode, size, None)  # the forward runs here, in the simulator: only the backward is recorded
+
+    def grad():
+        with mps_ext.overrides.enabled("cpu"):
+            return torch.autograd.grad(y, xg, dy)
+
+    recording, (dx,) = record(grad)
+    poison(dx)
+    x_dev, dy_dev = on_dev(x, dy)
+    xw = x_dev.double().requires_grad_()
+    (ref,) = torch.autograd.grad(F.interpolate(xw, size=size, mode=mode), xw, dy_dev.double())
+    xt = x_dev.clone().requires_grad_()
+    yt = F.interpolate(xt, size=size, mode=mode)
+    tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
+    return Case("upsample", f"upsample backward {mode} {tuple(shape)} to {tuple(size)} {DT[dt]}", Replay(recording),
+                compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
+                tfn if large else None, "F.interpolate backward")
+
+
+def upsample_small():
+    # Nearest moves bytes: uint8 (as images come) is its one-byte kernel.
+    cases = [upsample_case((2, 3, 5, 7), (9, 12), mode, torch.uint8) for mode in ("nearest", "nearest-exact")]
+    for dt in (F32, F16, BF16):
+        cases += [upsample_case((2, 3, 5, 7), (9, 12), "nearest", dt),
+                  upsample_case((2, 3, 5, 7), (10, 14), "nearest-exact", dt),
+                  upsample_case((2, 5, 5, 7), (10, 14), "nearest-exact", dt, channels_last=True),
+                  upsample_case((2, 3, 11), (17,), "linear", dt, align_corners=False),
+                  upsample_case((2, 3, 5, 7), (9, 12), "bilinear", dt, align_corners=True),
+                  upsample_case((1, 2, 3, 5, 4), (5, 9, 7), "trilinear", dt, align_corners=False),
+                  upsample_case((2, 3, 5, 7), (9, 12), "bicubic", dt, align_corners=False)]
+        cases += [upsample_backward_case((2, 3, 5, 7), (9, 12), mode, dt)
+                  for mode in ("nearest", "nearest-exact", "bilinear", "bicubic")]
+        cases += [upsample_backward_case((1, 2, 3, 5, 4), (5, 9, 7), "trilinear", dt)]
+    return cases
+
+
+def upsample_large():
+    # The 2x nearest-exact upsampling of Qwen-Image's and Wan's VAE decoders (frames as the batch), then the
+    # other modes at feature-map sizes.
+    return [upsample_case((1, 384, 256, 256), (512, 512), "nearest-exact", BF16, large=True),
+            upsample_case((4, 256, 128, 128), (256, 256), "nearest-exact", BF16, channels_last=True, large=True),
+            upsample_case((8, 256, 128, 128), (256, 256), "nearest", F32, large=True),
+            upsample_case((8, 256, 128, 128), (256, 256), "bilinear", F32, align_corners=False, large=True),
+            upsample_case((8, 256, 128, 128), (256, 256), "bilinear", BF16, align_corners=True, large=True),
+            upsample_case((4, 64, 256, 256), (512, 512), "bicubic", F32, align_corners=False, large=True),
+            upsample_case((1, 64, 16, 64, 64), (32, 128, 128), "trilinear", F32, align_corners=False, large=True),
+            upsample_backward_case((1, 384, 128, 128), (256, 256), "nearest-exact", BF16, large=True),
+            upsample_backward_case((8, 128, 64, 64), (128, 128), "bilinear", F32, large=True)]
+
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
-         "linalg": linalg_small, "pad": pad_small}
+         "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small}
 LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
-         "linalg": linalg_large, "pad": pad_large}
+         "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large}

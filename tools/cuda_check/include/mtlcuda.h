@@ -324,6 +324,9 @@ MTLCUDA_UNARY(sqrt, sqrtf(x))
 MTLCUDA_UNARY(rsqrt, rsqrtf(x))
 #undef MTLCUDA_UNARY
 
+MTLCUDA_FN float fma(float a, float b, float c) { return fmaf(a, b, c); }
+MTLCUDA_FN uint popcount(uint x) { return __popc(x); }
+
 MTLCUDA_FN bool isnan(float x) { return ::isnan(x); }
 MTLCUDA_FN bool isinf(float x) { return ::isinf(x); }
 
