@@ -13,6 +13,7 @@ from . import (_C, grouped_mm, inv_ex, linear, log_softmax, lu_factor_ex, lu_sol
 from .testing import TOLERANCES, conditioned_scale, max_error, mps_usable, reduction_scale
 
 SHORT = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+MSL_TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}  # MSL names
 
 
 @dataclass
@@ -386,9 +387,50 @@ def upsample_cases() -> Iterator[Case]:
             yield Case(f"upsample backward {mode} {SHORT[dtype]}", backward)
 
 
+def attention_cases() -> Iterator[Case]:
+    # F.scaled_dot_product_attention with the overrides on, decode shapes: every dtype, every head-dim slice
+    # (2, 4, 6, 8 elements per lane: head dims 40, 80, 192 with values of 128, 256) and every row block (query
+    # heads per KV head x query rows: 1, 2, 4, 8); the 8-row cases have keys enough to split them over
+    # threadgroups and run the merge. Masks vary with the block: none, bool, float32, the query's dtype with
+    # causal.
+    from torch.nn import functional as F
+
+    from . import overrides
+
+    dims = {2: (40, 40), 4: (80, 80), 6: (192, 128), 8: (256, 256)}
+    blocks = {1: (1, 1, 37), 2: (2, 1, 37), 4: (2, 2, 37), 8: (4, 2, 150)}  # rows: (group, query rows, keys)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for e, (dim, v_dim) in dims.items():
+            for rows, (group, q_len, keys) in blocks.items():
+                def run(device, dtype=dtype, dim=dim, v_dim=v_dim, rows=rows, group=group, q_len=q_len, keys=keys):
+                    g = torch.Generator().manual_seed(rows * dim)
+                    q = torch.randn(1, 2 * group, q_len, dim, generator=g).to(dtype)
+                    k = torch.randn(1, 2, keys, dim, generator=g).to(dtype)
+                    v = torch.randn(1, 2, keys, v_dim, generator=g).to(dtype)
+                    mask = {1: None, 2: torch.rand(q_len, keys, generator=g) > 0.3,
+                            4: torch.randn(1, 1, q_len, keys, generator=g),
+                            8: torch.randn(1, 2 * group, q_len, keys, generator=g).to(dtype)}[rows]
+                    causal = rows == 8 and dim == v_dim  # torch raises for both on its math path (dims unequal)
+                    with overrides.enabled(device):
+                        got = F.scaled_dot_product_attention(
+                            q.to(device), k.to(device), v.to(device), attn_mask=None if mask is None else
+                            mask.to(device), is_causal=causal, enable_gqa=True)
+                    wide = None if mask is None or mask.dtype == torch.bool else mask.double()
+                    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                          attn_mask=mask if wide is None else wide,
+                                                          is_causal=causal, enable_gqa=True)
+                    return got, want.to(dtype), reduction_scale(dtype, dim) * 2
+
+                kernels = (f"attention_decode_{MSL_TYPE[dtype]}_e{e}_r{rows}",)
+                if rows == 8:
+                    kernels += (f"attention_merge_{MSL_TYPE[dtype]}_e{e}",)
+                yield Case(f"attention {SHORT[dtype]} d{dim}/{v_dim} {group}x{q_len} rows, {keys} keys", run,
+                           kernels=kernels)
+
+
 def cases() -> list[Case]:
     return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *pad_cases(),
-            *upsample_cases(), *stream_cases()]
+            *upsample_cases(), *attention_cases(), *stream_cases()]
 
 
 def verify(case: Case, device: str) -> tuple[bool, float, list[str], set[str]]:

@@ -813,7 +813,58 @@ def upsample_large():
             upsample_backward_case((1, 384, 128, 128), (256, 256), "nearest-exact", BF16, large=True),
             upsample_backward_case((8, 128, 64, 64), (128, 128), "bilinear", F32, large=True)]
 
+
+# ---------------------------------------------------------------- attention
+
+def attended(q, k, v, mask, causal, gqa):
+    """F.scaled_dot_product_attention as a model calls it, on the CPU with the overrides on: the attention
+    kernels' host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=gqa)
+
+
+def attention_case(batch, heads, kv_heads, q_len, keys, dim, dt, v_dim=None, mask=None, causal=False, large=False):
+    gqa = heads != kv_heads
+    q = randn(batch, heads, q_len, dim, dtype=dt)
+    k, v = randn(batch, kv_heads, keys, dim, dtype=dt), randn(batch, kv_heads, keys, v_dim or dim, dtype=dt)
+    m = None if mask is None else (randn(1, 1, q_len, keys) > -1 if mask == "bool" else randn(1, 1, q_len, keys, dtype=mask))
+    recording, y = record(attended, q, k, v, m, causal, gqa)
+    poison(y)
+    q_dev, k_dev, v_dev = on_dev(q, k, v)
+    m_dev = None if m is None else on_dev(m)[0]
+    tfn = lambda: F.scaled_dot_product_attention(q_dev, k_dev, v_dev, attn_mask=m_dev, is_causal=causal,
+                                                 enable_gqa=gqa)
+    wide = None if m_dev is None or m_dev.dtype == torch.bool else m_dev.double()
+    ref = F.scaled_dot_product_attention(q_dev.double(), k_dev.double(), v_dev.double(),
+                                         attn_mask=m_dev if wide is None else wide, is_causal=causal, enable_gqa=gqa)
+    masked = "" if mask is None else f" {DT.get(mask, mask)} mask"
+    name = (f"attention {batch}x{heads}/{kv_heads} heads q {q_len} keys {keys} d {dim}"
+            f"{'/' + str(v_dim) if v_dim else ''} {DT[dt]}{masked}{' causal' if causal else ''}")
+    return Case("attention", name, Replay(recording), compare(y, ref, dt, extra=4, torch_out=tfn if large else None),
+                nbytes(q, k, v, y), 0, tfn if large else None, "F.scaled_dot_product_attention")
+
+
+def attention_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        cases += [attention_case(1, 8, 2, 1, 300, 128, dt),
+                  attention_case(2, 4, 4, 3, 37, 80, dt, mask="bool"),
+                  attention_case(1, 8, 1, 2, 200, 192, dt, v_dim=128, mask=F32),
+                  attention_case(1, 4, 2, 4, 90, 256, dt, mask=dt, causal=True),
+                  attention_case(1, 2, 2, 8, 9, 40, dt, causal=True)]
+    return cases
+
+
+def attention_large():
+    # Llama-3-8B decode: 32 query heads over 8 KV heads, d 128, bf16.
+    return [attention_case(1, 32, 8, 1, 4096, 128, BF16, large=True),
+            attention_case(1, 32, 8, 1, 32768, 128, BF16, large=True),
+            attention_case(1, 32, 8, 4, 4096, 128, BF16, large=True)]
+
+
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
-         "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small}
+         "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small,
+         "attention": attention_small}
 LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
-         "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large}
+         "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large,
+         "attention": attention_large}

@@ -217,4 +217,44 @@ struct UpsampleParams {
 };
 static_assert(sizeof(UpsampleParams) == 120, "UpsampleParams layout");
 
+// Attention for few query rows (metal/attention.metal): out = softmax(q k^T
+// * scale + mask) v per (batch, query head) over key_len keys. Query head h
+// reads KV head h / group, so one threadgroup serves the `group` query heads
+// of a KV head: its rows are (g, i) pairs, row = g * q_len + i. Strides in
+// elements; the last dimension of q, k, v is contiguous. The batch is the
+// broadcast of every leading dimension, one stride each (0 where broadcast).
+// Keys split into `splits` runs of keys_per_split; with more than one run the
+// kernel writes each run's (max, sum, unnormalised output) and a second
+// kernel merges them.
+enum AttentionMask : mps_ext_u32 {
+  kAttentionMaskNone = 0,
+  kAttentionMaskBool = 1,   // false: the key is not attended
+  kAttentionMaskFloat = 2,  // added to the score, in this type
+  kAttentionMaskHalf = 3,
+  kAttentionMaskBfloat = 4,
+};
+enum AttentionVectorized : mps_ext_u32 { kAttentionVecQ = 1, kAttentionVecK = 2, kAttentionVecV = 4 };
+struct AttentionParams {
+  mps_ext_u64 q_stride[3];     // batch, query head, query row
+  mps_ext_u64 k_stride[3];     // batch, KV head, key
+  mps_ext_u64 v_stride[3];     // batch, KV head, key
+  mps_ext_u64 mask_stride[4];  // batch, query head, query row, key
+  mps_ext_u32 kv_heads;
+  mps_ext_u32 group;       // query heads per KV head
+  mps_ext_u32 q_len;
+  mps_ext_u32 key_len;
+  mps_ext_u32 qk_dim;
+  mps_ext_u32 v_dim;
+  mps_ext_u32 splits;
+  mps_ext_u32 keys_per_split;
+  mps_ext_u32 mask;        // AttentionMask
+  mps_ext_u32 causal;      // 1: query row i attends keys 0..i (torch's top-left alignment)
+  mps_ext_u32 vectorized;  // AttentionVectorized bits: rows of that tensor load in 2- or 4-element vectors
+  float scale;
+};
+static_assert(sizeof(AttentionParams) == 152, "AttentionParams layout");
+// Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
+// threadgroups, each reading that head's keys.
+enum : mps_ext_u32 { kAttentionMaxRows = 8 };
+
 }  // namespace mps_ext

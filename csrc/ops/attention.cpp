@@ -1,0 +1,263 @@
+// Scaled dot-product attention: validation, the views the kernels read,
+// kernel choice and launch geometry, for both backends. The kernels are in
+// metal/attention.metal.
+#include "ops/attention.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <variant>
+#include <vector>
+
+#include "backend.h"
+#include "mps_ext/params.h"
+#include "ops/naming.h"
+#include "ops/plan_helpers.h"
+
+namespace mps_ext::ops {
+
+namespace {
+
+// Query rows the decode kernels take; longer queries are prefill.
+constexpr int64_t kDecodeMaxQueryRows = 8;
+constexpr int64_t kMaxHeadDim = 256;
+constexpr uint32_t kSimdGroups = 4;
+// A run of keys gives each SIMD group at least this many: shorter runs spend
+// more on the merge than they gain in parallelism.
+constexpr int64_t kMinKeysPerSimdGroup = 16;
+
+// The call seen as the kernels read it: q (batch, query heads, rows, dim),
+// k and v (batch, KV heads, keys, dim), the mask (batch, query heads, rows,
+// keys), every batch dimension broadcast and merged into one (stride 0
+// where broadcast), the last dimension contiguous.
+struct Views {
+  at::Tensor q, k, v;
+  std::optional<at::Tensor> mask;
+  int64_t group = 1;               // query heads per KV head
+  std::vector<int64_t> out_shape;  // torch's output shape
+};
+
+bool broadcastable(int64_t a, int64_t b) { return a == b || a == 1 || b == 1; }
+
+// `t` with leading dimensions of size 1 up to `rank`.
+at::Tensor with_rank(at::Tensor t, int64_t rank) {
+  while (t.dim() < rank) t = t.unsqueeze(0);
+  return t;
+}
+
+// `t` with its heads (a single one broadcast) `heads`.
+at::Tensor with_heads(const at::Tensor& t, int64_t heads) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  sizes[sizes.size() - 3] = heads;
+  return t.expand(sizes);
+}
+
+// (batch..., heads, seq, dim) as (batch, heads, seq, dim), batch the product
+// of `batch` (a view unless the batch dimensions' strides cannot merge), the
+// last dimension contiguous.
+at::Tensor merged(const at::Tensor& t, const std::vector<int64_t>& batch) {
+  std::vector<int64_t> expanded(batch);
+  expanded.insert(expanded.end(), t.sizes().end() - 3, t.sizes().end());
+  int64_t n = 1;
+  for (int64_t b : batch) n *= b;
+  at::Tensor m = t.expand(expanded).reshape({n, t.size(-3), t.size(-2), t.size(-1)});
+  return m.stride(-1) == 1 || m.size(-1) == 1 ? m : m.contiguous();
+}
+
+std::variant<Views, std::string> views_of(const AttentionArgs& a) {
+  const at::Tensor &q = a.query, &k = a.key, &v = a.value;
+  const int64_t given = std::max({q.dim(), k.dim(), v.dim()});
+  if (q.dim() < 2 || k.dim() < 2 || v.dim() < 2) return std::string("invalid arguments");
+  const int64_t rank = std::max<int64_t>(given, 3);
+  const at::Tensor q4 = with_rank(q, rank), k4 = with_rank(k, rank), v4 = with_rank(v, rank);
+  std::vector<int64_t> batch;
+  for (int64_t d = 0; d < rank - 3; ++d) {
+    const int64_t qs = q4.size(d), ks = k4.size(d), vs = v4.size(d);
+    if (!broadcastable(qs, ks) || !broadcastable(qs, vs) || !broadcastable(ks, vs))
+      return std::string("invalid arguments");
+    batch.push_back(std::max({qs, ks, vs}));
+  }
+  const int64_t hq = q4.size(-3), hv = v4.size(-3);
+  int64_t hk = k4.size(-3);
+  const int64_t rows = q4.size(-2), keys = k4.size(-2), dim = q4.size(-1), v_dim = v4.size(-1);
+  if (v4.size(-2) != keys || k4.size(-1) != dim) return std::string("invalid arguments");
+  // torch repeats K/V heads for GQA only where they divide the query's; otherwise heads broadcast.
+  if (a.enable_gqa && (hq % hk || hq % hv)) return std::string("invalid arguments");
+  if (hk != hv && hk != 1 && hv != 1) return std::string("key and value head counts differ");
+  hk = std::max(hk, hv);  // a single K or V head broadcasts over the other's
+  Views w;
+  int64_t out_heads = hq;
+  if (hk == 1) {
+    w.group = hq;  // every query head reads the one KV head
+  } else if (hq == 1 && !a.enable_gqa) {
+    out_heads = hk;  // the query broadcasts over the heads
+  } else if (hq % hk == 0 && (a.enable_gqa || hq == hk)) {
+    w.group = hq / hk;
+  } else {
+    return std::string("invalid arguments");
+  }
+  w.q = merged(q4, batch);
+  if (out_heads != hq) w.q = w.q.expand({w.q.size(0), out_heads, rows, dim});
+  w.k = merged(with_heads(k4, hk), batch);
+  w.v = merged(with_heads(v4, hk), batch);
+
+  w.out_shape = batch;
+  for (int64_t s : {out_heads, rows, v_dim}) w.out_shape.push_back(s);
+  w.out_shape.erase(w.out_shape.begin(), w.out_shape.end() - given);
+
+  if (a.attn_mask) {
+    const at::Tensor& m = *a.attn_mask;
+    const at::ScalarType t = m.scalar_type();
+    if (t != at::kBool && t != at::kFloat && t != q.scalar_type()) return std::string("invalid arguments");
+    if (m.device() != q.device() || m.layout() != at::kStrided) return std::string("invalid arguments");
+    std::vector<int64_t> full(batch);
+    for (int64_t s : {out_heads, rows, keys}) full.push_back(s);
+    if (m.dim() > int64_t(full.size())) return std::string("invalid arguments");
+    for (int64_t d = 1; d <= m.dim(); ++d)
+      if (m.size(-d) != 1 && m.size(-d) != full[full.size() - d]) return std::string("invalid arguments");
+    w.mask = merged(with_rank(m, int64_t(full.size())).expand(full), batch);
+  }
+  return w;
+}
+
+// Elements per lane of a head-dim slice: the kernels' E.
+int64_t per_lane(int64_t dim) { return dim <= 64 ? 2 : dim <= 128 ? 4 : dim <= 192 ? 6 : 8; }
+
+// Whether `t`'s rows (its last dimension, `e` elements per lane) load in the
+// kernel's 2- or 4-element vectors: every lane's slice whole, every row and
+// slice aligned to the vector.
+bool vectorizable(const at::Tensor& t, int64_t e) {
+  const int64_t width = e % 4 == 0 ? 4 : 2;
+  if (t.size(-1) % e) return false;
+  for (int64_t d = 0; d < 3; ++d)
+    if (t.stride(d) % width) return false;
+  const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
+  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % (width * t.element_size()) == 0;
+}
+
+AttentionMask mask_kind(const std::optional<at::Tensor>& mask) {
+  if (!mask) return kAttentionMaskNone;
+  switch (mask->scalar_type()) {
+    case at::kBool: return kAttentionMaskBool;
+    case at::kFloat: return kAttentionMaskFloat;
+    case at::kHalf: return kAttentionMaskHalf;
+    default: return kAttentionMaskBfloat;
+  }
+}
+
+struct Plan {
+  std::string decode, merge;
+  Size3 grid;
+  AttentionParams params{};
+};
+
+Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
+  Plan p;
+  AttentionParams& q = p.params;
+  const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), rows_per_head = w.group * w.q.size(2);
+  const int64_t keys = w.k.size(2), e = per_lane(std::max(w.q.size(-1), w.v.size(-1)));
+  const int64_t rows = rows_bucket(std::min<int64_t>(rows_per_head, kAttentionMaxRows));
+  const std::string type = metal_type(w.q.scalar_type());
+  const std::string tile = "_e" + std::to_string(e);
+  p.decode = "attention_decode_" + type + tile + "_r" + std::to_string(rows);
+  p.merge = "attention_merge_" + type + tile;
+  // Split the keys over as many threadgroups as fill the GPU, each run long enough to be worth a merge.
+  const int64_t blocks = (rows_per_head + rows - 1) / rows, threadgroups = batch * kv_heads * blocks;
+  const int64_t fill = backend.fill_simdgroups(p.decode, 32 * kSimdGroups);
+  const int64_t wanted = (fill + threadgroups * kSimdGroups - 1) / (threadgroups * kSimdGroups);
+  int64_t splits = std::clamp<int64_t>(std::min(wanted, keys / (kSimdGroups * kMinKeysPerSimdGroup)), 1, keys);
+  const int64_t per_split = (keys + splits - 1) / splits;
+  splits = (keys + per_split - 1) / per_split;
+
+  for (int64_t d = 0; d < 3; ++d) {
+    q.q_stride[d] = uint64_t(w.q.stride(d));
+    q.k_stride[d] = uint64_t(w.k.stride(d));
+    q.v_stride[d] = uint64_t(w.v.stride(d));
+  }
+  if (w.mask)
+    for (int64_t d = 0; d < 4; ++d) q.mask_stride[d] = uint64_t(w.mask->stride(d));
+  q.kv_heads = uint32_t(kv_heads);
+  q.group = uint32_t(w.group);
+  q.q_len = uint32_t(w.q.size(2));
+  q.key_len = uint32_t(keys);
+  q.qk_dim = uint32_t(w.q.size(-1));
+  q.v_dim = uint32_t(w.v.size(-1));
+  q.splits = uint32_t(splits);
+  q.keys_per_split = uint32_t(per_split);
+  q.mask = mask_kind(w.mask);
+  q.causal = a.is_causal;
+  q.vectorized = (vectorizable(w.q, e) ? kAttentionVecQ : 0) | (vectorizable(w.k, e) ? kAttentionVecK : 0) |
+                 (vectorizable(w.v, e) ? kAttentionVecV : 0);
+  // torch's default scale: 1 / sqrt of the query's head dim.
+  q.scale = float(a.scale.value_or(1.0 / std::sqrt(double(w.q.size(-1)))));
+  p.grid = {uint32_t(splits), uint32_t(blocks), uint32_t(batch * kv_heads)};
+  return p;
+}
+
+}  // namespace
+
+std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
+  const at::Tensor &q = a.query, &k = a.key, &v = a.value;
+  std::string why;
+  Backend* backend = backend_for(q.device(), &why);
+  if (!backend) return why;
+  if (q.layout() != at::kStrided || k.layout() != at::kStrided || v.layout() != at::kStrided)
+    return std::string("not strided");
+  if (k.device() != q.device() || v.device() != q.device()) return std::string("invalid arguments");
+  if (k.scalar_type() != q.scalar_type() || v.scalar_type() != q.scalar_type())
+    return std::string("invalid arguments");
+  if (!float_type(q.scalar_type())) return std::string("dtype ") + c10::toString(q.scalar_type());
+  if (a.dropout_p != 0.0) return std::string("dropout");
+  auto views = views_of(a);
+  if (auto* reason = std::get_if<std::string>(&views)) return *reason;
+  const Views& w = std::get<Views>(views);
+  if (w.q.size(2) > kDecodeMaxQueryRows) return std::string("prefill (query length > 8)");
+  if (w.q.size(-1) > kMaxHeadDim || w.v.size(-1) > kMaxHeadDim) return std::string("head dim > 256");
+  for (const at::Tensor& t : {w.q, w.k, w.v})
+    for (int64_t s : t.sizes())
+      if (s > std::numeric_limits<int32_t>::max()) return std::string("sizes past 2^31");
+  if (w.q.size(0) * w.k.size(1) > std::numeric_limits<int32_t>::max()) return std::string("sizes past 2^31");
+  int64_t numel = 1;
+  for (int64_t s : w.out_shape) numel *= s;
+  if (numel == 0 || w.k.size(2) == 0) return std::nullopt;  // nothing to launch
+  const Plan p = plan(w, a, *backend);
+  if (auto reason = backend->unavailable(p.decode, 32 * kSimdGroups)) return reason;
+  if (p.params.splits > 1)
+    if (auto reason = backend->unavailable(p.merge, 32)) return reason;
+  return std::nullopt;
+}
+
+at::Tensor attention_kernels(const AttentionArgs& a) {
+  const Views w = std::get<Views>(views_of(a));
+  // torch gives rows that attend no key 0, and so every row when there are no keys.
+  if (w.k.size(2) == 0) return at::zeros(w.out_shape, a.query.options());
+  at::Tensor out = at::empty(w.out_shape, a.query.options());
+  if (out.numel() == 0) return out;
+  const Plan p = plan(w, a, *backend_for(a.query.device()));
+  const int64_t out_rows = out.numel() / w.v.size(-1), splits = p.params.splits;
+  const at::TensorOptions floats = a.query.options().dtype(at::kFloat);
+  // One run writes the output itself; the partials' slots are bound to it (never touched).
+  const at::Tensor partial_out = splits > 1 ? at::empty({out_rows, splits, w.v.size(-1)}, floats) : out;
+  const at::Tensor partial_stats = splits > 1 ? at::empty({out_rows, splits, 2}, floats) : out;
+  dispatch(Launch{p.decode, {}, p.grid, {32 * kSimdGroups}}
+               .tensor(w.q)
+               .tensor(w.k)
+               .tensor(w.v)
+               .tensor(w.mask ? *w.mask : w.q)
+               .tensor(out)
+               .tensor(partial_out)
+               .tensor(partial_stats)
+               .bytes(p.params));
+  if (splits > 1)
+    dispatch(Launch{p.merge, {}, {uint32_t(out_rows)}, {32}}
+                 .tensor(partial_out)
+                 .tensor(partial_stats)
+                 .tensor(out)
+                 .bytes(p.params));
+  return out;
+}
+
+}  // namespace mps_ext::ops

@@ -1,0 +1,34 @@
+// Scaled dot-product attention: validation, the views the kernels read,
+// kernel choice and launch geometry, for both backends. The kernels are in
+// metal/attention.metal.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+
+namespace mps_ext::ops {
+
+// One call's arguments, as aten::scaled_dot_product_attention takes them.
+struct AttentionArgs {
+  const at::Tensor& query;
+  const at::Tensor& key;
+  const at::Tensor& value;
+  const std::optional<at::Tensor>& attn_mask;
+  double dropout_p;
+  bool is_causal;
+  std::optional<double> scale;
+  bool enable_gqa;
+};
+
+// Why the kernels cannot compute this call on its device, or nullopt when
+// they can. Arguments torch rejects are a reason too ("invalid arguments"):
+// torch's op then raises its own error.
+std::optional<std::string> attention_unsupported(const AttentionArgs& a);
+
+// Runs the kernels (requires !attention_unsupported): torch's output, shape
+// and values, contiguous.
+at::Tensor attention_kernels(const AttentionArgs& a);
+
+}  // namespace mps_ext::ops

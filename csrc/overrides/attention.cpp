@@ -1,0 +1,118 @@
+// Scaled dot-product attention. On mps, F.scaled_dot_product_attention
+// without grad calls aten::_scaled_dot_product_attention_math_for_mps (torch
+// 2.13-2.15): its kernels read K/V once per query head, and batch
+// broadcasting, head dims outside a short list, a float mask of another
+// dtype, causal with a mask and a value head dim unlike the query's go to
+// MPSGraph, which materialises the scores (or, for broadcasting on 2.13 and
+// 2.14, raises). Its second output is never read by its caller; torch's
+// kernels return an unwritten tensor there.
+//
+// On the CPU (in tests), F.scaled_dot_product_attention reaches
+// _scaled_dot_product_flash_attention_for_cpu or the composite
+// _scaled_dot_product_attention_math depending on the shapes, and only the
+// former for the common 4-D case: the override sits at the composite
+// aten::scaled_dot_product_attention itself, at the CPU key, with an
+// autograd kernel that leaves calls needing a derivative to torch's
+// composite (so grad is torch's, as on mps where torch only calls the op
+// above without grad).
+#include <ATen/ATen.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/_scaled_dot_product_attention_math_compositeimplicitautograd_dispatch.h>
+#include <ATen/ops/scaled_dot_product_attention_compositeimplicitautograd_dispatch.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#if defined(MPS_EXT_METAL)
+#include <ATen/ops/_scaled_dot_product_attention_math_for_mps_mps_dispatch.h>
+#endif
+
+#include "ops/attention.h"
+#include "overrides/overrides.h"
+
+namespace mps_ext::overrides {
+
+namespace {
+
+constexpr char kMathForMps[] = "aten::_scaled_dot_product_attention_math_for_mps";
+constexpr char kSdpa[] = "aten::scaled_dot_product_attention";
+
+// The shape torch's meta kernel gives the second output: the scores' (the
+// output's, with the key count for its last dimension). Nothing is stored.
+at::Tensor unwritten_scores(const at::Tensor& out, const at::Tensor& key) {
+  std::vector<int64_t> shape(out.sizes().begin(), out.sizes().end());
+  shape.back() = key.size(-2);
+  return at::empty({}, out.options()).expand(shape);
+}
+
+std::tuple<at::Tensor, at::Tensor> math_for_mps(const at::Tensor& query, const at::Tensor& key,
+                                                const at::Tensor& value, const std::optional<at::Tensor>& attn_mask,
+                                                double dropout_p, bool is_causal,
+                                                const std::optional<at::Tensor>& dropout_mask,
+                                                std::optional<double> scale, bool enable_gqa) {
+  const ops::AttentionArgs args{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa};
+  std::optional<std::string> why = ops::attention_unsupported(args);
+  if (!why && dropout_mask) why = "dropout mask";
+  if (why) {
+    const CallingTorch calling = fallback(kMathForMps, *why);
+#if defined(MPS_EXT_METAL)
+    if (query.device().is_mps())
+      return at::mps::_scaled_dot_product_attention_math_for_mps(query, key, value, attn_mask, dropout_p, is_causal,
+                                                                 dropout_mask, scale, enable_gqa);
+#endif
+    // The op has no CPU kernel of torch's: the math it stands for.
+    return at::compositeimplicitautograd::_scaled_dot_product_attention_math(
+        query, key, value, attn_mask, dropout_p, is_causal, dropout_mask, scale, enable_gqa);
+  }
+  at::Tensor out = ops::attention_kernels(args);
+  hit(kMathForMps);
+  return {out, unwritten_scores(out, key)};
+}
+
+at::Tensor sdpa_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                    const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                    std::optional<double> scale, bool enable_gqa) {
+  const ops::AttentionArgs args{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa};
+  std::optional<std::string> why = ops::attention_unsupported(args);
+  // torch's CPU flash kernel applies a mask and causal together; its math path raises for them.
+  if (!why && is_causal && attn_mask &&
+      at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) == 0)
+    why = "invalid arguments";
+  if (why) {
+    const CallingTorch calling = fallback(kSdpa, *why);
+    return at::compositeimplicitautograd::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                                        is_causal, scale, enable_gqa);
+  }
+  at::Tensor out = ops::attention_kernels(args);
+  hit(kSdpa);
+  return out;
+}
+
+bool needs_derivative(const at::Tensor& t) {
+  return (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined() ||
+         t.key_set().has(c10::DispatchKey::Python);
+}
+
+// AutogradCPU: a call autograd must see (inputs that require grad or carry
+// a forward gradient, tensor subclasses) is torch's composite, which
+// decomposes into differentiable ops; any other goes on to the CPU kernel.
+at::Tensor sdpa_autograd_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                             const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                             std::optional<double> scale, bool enable_gqa) {
+  if (needs_derivative(query) || needs_derivative(key) || needs_derivative(value) ||
+      (attn_mask && needs_derivative(*attn_mask))) {
+    const CallingTorch calling = fallback(kSdpa, "autograd (an input needs a derivative)");
+    return at::compositeimplicitautograd::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
+                                                                        is_causal, scale, enable_gqa);
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return at::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
+}
+
+}  // namespace
+
+void register_attention(OverrideLibrary& lib, c10::DeviceType device) {
+  lib.impl("_scaled_dot_product_attention_math_for_mps", TORCH_FN(math_for_mps));
+  if (device != c10::DeviceType::CPU) return;
+  lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_cpu));
+  lib.impl_autograd("scaled_dot_product_attention", torch::CppFunction(TORCH_FN(sdpa_autograd_cpu)));
+}
+
+}  // namespace mps_ext::overrides

@@ -1,0 +1,278 @@
+"""Scaled dot-product attention (F.scaled_dot_product_attention; on mps
+aten::_scaled_dot_product_attention_math_for_mps) with the overrides on, against torch's CPU math attention in
+float64: decode query lengths (1-8) over GQA and broadcast heads, batch broadcasting (an error on mps with torch
+2.13 and 2.14), head dims 32-256 with value head dims of their own, bool and additive masks of every float dtype
+and broadcast shape, causal (top-left) with and without a mask, rows that attend no key, no keys at all, views
+(transposed, expanded K/V), NaN and inf; the simulator's checked mode; torch's errors and derivatives; a
+transformers Llama decoding the same tokens."""
+
+import math
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import mps_ext
+from conftest import backend, on, ran_kernels
+from tolerances import assert_close, reduction_scale
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def randn(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
+
+
+def reference(q, k, v, attn_mask=None, is_causal=False, scale=None, enable_gqa=False):
+    """torch's CPU math attention in float64 (bool masks as the 0 / -inf it adds). torch's math path rejects
+    a mask with causal; its flash path (4-D inputs) applies both, and gives the reference there."""
+    wide = [t.double() for t in (q, k, v)]
+    if attn_mask is not None and is_causal:
+        mask = attn_mask if attn_mask.dtype == torch.bool else attn_mask.double()
+        return F.scaled_dot_product_attention(*wide, attn_mask=mask, is_causal=True, scale=scale,
+                                              enable_gqa=enable_gqa)
+    if attn_mask is not None:
+        attn_mask = (torch.zeros(attn_mask.shape, dtype=torch.float64).masked_fill(~attn_mask, -math.inf)
+                     if attn_mask.dtype == torch.bool else attn_mask.double())
+    return torch.ops.aten._scaled_dot_product_attention_math(*wide, attn_mask, 0.0, is_causal, scale=scale,
+                                                             enable_gqa=enable_gqa)[0]
+
+
+def sdpa_on(device, q, k, v, **kwargs):
+    """F.scaled_dot_product_attention on ``device`` with the overrides on, and the kernels it ran."""
+    mask = kwargs.pop("attn_mask", None)
+    with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+        out = on(device, lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, **kwargs),
+                 q, k, v, mask)
+    assert all(r.backend == backend(device) for r in t.kernels), t.names
+    return out, t
+
+
+def check(device, q, k, v, **kwargs):
+    """Our attention is torch's within the dtype's tolerance, and ran the decode kernel (and the merge where
+    the keys were split)."""
+    want = reference(q, k, v, **kwargs)
+    got, t = sdpa_on(device, q, k, v, **kwargs)
+    assert got.shape == want.shape and got.dtype == q.dtype, (got.shape, want.shape, got.dtype)
+    assert_close(got, want, scale=2 * reduction_scale(q.dtype, q.size(-1)))
+    if k.size(-2) and got.numel():
+        assert t.names[0].startswith("attention_decode_") and all(
+            n.startswith("attention_merge_") for n in t.names[1:]), t.names
+    else:
+        assert t.names == [], t.names
+    return got, t
+
+
+def test_llama3_decode_reads_each_kv_head_once(device):
+    # 32 query heads over 8 KV heads, d 128: one threadgroup block of the 4 query heads per KV head, the keys
+    # split over threadgroups (grid x) and merged.
+    q, k, v = randn(1, 32, 1, 128, dtype=torch.bfloat16), randn(1, 8, 700, 128, dtype=torch.bfloat16, seed=1), \
+        randn(1, 8, 700, 128, dtype=torch.bfloat16, seed=2)
+    _, t = check(device, q, k, v, enable_gqa=True, scale=0.1)
+    decode = t.kernels[0]
+    assert decode.name == "attention_decode_bfloat_e4_r4" and t.names[1] == "attention_merge_bfloat_e4", t.names
+    assert decode.grid[1:] == (1, 8) and decode.grid[0] > 1, decode.grid
+
+
+@pytest.mark.parametrize("dim", [32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256])
+def test_head_dims(device, dim):
+    check(device, randn(2, 4, 3, dim), randn(2, 2, 70, dim, seed=1), randn(2, 2, 70, dim, seed=2), enable_gqa=True)
+
+
+@pytest.mark.parametrize("dims", [(192, 128), (64, 32), (40, 256)])
+def test_value_head_dim_of_its_own(device, dims):
+    qk, vd = dims
+    check(device, randn(1, 2, 2, qk), randn(1, 2, 50, qk, seed=1), randn(1, 2, 50, vd, seed=2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masks(device, dtype):
+    q, k, v = randn(2, 4, 3, 64, dtype=dtype), randn(2, 4, 90, 64, dtype=dtype, seed=1), \
+        randn(2, 4, 90, 64, dtype=dtype, seed=2)
+    bool_mask = randn(2, 1, 3, 90, seed=3) > -0.5
+    check(device, q, k, v, attn_mask=bool_mask)
+    check(device, q, k, v, attn_mask=randn(90, seed=4) > 0)  # broadcast over everything but the keys
+    check(device, q, k, v, attn_mask=randn(1, 4, 1, 90, seed=5))  # float32 with any query dtype
+    check(device, q, k, v, attn_mask=randn(3, 90, dtype=dtype, seed=6))
+
+
+@pytest.mark.parametrize("q_len, keys", [(4, 4), (3, 50), (8, 5)])
+def test_causal_is_top_left(device, q_len, keys):
+    q, k, v = randn(1, 2, q_len, 64), randn(1, 2, keys, 64, seed=1), randn(1, 2, keys, 64, seed=2)
+    check(device, q, k, v, is_causal=True)
+    check(device, q, k, v, is_causal=True, attn_mask=randn(1, 1, q_len, keys, seed=3) > -1)
+
+
+def test_rows_that_attend_no_key_are_zero(device):
+    q, k, v = randn(1, 2, 3, 64), randn(1, 2, 140, 64, seed=1), randn(1, 2, 140, 64, seed=2)
+    mask = torch.ones(3, 140, dtype=torch.bool)
+    mask[1] = False
+    got, _ = check(device, q, k, v, attn_mask=mask)
+    assert (got[:, :, 1] == 0).all()
+    float_mask = torch.zeros(3, 140)
+    float_mask[2] = -math.inf
+    got, _ = check(device, q, k, v, attn_mask=float_mask)
+    assert (got[:, :, 2] == 0).all()
+
+
+def test_no_keys(device):
+    got, _ = check(device, randn(2, 4, 1, 64), randn(2, 4, 0, 64), randn(2, 4, 0, 48))
+    assert got.shape == (2, 4, 1, 48) and (got == 0).all()
+
+
+def test_batch_broadcasting(device):
+    # torch 2.13 and 2.14 on mps: "shape '[1, 1, 64]' is invalid for input of size 128".
+    got, _ = check(device, randn(1, 1, 64), randn(2, 1, 1, 64, seed=1), randn(2, 1, 1, 64, seed=2))
+    assert got.shape == (2, 1, 1, 64)
+    check(device, randn(3, 1, 4, 2, 32), randn(1, 2, 4, 20, 32, seed=1), randn(3, 2, 1, 20, 32, seed=2))
+    check(device, randn(2, 8, 1, 64), randn(2, 1, 33, 64, seed=1), randn(2, 1, 33, 64, seed=2))  # one KV head
+
+
+def test_views_are_read_in_place(device):
+    # transformers' layout: (batch, seq, heads, dim) transposed; repeat_kv's K/V expanded over the group.
+    q = randn(2, 1, 8, 64).transpose(1, 2)
+    k = randn(2, 40, 2, 64, seed=1).transpose(1, 2)[:, :, None].expand(2, 2, 4, 40, 64).flatten(1, 2)
+    v = randn(2, 2, 1, 40, 64, seed=2).expand(2, 2, 4, 40, 64)[:, :, :, :, :].reshape(2, 8, 40, 64)
+    check(device, q, k, v)
+    k_expanded = randn(2, 1, 40, 64, seed=3).expand(2, 8, 40, 64)
+    check(device, q, k_expanded, k_expanded[..., ::2])
+
+
+def test_nan_and_inf(device):
+    q, k, v = randn(1, 2, 3, 64), randn(1, 2, 150, 64, seed=1), randn(1, 2, 150, 64, seed=2)
+    q[0, 0, 1, 5] = math.nan
+    k[0, 1, 7, 3] = math.inf
+    v[0, 1, 100, 0] = -math.inf
+    check(device, q, k, v)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_grid(device, seed):
+    rng = random.Random(seed)
+    dtype = rng.choice(DTYPES)
+    kv_heads = rng.choice([1, 2, 3])
+    group = rng.choice([1, 2, 4])
+    q_len, keys = rng.randint(1, 8), rng.choice([0, 1, 7, 33, 130, 300])
+    dim = rng.choice([32, 40, 64, 80, 96, 128, 160, 256])
+    v_dim = dim if rng.random() < 0.7 else rng.choice([16, 64, 128])
+    batch = rng.choice([(), (2,), (1, 3)])
+    q = randn(*batch, kv_heads * group, q_len, dim, dtype=dtype, seed=seed)
+    k = randn(*batch, kv_heads, keys, dim, dtype=dtype, seed=seed + 1)
+    v = randn(*batch, kv_heads, keys, v_dim, dtype=dtype, seed=seed + 2)
+    if rng.random() < 0.3:
+        q = q.transpose(-2, -3).contiguous().transpose(-2, -3)
+    kwargs = {"enable_gqa": group > 1, "scale": rng.choice([None, 0.05, 1.0])}
+    kind = rng.choice(["none", "bool", "float", "own", "causal"])
+    mask_shape = rng.choice([(q_len, keys), (kv_heads * group, 1, keys), (1,) * len(batch) + (1, q_len, keys)])
+    if kind == "bool":
+        kwargs["attn_mask"] = randn(*mask_shape, seed=seed + 3) > -0.8
+    elif kind in ("float", "own"):
+        kwargs["attn_mask"] = randn(*mask_shape, dtype=torch.float32 if kind == "float" else dtype, seed=seed + 3)
+    elif kind == "causal":
+        kwargs["is_causal"] = True
+    check(device, q, k, v, **kwargs)
+
+
+def test_checked_mode(device):
+    if device != "cpu":
+        pytest.skip("the simulator's checks")
+    with mps_ext.sim.checked():
+        for dtype in DTYPES:
+            q, k, v = randn(1, 8, 2, 80, dtype=dtype), randn(1, 2, 200, 80, dtype=dtype, seed=1), \
+                randn(1, 2, 200, 72, dtype=dtype, seed=2)
+            check(device, q, k, v, enable_gqa=True, attn_mask=randn(2, 200, seed=3) > 0)
+            check(device, q[:, :1, :1, :40], k[:, :1, :9, :40], v[:, :1, :9, :40], is_causal=True)
+
+
+@pytest.mark.fallback("prefill")
+def test_prefill_is_torchs(device):
+    q, k, v = randn(1, 2, 9, 64), randn(1, 2, 9, 64, seed=1), randn(1, 2, 9, 64, seed=2)
+    got, t = sdpa_on(device, q, k, v, is_causal=True)
+    assert t.names == [] and torch.equal(got.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    reason = "aten::_scaled_dot_product_attention_math_for_mps" if device == "mps" else \
+        "aten::scaled_dot_product_attention"
+    assert mps_ext.overrides.stats()[reason]["reasons"] == {"prefill (query length > 8)": 1}
+
+
+@pytest.mark.fallback("dtype Double")
+def test_float64_is_torchs(device):
+    if device == "mps":
+        pytest.skip("mps has no float64")
+    q, k, v = randn(1, 2, 1, 64, dtype=torch.float64), randn(1, 2, 9, 64, dtype=torch.float64, seed=1), \
+        randn(1, 2, 9, 64, dtype=torch.float64, seed=2)
+    got, t = sdpa_on(device, q, k, v)
+    assert t.names == [] and torch.equal(got, F.scaled_dot_product_attention(q, k, v))
+
+
+@pytest.mark.fallback("invalid arguments")
+@pytest.mark.parametrize("case", ["head dims", "gqa heads", "heads", "mask dtype", "mask shape", "causal mask 3-D"])
+def test_torchs_errors(device, case):
+    q, k, v = randn(1, 4, 1, 64), randn(1, 2, 9, 64, seed=1), randn(1, 2, 9, 64, seed=2)
+    kwargs = {}
+    if case == "head dims":
+        k = k[..., :32]
+    elif case == "gqa heads":
+        q, kwargs = randn(1, 3, 1, 64), {"enable_gqa": True}
+    elif case == "heads":
+        pass  # 4 query heads, 2 KV heads, no enable_gqa
+    elif case == "mask dtype":
+        q, kwargs = q[:, :2], {"attn_mask": torch.zeros(1, 9, dtype=torch.int32)}
+    elif case == "mask shape":
+        q, kwargs = q[:, :2], {"attn_mask": torch.zeros(3, 9)}
+    else:
+        q, k, v, kwargs = q[0, :2], k[0], v[0], {"attn_mask": torch.ones(1, 9, dtype=torch.bool), "is_causal": True}
+    with pytest.raises(RuntimeError) as want:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    if device == "mps":
+        pytest.skip("torch's mps messages differ from its CPU's")
+    with pytest.raises(RuntimeError) as got:
+        sdpa_on(device, q, k, v, **kwargs)
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.fallback("autograd")
+def test_gradients_are_torchs(device):
+    q, k, v = (randn(1, 4, 2, 32, seed=s).requires_grad_() for s in range(3))
+    mask = randn(2, 9, seed=3)
+    k9, v9 = k.expand(1, 4, 2, 32).repeat(1, 1, 5, 1)[:, :, :9], v.repeat(1, 1, 5, 1)[:, :, :9]
+    with mps_ext.overrides.enabled("cpu"):
+        out = F.scaled_dot_product_attention(q, k9, v9, attn_mask=mask)
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k9, v9, attn_mask=mask).sum(), (q, k, v))
+    for g, w in zip(grads, want):
+        assert torch.equal(g, w)
+    assert mps_ext.overrides.stats()["aten::scaled_dot_product_attention"]["reasons"] == {
+        "autograd (an input needs a derivative)": 1}
+    with torch.no_grad(), mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+        F.scaled_dot_product_attention(q, k9, v9, attn_mask=mask)
+    ran_kernels(t, "cpu")
+
+
+def test_opcheck():
+    # The mps op's CPU registration: schema, fake kernel (torch's meta), dynamic shapes.
+    q, k, v = randn(2, 4, 2, 64), randn(2, 2, 20, 64, seed=1), randn(2, 2, 20, 32, seed=2)
+    with mps_ext.overrides.enabled("cpu"):
+        torch.library.opcheck(torch.ops.aten._scaled_dot_product_attention_math_for_mps.default, (q, k, v),
+                              {"enable_gqa": True}, test_utils=("test_schema", "test_faketensor"))
+        out, scores = torch.ops.aten._scaled_dot_product_attention_math_for_mps(q, k, v, enable_gqa=True)
+    assert scores.shape == (2, 4, 2, 20)
+    assert_close(out, reference(q, k, v, enable_gqa=True))
+
+
+def test_transformers_llama_decodes_the_same_tokens():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
+                                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    prompt = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    want = model.generate(prompt, **kwargs)
+    with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
+        got = model.generate(prompt, **kwargs)
+    assert torch.equal(got, want), (got, want)
+    assert "attention_decode_float_e2_r2" in t.names and "attention_decode_float_e2_r8" in t.names, set(t.names)
+    assert mps_ext.overrides.stats()["aten::scaled_dot_product_attention"]["hits"] == 2 * 6
