@@ -388,7 +388,7 @@ def upsample_cases() -> Iterator[Case]:
 
 
 def attention_cases() -> Iterator[Case]:
-    # F.scaled_dot_product_attention with the overrides on, decode shapes: every dtype, every head-dim slice
+    # Attention with the overrides on, decode shapes: every dtype, every head-dim slice
     # (2, 4, 6, 8 elements per lane: head dims 40, 80, 192 with values of 128, 256) and every row block (query
     # heads per KV head x query rows: 1, 2, 4, 8); the 8-row cases have keys enough to split them over
     # threadgroups and run the merge. Masks vary with the block: none, bool, float32, the query's dtype with
@@ -411,10 +411,12 @@ def attention_cases() -> Iterator[Case]:
                             4: torch.randn(1, 1, q_len, keys, generator=g),
                             8: torch.randn(1, 2 * group, q_len, keys, generator=g).to(dtype)}[rows]
                     causal = rows == 8 and dim == v_dim  # torch raises for both on its math path (dims unequal)
+                    # The op F.scaled_dot_product_attention calls on mps, directly: the emulated GPU has no
+                    # backend choice for torch's composite to make.
                     with overrides.enabled(device):
-                        got = F.scaled_dot_product_attention(
-                            q.to(device), k.to(device), v.to(device), attn_mask=None if mask is None else
-                            mask.to(device), is_causal=causal, enable_gqa=True)
+                        got, _ = torch.ops.aten._scaled_dot_product_attention_math_for_mps(
+                            q.to(device), k.to(device), v.to(device), None if mask is None else mask.to(device),
+                            0.0, causal, enable_gqa=True)
                     wide = None if mask is None or mask.dtype == torch.bool else mask.double()
                     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
                                                           attn_mask=mask if wide is None else wide,

@@ -58,7 +58,7 @@ MODELS = {
 
 # Kernel host names begin with their family's name (metal/<family>.metal).
 FAMILIES = {"gemv": "GEMV (linear)", "grouped_mm": "grouped matmul (MoE experts)", "softmax": "softmax",
-            "log_softmax": "log_softmax", "fp8": "FP8 linear"}
+            "log_softmax": "log_softmax", "fp8": "FP8 linear", "attention": "attention (decode)"}
 
 
 def kernel_family(name: str) -> str:

@@ -23,11 +23,13 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.e
 
 # What each model's decode calls and which of our kernel families serve it (tests/../clients.md): the router
 # F.linear and the projections go to GEMV, the router's softmax to softmax, the experts' _grouped_mm to
-# grouped matmul. With --fp8 every nn.Linear but lm_head (kept in the model's dtype, as Hugging Face's FP8
+# grouped matmul, decode attention (SDPA) to attention. With --fp8 every nn.Linear but lm_head (kept in the model's dtype, as Hugging Face's FP8
 # recipes keep it) runs the FP8 kernels; lm_head and the MoE router (a bare weight) run GEMV.
-FAMILIES = {("qwen3-moe", False): {"gemv", "grouped_mm", "softmax"}, ("llama", False): {"gemv"},
-            ("qwen3-moe", True): {"gemv", "grouped_mm", "softmax", "fp8"}, ("llama", True): {"gemv", "fp8"}}
-OPS = {"gemv": {"aten::linear"}, "grouped_mm": {"aten::_grouped_mm"}, "softmax": {"aten::_softmax"}, "fp8": set()}
+FAMILIES = {("qwen3-moe", False): {"gemv", "grouped_mm", "softmax", "attention"}, ("llama", False): {"gemv", "attention"},
+            ("qwen3-moe", True): {"gemv", "grouped_mm", "softmax", "fp8", "attention"},
+            ("llama", True): {"gemv", "fp8", "attention"}}
+OPS = {"gemv": {"aten::linear"}, "grouped_mm": {"aten::_grouped_mm"}, "softmax": {"aten::_softmax"}, "fp8": set(),
+       "attention": {"aten::scaled_dot_product_attention"}}
 
 
 def run_demo(model, dtype, fp8=False, tokens=8):
@@ -37,7 +39,7 @@ def run_demo(model, dtype, fp8=False, tokens=8):
     return report, "\n".join(lines)
 
 
-@pytest.mark.fallback("rows > 8")  # the prompt's prefill
+@pytest.mark.fallback("rows > 8|prefill")  # the prompt's prefill
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model", ["qwen3-moe", "llama"])
 def test_greedy_decode_with_the_kernels_in_the_model(model, dtype):
@@ -62,7 +64,7 @@ def test_greedy_decode_with_the_kernels_in_the_model(model, dtype):
     assert r.torch_run.tokens_per_s > 0 and r.mps_ext_run.tokens_per_s > 0
 
 
-@pytest.mark.fallback("rows > 8", required=False)  # the router's prefill (FP8 layers run kernels for any rows)
+@pytest.mark.fallback("rows > 8|prefill", required=False)  # the router's prefill (FP8 layers run kernels for any rows)
 @pytest.mark.parametrize("model", ["qwen3-moe", "llama"])
 def test_fp8_decode_against_torch_on_the_dequantized_weights(model):
     r, text = run_demo(model, "bfloat16", fp8=True, tokens=6)

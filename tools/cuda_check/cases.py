@@ -845,13 +845,16 @@ def attention_case(batch, heads, kv_heads, q_len, keys, dim, dt, v_dim=None, mas
 
 
 def attention_small():
+    # Every kernel: each dtype, head-dim slice (2, 4, 6, 8 elements per lane) and row block (query heads per KV
+    # head x query rows: 1, 2, 4, 8), the 8-row blocks with keys split and merged; masks vary with the block.
     cases = []
     for dt in (F32, F16, BF16):
-        cases += [attention_case(1, 8, 2, 1, 300, 128, dt),
-                  attention_case(2, 4, 4, 3, 37, 80, dt, mask="bool"),
-                  attention_case(1, 8, 1, 2, 200, 192, dt, v_dim=128, mask=F32),
-                  attention_case(1, 4, 2, 4, 90, 256, dt, mask=dt, causal=True),
-                  attention_case(1, 2, 2, 8, 9, 40, dt, causal=True)]
+        for dim, v_dim in ((40, None), (80, None), (192, 128), (256, None)):
+            cases += [attention_case(1, 2, 2, 1, 37, dim, dt, v_dim=v_dim),
+                      attention_case(2, 4, 2, 1, 37, dim, dt, v_dim=v_dim, mask="bool"),
+                      attention_case(1, 4, 2, 2, 37, dim, dt, v_dim=v_dim, mask=F32),
+                      attention_case(1, 8, 2, 2, 150, dim, dt, v_dim=v_dim, mask=dt if v_dim else None,
+                                     causal=v_dim is None)]
     return cases
 
 
