@@ -813,7 +813,85 @@ def upsample_large():
             upsample_backward_case((1, 384, 128, 128), (256, 256), "nearest-exact", BF16, large=True),
             upsample_backward_case((8, 128, 64, 64), (128, 128), "bilinear", F32, large=True)]
 
+
+# ---------------------------------------------------------------- dropout
+
+def dropped(x, p):
+    """native_dropout (F.dropout's fused path) on the CPU with the overrides on: the dropout kernel's host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return torch.native_dropout(x, p, True)
+
+
+def dropout_case(shape, p, dt, large=False, unaligned=False):
+    # The mask is the kernel's own Philox draw for the recorded key: the simulator's replay of the same
+    # recording must give it bit for bit; the output is torch's arithmetic on that mask (its rounding), and
+    # the mask keeps a plausible share.
+    x = randn(*shape, dtype=dt)
+    if unaligned:
+        x = offset_view(x)
+    recording, (y, mask) = record(dropped, x, p)
+    poison(y)
+    poison(mask)  # all kept: a mask left unwritten keeps no plausible share
+    (x_dev,) = on_dev(x)
+    tfn = lambda: F.dropout(x_dev, p)
+
+    def check():
+        y_dev, mask_dev = y.to(DEV), mask.to(DEV)
+        n, kept = mask.numel(), int(mask_dev.sum())
+        plausible = abs(kept - n * (1 - p)) < 6 * (n * p * (1 - p)) ** 0.5
+        same = torch.equal(y_dev, x_dev.mul(mask_dev).mul_(1 / (1 - p)))
+        msg = f"kept {kept / n:.4f} of {1 - p:.4f}; output {'is' if same else 'is NOT'} torch's on the mask"
+        if not large:  # the simulator replays the same launches: the same mask and output, bit for bit
+            gpu = y.clone(), mask.clone()
+            recording.replay()
+            simulated = torch.equal(gpu[0], y) and torch.equal(gpu[1], mask)
+            msg += "; simulator's mask" + (" and output the same" if simulated else " DIFFERS")
+            same = same and simulated
+        return plausible and same, msg
+
+    name = f"dropout {tuple(shape)} p={p} {DT[dt]}{' unaligned' if unaligned else ''}"
+    return Case("dropout", name, Replay(recording), check, nbytes(x, y, mask), 0, tfn if large else None,
+                "F.dropout")
+
+
+def dropout_backward_case(shape, scale, dt, large=False):
+    dy, mask = randn(*shape, dtype=dt), randn(*shape) > 0
+
+    def backward():
+        with mps_ext.overrides.enabled("cpu"):
+            return torch.ops.aten.native_dropout_backward(dy, mask, scale)
+
+    recording, dx = record(backward)
+    poison(dx)
+    dy_dev, mask_dev = on_dev(dy, mask)
+    tfn = lambda: torch.ops.aten.native_dropout_backward(dy_dev, mask_dev, scale)
+
+    def check():
+        same = torch.equal(dx.to(DEV), dy_dev.mul(mask_dev).mul_(scale))
+        return same, "bit for bit torch's" if same else "DIFFERS from torch's"
+
+    return Case("dropout", f"dropout backward {tuple(shape)} {DT[dt]}", Replay(recording), check,
+                nbytes(dy, mask, dx), 0, tfn if large else None, "native_dropout_backward")
+
+
+def dropout_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        cases += [dropout_case((37, 101), 0.3, dt), dropout_case((5, 999), 0.5, dt, unaligned=True),
+                  dropout_backward_case((37, 101), 1 / 0.7, dt)]
+    return cases
+
+
+def dropout_large():
+    # Transformer activations (batch x sequence x hidden) and a feature map.
+    return [dropout_case((8, 2048, 4096), 0.1, BF16, large=True), dropout_case((8, 2048, 4096), 0.1, F32, large=True),
+            dropout_case((32, 256, 64, 64), 0.5, F16, large=True),
+            dropout_backward_case((8, 2048, 4096), 1 / 0.9, BF16, large=True)]
+
+
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
-         "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small}
+         "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small,
+         "dropout": dropout_small}
 LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
-         "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large}
+         "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large,
+         "dropout": dropout_large}

@@ -326,6 +326,7 @@ MTLCUDA_UNARY(rsqrt, rsqrtf(x))
 
 MTLCUDA_FN float fma(float a, float b, float c) { return fmaf(a, b, c); }
 MTLCUDA_FN uint popcount(uint x) { return __popc(x); }
+MTLCUDA_FN uint mulhi(uint a, uint b) { return __umulhi(a, b); }
 
 MTLCUDA_FN bool isnan(float x) { return ::isnan(x); }
 MTLCUDA_FN bool isinf(float x) { return ::isinf(x); }
