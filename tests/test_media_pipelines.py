@@ -119,8 +119,8 @@ class UNetBlock(torch.nn.Module):
 
 
 def test_a_unet_block_trains_with_the_cpus_loss_curve(device):
-    # Dropout draws its own masks: the reference replays each step's mask (a forward hook on the block's
-    # nn.Dropout) in float64, so the curves agree to float32's rounding, and the masks are the kernels'.
+    # Dropout draws its own masks (the kernel's): the reference replays each step's mask (a forward hook on the block's
+    # nn.Dropout) in float64, so the curves agree to float32's rounding.
     torch.manual_seed(3)
     model = UNetBlock()
     reference = UNetBlock().double()
@@ -154,4 +154,6 @@ def test_a_unet_block_trains_with_the_cpus_loss_curve(device):
     stats = mps_ext.overrides.stats()
     assert stats["aten::upsample_nearest2d"]["hits"] == 4, stats
     assert stats["aten::upsample_nearest2d_backward (backward)"]["hits"] == 4, stats
-    assert {"upsample_nearest_uint", "upsample_backward_nearest_float"} <= set(t.names), set(t.names)
+    assert stats["aten::native_dropout"]["hits"] == 4, stats
+    assert {"upsample_nearest_uint", "upsample_backward_nearest_float", "dropout_float",
+            "dropout_backward_float"} <= set(t.names), set(t.names)
