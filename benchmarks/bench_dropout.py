@@ -16,13 +16,9 @@ import torch
 import torch.nn.functional as F
 
 from _common import TIMING, Column, compare, main, peak_gbps
+from _media_cases import DROPOUT as CASES
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# (label, shape, p): a transformer's hidden states and attention-probability-sized activations, a UNet's
-# feature map.
-CASES = [("llm hidden", (8, 2048, 4096), 0.1), ("vit tokens", (64, 197, 768), 0.1),
-         ("unet features", (16, 320, 64, 64), 0.5)]
-
 TITLE = "dropout as training calls it"
 COLUMNS = [Column("case", "case", "", 14), Column("call", "call", "", 10), Column("dtype", "dtype", "", 5), *TIMING]
 

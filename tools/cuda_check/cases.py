@@ -854,14 +854,15 @@ def dropout_case(shape, p, dt, large=False, unaligned=False):
                 "F.dropout")
 
 
+def dropout_backward(dy, mask, scale):
+    """native_dropout_backward on the CPU with the overrides on: the dropout backward kernel's host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return torch.ops.aten.native_dropout_backward(dy, mask, scale)
+
+
 def dropout_backward_case(shape, scale, dt, large=False):
     dy, mask = randn(*shape, dtype=dt), randn(*shape) > 0
-
-    def backward():
-        with mps_ext.overrides.enabled("cpu"):
-            return torch.ops.aten.native_dropout_backward(dy, mask, scale)
-
-    recording, dx = record(backward)
+    recording, dx = record(dropout_backward, dy, mask, scale)
     poison(dx)
     dy_dev, mask_dev = on_dev(dy, mask)
     tfn = lambda: torch.ops.aten.native_dropout_backward(dy_dev, mask_dev, scale)
