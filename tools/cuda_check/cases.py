@@ -78,8 +78,9 @@ def poison(t: torch.Tensor):
 
 
 def randn(*shape, dtype=F32, scale=1.0):
-    """On the CPU, where the ops record; drawn on DEV (fast at model sizes)."""
-    return (torch.randn(*shape, device=DEV) * scale).to(dtype).cpu()
+    """On the CPU, where the ops record; drawn on DEV (fast at model sizes); complex with both parts drawn."""
+    drawn = torch.complex64 if dtype.is_complex else F32
+    return (torch.randn(*shape, device=DEV, dtype=drawn) * scale).to(dtype).cpu()
 
 
 def on_dev(*ts):
@@ -676,11 +677,12 @@ def pad_case(shape, pad, mode, dt, large=False, unaligned=False):
                 Replay(recording), check, nbytes(x, y), 0, tfn if large else None, "F.pad")
 
 
-def pad_backward_case(shape, pad, mode, dt, large=False):
-    x, dy = randn(*shape, dtype=dt), randn(*F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, dtype=dt)
+def backward_case(family, name, forward, x, dy, dt, large, note):
+    """The backward of forward(x) alone: the forward runs in the simulator, only autograd's backward call is
+    recorded; checked against float64 autograd of the same forward on DEV, torch's own backward beside it."""
     xg = x.clone().requires_grad_()
     with mps_ext.overrides.enabled("cpu"):
-        y = F.pad(xg, pad, mode=mode)  # the forward runs here, in the simulator: only the backward is recorded
+        y = forward(xg)
 
     def grad():
         with mps_ext.overrides.enabled("cpu"):
@@ -689,14 +691,21 @@ def pad_backward_case(shape, pad, mode, dt, large=False):
     recording, (dx,) = record(grad)
     poison(dx)
     x_dev, dy_dev = on_dev(x, dy)
-    xw = x_dev.double().requires_grad_()
-    (ref,) = torch.autograd.grad(F.pad(xw, pad, mode=mode), xw, dy_dev.double())
+    wide = torch.complex128 if x.is_complex() else torch.float64
+    xw = x_dev.to(wide).requires_grad_()
+    (ref,) = torch.autograd.grad(forward(xw), xw, dy_dev.to(wide))
     xt = x_dev.clone().requires_grad_()
-    yt = F.pad(xt, pad, mode=mode)
+    yt = forward(xt)
     tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
-    return Case("pad", f"pad backward {mode} {tuple(shape)} {pad} {DT[dt]}", Replay(recording),
+    return Case(family, f"{name} {DT[dt]}", Replay(recording),
                 compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
-                tfn if large else None, "F.pad backward")
+                tfn if large else None, note)
+
+
+def pad_backward_case(shape, pad, mode, dt, large=False):
+    dy = randn(*F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, dtype=dt)
+    return backward_case("pad", f"pad backward {mode} {tuple(shape)} {pad}", lambda x: F.pad(x, pad, mode=mode),
+                         randn(*shape, dtype=dt), dy, dt, large, "F.pad backward")
 
 
 def pad_small():
@@ -762,25 +771,9 @@ def upsample_case(shape, size, mode, dt, align_corners=None, channels_last=False
 
 
 def upsample_backward_case(shape, size, mode, dt, large=False):
-    x, dy = randn(*shape, dtype=dt), randn(*shape[:2], *size, dtype=dt)
-    xg = x.clone().requires_grad_()
-    y = interpolated(xg, mode, size, None)  # the forward runs here, in the simulator: only the backward is recorded
-
-    def grad():
-        with mps_ext.overrides.enabled("cpu"):
-            return torch.autograd.grad(y, xg, dy)
-
-    recording, (dx,) = record(grad)
-    poison(dx)
-    x_dev, dy_dev = on_dev(x, dy)
-    xw = x_dev.double().requires_grad_()
-    (ref,) = torch.autograd.grad(F.interpolate(xw, size=size, mode=mode), xw, dy_dev.double())
-    xt = x_dev.clone().requires_grad_()
-    yt = F.interpolate(xt, size=size, mode=mode)
-    tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
-    return Case("upsample", f"upsample backward {mode} {tuple(shape)} to {tuple(size)} {DT[dt]}", Replay(recording),
-                compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
-                tfn if large else None, "F.interpolate backward")
+    return backward_case("upsample", f"upsample backward {mode} {tuple(shape)} to {tuple(size)}",
+                         lambda x: F.interpolate(x, size=size, mode=mode), randn(*shape, dtype=dt),
+                         randn(*shape[:2], *size, dtype=dt), dt, large, "F.interpolate backward")
 
 
 def upsample_small():
