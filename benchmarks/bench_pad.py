@@ -14,17 +14,9 @@ import torch
 import torch.nn.functional as F
 
 from _common import TIMING, Column, compare, main, peak_gbps
+from _media_cases import PAD as CASES
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# (label, shape, pad, mode): Wan2.2's causal 3-D convolutions (one frame before, per tile), Qwen-Image's
-# AvgDown3D, a UNet's reflect-padded 3x3 convolutions, an audio model's 1-D reflect pad.
-CASES = [("wan causal conv", (1, 96, 17, 480, 832), (1, 1, 1, 1, 2, 0), "constant"),
-         ("wan frame", (1, 96, 17, 480, 832), (0, 0, 0, 0, 1, 0), "constant"),
-         ("qwen-image AvgDown3D", (1, 192, 2, 256, 256), (0, 0, 0, 0, 1, 0), "constant"),
-         ("unet 3x3", (1, 256, 128, 128), (1, 1, 1, 1), "reflect"),
-         ("unet 3x3", (1, 256, 128, 128), (1, 1, 1, 1), "replicate"),
-         ("audio", (8, 512, 16000), (256, 256), "reflect")]
-
 TITLE = "padding as image and video pipelines call it"
 COLUMNS = [Column("case", "case", "", 22), Column("mode", "mode", "", 9), Column("dtype", "dtype", "", 5),
            *TIMING]

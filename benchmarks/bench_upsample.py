@@ -12,18 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from _common import TIMING, Column, compare, main, peak_gbps
+from _media_cases import UPSAMPLE as CASES
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# (label, shape, size, mode, channels_last): the 2x nearest-exact upsampling of Qwen-Image's and Wan's VAE
-# decoders (frames as the batch), a UNet's 2x nearest, a feature pyramid's bilinear, an image resize's bicubic,
-# a video model's trilinear.
-CASES = [("vae decoder", (1, 384, 256, 256), (512, 512), "nearest-exact", False),
-         ("vae decoder", (4, 256, 128, 128), (256, 256), "nearest-exact", True),
-         ("unet up", (1, 640, 64, 64), (128, 128), "nearest", False),
-         ("feature pyramid", (8, 256, 128, 128), (256, 256), "bilinear", False),
-         ("image resize", (4, 3, 1024, 1024), (768, 768), "bicubic", False),
-         ("video", (1, 64, 16, 64, 64), (32, 128, 128), "trilinear", False)]
-
 TITLE = "interpolation as image and video pipelines call it"
 COLUMNS = [Column("case", "case", "", 16), Column("mode", "mode", "", 13), Column("layout", "layout", "", 6),
            Column("dtype", "dtype", "", 5), *TIMING]

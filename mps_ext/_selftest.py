@@ -387,6 +387,35 @@ def upsample_cases() -> Iterator[Case]:
             yield Case(f"upsample backward {mode} {SHORT[dtype]}", backward)
 
 
+def dropout_cases() -> Iterator[Case]:
+    # native_dropout and its backward with the overrides on (the ops themselves: the emulated GPU has no
+    # device autograd can run on). The mask is the kernels' own draw, not torch's: the output must be
+    # torch's arithmetic on the returned mask, and the mask keep a plausible share.
+    from . import overrides
+
+    def plausible(mask: torch.Tensor, p: float) -> torch.Tensor:
+        n, kept = mask.numel(), int(mask.sum())
+        return torch.tensor(float(abs(kept - n * (1 - p)) < 6 * (n * p * (1 - p)) ** 0.5))
+
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        def forward(device, dtype=dtype, p=0.3):
+            x = torch.randn(37, 101, generator=torch.Generator().manual_seed(1)).to(dtype)
+            with overrides.enabled(device):
+                out, mask = torch.native_dropout(x.to(device), p, True)
+            mask = mask.cpu()
+            return _flat(out, plausible(mask, p)), _flat(x.mul(mask).mul_(1 / (1 - p)), torch.tensor(1.0)), 1.0
+
+        def backward(device, dtype=dtype):
+            g = torch.Generator().manual_seed(2)
+            dy, mask = torch.randn(37, 101, generator=g).to(dtype), torch.rand(37, 101, generator=g) > 0.4
+            with overrides.enabled(device):
+                got = torch.ops.aten.native_dropout_backward(dy.to(device), mask.to(device), 2.5)
+            return got, dy.mul(mask).mul_(2.5), 1.0
+
+        yield Case(f"dropout {SHORT[dtype]} (37, 101) p=0.3", forward)
+        yield Case(f"dropout backward {SHORT[dtype]} (37, 101)", backward)
+
+
 def attention_cases() -> Iterator[Case]:
     # Attention with the overrides on, decode shapes: every dtype, every head-dim slice
     # (2, 4, 6, 8 elements per lane: head dims 40, 80, 192 with values of 128, 256) and every row block (query
@@ -432,7 +461,7 @@ def attention_cases() -> Iterator[Case]:
 
 def cases() -> list[Case]:
     return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *pad_cases(),
-            *upsample_cases(), *attention_cases(), *stream_cases()]
+            *upsample_cases(), *dropout_cases(), *attention_cases(), *stream_cases()]
 
 
 def verify(case: Case, device: str) -> tuple[bool, float, list[str], set[str]]:

@@ -33,7 +33,8 @@ def test_lists_the_cases_of_the_peer_tool():
     peer_cases = importlib.import_module("peer_cases")
     p = run_script("--list")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == [f"{c.family} {c.name}" for c in peer_cases.cases()]
+    assert p.stdout.splitlines() == [f"{c.family} {c.name}" for c in peer_cases.cases()
+                                     if c.family in decode.FAMILIES]
     assert len(p.stdout.splitlines()) == 60
     p = run_script("--list", "--families", "fp8", "softmax")
     assert p.stdout.splitlines()[0] == "fp8 q_proj m=1" and p.stdout.splitlines()[-1] == "softmax 256x4096 bf16"

@@ -1,7 +1,8 @@
 """torch.compile and torch.export with the overrides on: inductor's graphs call the kernels for every
-overridden op, with eager mode's decisions; compiled artifacts follow the override state; transformers
-decode steps compiled with fullgraph=True give eager's tokens. An inductor compile takes tens of seconds on
-two busy cores: shapes are tiny, and each test compiles once per override state."""
+overridden op but the CPU's attention (the graph holds torch's decomposition), with eager mode's decisions;
+compiled artifacts follow the override state; transformers decode steps compiled with fullgraph=True give eager's
+tokens. An inductor compile takes tens of seconds on two busy cores: shapes are tiny, and each test compiles once
+per override state."""
 
 import contextlib
 from collections import Counter
@@ -175,6 +176,9 @@ def decode(model, step):
     return torch.cat(tokens, 1), kernels
 
 
+# Tracing calls F.scaled_dot_product_attention's override with fake tensors, which it leaves to torch's composite
+# as it does every call autograd must see: the compiled graph holds torch's decomposition of it.
+@pytest.mark.fallback(r"^autograd \(an input needs a derivative\)$")
 @pytest.mark.parametrize("name", DECODERS)
 def test_a_compiled_decode_step_of_a_transformers_model_runs_the_kernels(name):
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -192,4 +196,9 @@ def test_a_compiled_decode_step_of_a_transformers_model_runs_the_kernels(name):
         got, kernels = decode(model, torch.compile(decode_step, fullgraph=True))
     assert torch.equal(got, want)
     assert families(kernels) == ({"gemv", "softmax", "grouped_mm"} if moe else {"gemv", "softmax"}), kernels
-    assert kernels == eager_kernels
+    # Eager, each step's attention (both query heads read the one KV head, one query row each: a block of 2 rows)
+    # runs the decode attention kernel once, its keys in one run (no merge). Compiled, the graph calls torch's
+    # _scaled_dot_product_flash_attention_for_cpu, which the CPU overrides do not replace; every other kernel is
+    # eager's.
+    attention = Counter({f"attention_decode_{'bfloat' if moe else 'float'}_e2_r2": NEW_TOKENS - 1})
+    assert kernels + attention == eager_kernels, (kernels, eager_kernels)

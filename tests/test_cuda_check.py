@@ -102,7 +102,7 @@ def test_every_small_case_passes_its_check_with_the_recording_run_in_the_simulat
     # The host's plans, recorded by every case of the sweep, run in the simulator: each check (float64
     # reference, outputs poisoned first) passes, so on CUDA a failure is the translation's or the GPU's; and
     # the sweep launches every kernel, so the sanitizers see each one.
-    assert _tool("run").dry_run(["softmax", "gemv", "fp8", "grouped_mm", "linalg", "pad", "upsample",
+    assert _tool("run").dry_run(["softmax", "gemv", "fp8", "grouped_mm", "linalg", "pad", "upsample", "dropout",
                                    "attention"]) == ([], [])
 
 

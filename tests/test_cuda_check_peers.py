@@ -49,8 +49,20 @@ def _small(case):
             "moe": lambda e, topk, op, n, k, t: (8, 2, op, 48, 384, min(t, 4)),
             "moe_fp8": lambda e, topk, op, n, k, t: (8, 2, op, 48, 384, min(t, 4)),
             "moe_kn": lambda e, topk, op, n, k, t: (8, 2, op, 40, 64, t),
-            "softmax": lambda rows, cols: (min(rows, 3), cols)}[case.family](*case.dims)
+            "softmax": lambda rows, cols: (min(rows, 3), cols),
+            "pad": lambda shape, pad, mode: (_shrunk(shape), tuple(min(p, 3) for p in pad), mode),
+            "upsample": lambda shape, size, mode, cl: (_shrunk(shape), _shrunk(size, shape), mode, cl),
+            "dropout": lambda shape, p, call: (_shrunk(shape), p, call)}[case.family](*case.dims)
     return dataclasses.replace(case, dims=dims)
+
+
+def _shrunk(dims, like=None):
+    """Each dimension at most 12 (batch and channels at most 2); with `like`, an output size scaled as the
+    input's dimensions `like` were (the interpolation's ratio kept)."""
+    if like is not None:
+        small = _shrunk(like)[-len(dims):]
+        return tuple(max(1, round(d * s / l)) for d, s, l in zip(dims, small, like[-len(dims):]))
+    return tuple(min(d, 2) for d in dims[:2]) + tuple(min(d, 12) for d in dims[2:])
 
 
 def test_case_list_is_the_reports(tool):
@@ -58,8 +70,9 @@ def test_case_list_is_the_reports(tool):
     cases = peer_cases.cases()
     counts = {f: sum(c.family == f for c in cases) for f in peer_report.TABLES}
     # 4 Llama-3-8B shapes x m=1,4 (x bf16, fp16 for GEMV); 2 expert shapes x 5 token counts; 6 gpt-oss cases;
-    # 5 softmax shapes x fp32, bf16.
-    assert counts == {"gemv": 16, "fp8": 8, "moe": 10, "moe_fp8": 10, "moe_kn": 6, "softmax": 10}
+    # 5 softmax shapes x fp32, bf16; 6 pad and 6 interpolation cases; 3 dropout shapes, forward and backward.
+    assert counts == {"gemv": 16, "fp8": 8, "moe": 10, "moe_fp8": 10, "moe_kn": 6, "softmax": 10, "pad": 6,
+                      "upsample": 6, "dropout": 6}
     assert len({(c.family, c.name) for c in cases}) == len(cases)
 
 
@@ -99,7 +112,7 @@ def test_ours_come_from_our_plan(built):
         ours = [i for i in impls if i.name in ("ours", "bf16")]
         assert [launches for i in ours for launches in i.runs] == [launches for launches, _ in planned], name
         kernels = {l.kernel.split("_")[0] for i in ours for l in i.runs[0]}
-        assert kernels <= {"gemv", "fp8", "grouped", "softmax"}, (name, kernels)
+        assert kernels <= {"gemv", "fp8", "grouped", "softmax", "pad", "upsample", "dropout"}, (name, kernels)
 
 
 def test_our_plan_is_the_hosts_bound_to_the_cases_own_tensors(tool):

@@ -333,6 +333,9 @@ class TestOverrides:
             step()
         assert [f for f, _ in r.calls].count("aten.linear.default") == 8
 
+    # The step's attention needs a derivative: the attention kernels have no backward yet, so the override
+    # leaves it to torch's composite.
+    @pytest.mark.fallback(r"^autograd \(an input needs a derivative\)$")
     def test_decoder_step_output_and_gradients(self):
         step, model = decode_step()
         step().square().sum().backward()

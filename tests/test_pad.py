@@ -1,7 +1,8 @@
 """Padding (F.pad: constant_pad_nd, reflection_pad{1,2,3}d, replication_pad{1,2,3}d and their backward) with
 the overrides on, against torch's CPU kernels: forward bit for bit in every dtype torch pads, in torch's
 layout, over views, negative pads, empty inputs and the 5-D shapes MPSGraph corrupts on torch 2.13 and 2.14;
-backward within the dtype's tolerance and the same bits every run; torch's errors for what torch rejects."""
+backward within the dtype's tolerance and the same bits every run; torch's errors for what torch rejects; opcheck
+and the meta kernels' shapes and strides."""
 
 import random
 import threading
@@ -9,6 +10,7 @@ import threading
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_utils import CrossRefFakeMode
 from torch.autograd import forward_ad
 
 import mps_ext
@@ -339,3 +341,64 @@ def test_threads(device):
     assert not errors, errors
     stats = mps_ext.overrides.stats()
     assert all(stats[f"aten::{op}"]["hits"] == 4 for op in ("constant_pad_nd", "reflection_pad2d", "replication_pad2d"))
+
+
+# ------------------------------------------------------------------------------------------------ opcheck
+
+OPCHECK = {  # op -> (input shape, pad): odd sizes, a crop among constant_pad_nd's pads
+    "constant_pad_nd": ((2, 3, 5), (1, 2, -1, 1)), "reflection_pad1d": ((2, 3, 7), (2, 3)),
+    "reflection_pad2d": ((1, 3, 5, 7), (2, 1, 3, 0)), "reflection_pad3d": ((1, 2, 3, 5, 3), (1, 2, 2, 0, 1, 1)),
+    "replication_pad1d": ((2, 3, 7), (2, 3)), "replication_pad2d": ((1, 3, 5, 7), (2, 1, 3, 0)),
+    "replication_pad3d": ((1, 2, 3, 5, 3), (1, 2, 2, 0, 1, 1)),
+}
+# constant_pad_nd has no backward op: its derivative is a constant_pad_nd that crops.
+PAD_OPS = [*OPCHECK, *(f"{op}_backward" for op in OPCHECK if op != "constant_pad_nd")]
+MODE_OF = {"constant": "constant", "reflection": "reflect", "replication": "replicate"}
+
+
+def opcheck_utils(device):
+    """opcheck's default tests; torch's autograd registration check raises NotImplementedError for mps tensors."""
+    utils = ["test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"]
+    return [u for u in utils if device == "cpu" or u != "test_autograd_registration"]
+
+
+def fake_check(op, args):
+    """The op's meta kernel, which torch.compile traces with, gives the kernels' output shape, strides and aliasing.
+    opcheck's test_faketensor does not compare them for aten ops (it ignores builtin ones)."""
+    with CrossRefFakeMode():
+        op(*args)
+
+
+def transposed(t):
+    # Not channels-last: torch 2.13's meta kernels of reflection_pad3d and replication_pad3d, and of the 2-D and
+    # 3-D backward ops, give a contiguous result where torch's CPU kernels (and so ours: test_views) keep the
+    # input's channels-last layout.
+    return t.detach().mT.contiguous().mT.requires_grad_(t.requires_grad)
+
+
+@pytest.mark.parametrize("name", PAD_OPS)
+def test_opcheck(device, name):
+    # AOTAutograd's graph keeps the pad ops, so both halves of its comparison (outputs and gradients) run the
+    # kernels: the trace and the counts show they ran, not torch's.
+    forward = name.removesuffix("_backward")
+    shape, pad = OPCHECK[forward]
+    mode = MODE_OF[forward.split("_")[0]]
+    x = to_device(device, values(shape, torch.float32).nan_to_num())  # assert_close takes no NaNs
+    if name == forward:
+        args = (x.requires_grad_(), list(pad), *((0.5,) if mode == "constant" else ()))
+        derivative = name if mode == "constant" else f"{name}_backward"
+    else:  # the gradient of grad_output is the forward op's: a double backward
+        g = values(F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, torch.float32, seed=1).nan_to_num()
+        args = (to_device(device, g).requires_grad_(), x, list(pad))
+        derivative = forward
+    op = getattr(torch.ops.aten, name).default
+    mps_ext.overrides.reset_stats()
+    with mps_ext.overrides.enabled(device), mps_ext.trace() as t:
+        torch.library.opcheck(op, args, test_utils=opcheck_utils(device))
+        fake_check(op, args)
+        fake_check(op, (transposed(args[0]), *args[1:]))
+    kernels = {f"pad_{mode}_uint", *(() if mode == "constant" else (f"pad_backward_{mode}_float",))}
+    assert set(t.names) == kernels and all(k.backend == backend(device) for k in t.kernels), t.names
+    stats = mps_ext.overrides.stats()
+    assert set(stats) == {f"aten::{name}", f"aten::{derivative} (backward)"}, stats
+    assert all(s["hits"] and not s["fallbacks"] for s in stats.values()), stats

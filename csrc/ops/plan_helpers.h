@@ -19,13 +19,15 @@ inline uint32_t ceil_div(int64_t a, int64_t b) { return uint32_t((a + b - 1) / b
 // The data types of the GEMV, softmax, grouped_mm and FP8 kernels' activations.
 inline bool float_type(at::ScalarType t) { return t == at::kFloat || t == at::kHalf || t == at::kBFloat16; }
 
-// Whether the address the kernel sees for `t`'s first element is 16-byte
-// aligned. A CPU tensor's storage is memory; an MPS tensor's is an MTLBuffer
-// bound at the storage offset, its start aligned.
-inline bool aligned16(const at::Tensor& t) {
+// Whether the address the kernel sees for `t`'s first element is a multiple
+// of `bytes` (at most 16). A CPU tensor's storage is memory; an MPS tensor's
+// is an MTLBuffer bound at the storage offset, its start aligned.
+inline bool aligned(const at::Tensor& t, uintptr_t bytes) {
   const uintptr_t base = t.is_cpu() ? reinterpret_cast<uintptr_t>(t.storage().data()) : 0;
-  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % 16 == 0;
+  return (base + uintptr_t(t.storage_offset()) * t.element_size()) % bytes == 0;
 }
+
+inline bool aligned16(const at::Tensor& t) { return aligned(t, 16); }
 
 // The bytes of an e4m3fn (or uint8) tensor, as the kernels bind them.
 inline at::Tensor bytes_of(const at::Tensor& t) { return t.scalar_type() == at::kByte ? t : t.view(at::kByte); }

@@ -90,6 +90,7 @@ void enable(c10::DeviceType device) {
   register_grouped_mm(*lib);
   register_pad(*lib);
   register_upsample(*lib);
+  register_dropout(*lib);
   register_attention(*lib, device);
   libraries[device] = std::move(lib);
 }

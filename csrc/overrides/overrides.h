@@ -101,6 +101,7 @@ void register_fp8(OverrideLibrary& lib, c10::DeviceType device);
 void register_grouped_mm(OverrideLibrary& lib);
 void register_pad(OverrideLibrary& lib);
 void register_upsample(OverrideLibrary& lib);
+void register_dropout(OverrideLibrary& lib);
 void register_attention(OverrideLibrary& lib, c10::DeviceType device);
 
 }  // namespace mps_ext::overrides

@@ -48,7 +48,7 @@
 #include <ATen/ops/upsample_trilinear3d_mps_dispatch.h>
 #endif
 
-#include <concepts>
+#include <type_traits>
 #include <optional>
 
 #include "ops/upsample.h"
@@ -63,48 +63,52 @@ using Scale = std::optional<double>;
 // The arguments after the output size (forward) or the input size
 // (backward): align_corners for linear and cubic, then one scale per
 // interpolated dimension.
-ops::UpsampleArgs upsample_args(c10::IntArrayRef output_size, std::same_as<Scale> auto... scales) {
+template <class... Scales>
+ops::UpsampleArgs upsample_args(c10::IntArrayRef output_size, Scales... scales) {
+  static_assert((std::is_same_v<Scales, Scale> && ...), "nearest ops take only scales");
   return {output_size, false, {scales...}};
 }
 
-ops::UpsampleArgs upsample_args(c10::IntArrayRef output_size, bool align_corners, std::same_as<Scale> auto... scales) {
+template <class... Scales>
+ops::UpsampleArgs upsample_args(c10::IntArrayRef output_size, bool align_corners, Scales... scales) {
+  static_assert((std::is_same_v<Scales, Scale> && ...), "linear and cubic ops take align_corners, then scales");
   return {output_size, align_corners, {scales...}};
 }
 
 // One op's override, its signature that of torch's kernels `Cpu` and `Mps`
 // (called directly where the kernels do not cover a call: the dispatcher
 // would come back here). `Name` is the statistics' key.
-template <const char* Name, ops::UpsampleOp Op, auto Cpu, auto Mps, class Signature = decltype(Cpu)>
+template <const char* Name, UpsampleMode Mode, int64_t Dims, auto Cpu, auto Mps, class Signature = decltype(Cpu)>
 struct UpsampleForward;
 
-template <const char* Name, ops::UpsampleOp Op, auto Cpu, auto Mps, class... Rest>
-struct UpsampleForward<Name, Op, Cpu, Mps, at::Tensor (*)(const at::Tensor&, c10::IntArrayRef, Rest...)> {
+template <const char* Name, UpsampleMode Mode, int64_t Dims, auto Cpu, auto Mps, class... Rest>
+struct UpsampleForward<Name, Mode, Dims, Cpu, Mps, at::Tensor (*)(const at::Tensor&, c10::IntArrayRef, Rest...)> {
   static at::Tensor call(const at::Tensor& self, c10::IntArrayRef output_size, Rest... rest) {
     const ops::UpsampleArgs args = upsample_args(output_size, rest...);
-    if (auto why = ops::upsample_unsupported(self, Op, args)) {
+    if (auto why = ops::upsample_unsupported(self, {Mode, Dims}, args)) {
       const CallingTorch calling = fallback(Name, *why);
       return (self.device().is_mps() ? Mps : Cpu)(self, output_size, rest...);
     }
-    at::Tensor out = ops::upsample_kernels(self, Op, args);
+    at::Tensor out = ops::upsample_kernels(self, {Mode, Dims}, args);
     hit(Name);
     return out;
   }
 };
 
-template <const char* Name, ops::UpsampleOp Op, auto Cpu, auto Mps, class Signature = decltype(Cpu)>
+template <const char* Name, UpsampleMode Mode, int64_t Dims, auto Cpu, auto Mps, class Signature = decltype(Cpu)>
 struct UpsampleBackward;
 
-template <const char* Name, ops::UpsampleOp Op, auto Cpu, auto Mps, class... Rest>
-struct UpsampleBackward<Name, Op, Cpu, Mps,
+template <const char* Name, UpsampleMode Mode, int64_t Dims, auto Cpu, auto Mps, class... Rest>
+struct UpsampleBackward<Name, Mode, Dims, Cpu, Mps,
                         at::Tensor (*)(const at::Tensor&, c10::IntArrayRef, c10::IntArrayRef, Rest...)> {
   static at::Tensor call(const at::Tensor& grad_output, c10::IntArrayRef output_size, c10::IntArrayRef input_size,
                          Rest... rest) {
     const ops::UpsampleArgs args = upsample_args(output_size, rest...);
-    if (auto why = ops::upsample_backward_unsupported(grad_output, input_size, Op, args)) {
+    if (auto why = ops::upsample_backward_unsupported(grad_output, input_size, {Mode, Dims}, args)) {
       const CallingTorch calling = fallback(Name, *why);
       return (grad_output.device().is_mps() ? Mps : Cpu)(grad_output, output_size, input_size, rest...);
     }
-    at::Tensor grad_input = ops::upsample_backward_kernels(grad_output, input_size, Op, args);
+    at::Tensor grad_input = ops::upsample_backward_kernels(grad_output, input_size, {Mode, Dims}, args);
     hit(Name);
     return grad_input;
   }
@@ -116,11 +120,11 @@ struct UpsampleBackward<Name, Op, Cpu, Mps,
 #define MPS_EXT_TORCH_MPS(op) &at::cpu::op
 #endif
 
-#define MPS_EXT_UPSAMPLING(op, Mode, N)                                                                    \
-  constexpr char op##_name[] = "aten::" #op;                                                               \
-  constexpr char op##_backward_name[] = "aten::" #op "_backward";                                          \
-  using op##_forward = UpsampleForward<op##_name, ops::UpsampleOp{Mode, N}, &at::cpu::op, MPS_EXT_TORCH_MPS(op)>; \
-  using op##_backward = UpsampleBackward<op##_backward_name, ops::UpsampleOp{Mode, N}, &at::cpu::op##_backward, \
+#define MPS_EXT_UPSAMPLING(op, Mode, N)                                                                \
+  constexpr char op##_name[] = "aten::" #op;                                                           \
+  constexpr char op##_backward_name[] = "aten::" #op "_backward";                                      \
+  using op##_forward = UpsampleForward<op##_name, Mode, N, &at::cpu::op, MPS_EXT_TORCH_MPS(op)>;       \
+  using op##_backward = UpsampleBackward<op##_backward_name, Mode, N, &at::cpu::op##_backward,         \
                                          MPS_EXT_TORCH_MPS(op##_backward)>;
 
 MPS_EXT_UPSAMPLING(upsample_nearest1d, kUpsampleNearest, 1)

@@ -78,8 +78,9 @@ def poison(t: torch.Tensor):
 
 
 def randn(*shape, dtype=F32, scale=1.0):
-    """On the CPU, where the ops record; drawn on DEV (fast at model sizes)."""
-    return (torch.randn(*shape, device=DEV) * scale).to(dtype).cpu()
+    """On the CPU, where the ops record; drawn on DEV (fast at model sizes); complex with both parts drawn."""
+    drawn = torch.complex64 if dtype.is_complex else F32
+    return (torch.randn(*shape, device=DEV, dtype=drawn) * scale).to(dtype).cpu()
 
 
 def on_dev(*ts):
@@ -676,11 +677,12 @@ def pad_case(shape, pad, mode, dt, large=False, unaligned=False):
                 Replay(recording), check, nbytes(x, y), 0, tfn if large else None, "F.pad")
 
 
-def pad_backward_case(shape, pad, mode, dt, large=False):
-    x, dy = randn(*shape, dtype=dt), randn(*F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, dtype=dt)
+def backward_case(family, name, forward, x, dy, dt, large, note):
+    """The backward of forward(x) alone: the forward runs in the simulator, only autograd's backward call is
+    recorded; checked against float64 autograd of the same forward on DEV, torch's own backward beside it."""
     xg = x.clone().requires_grad_()
     with mps_ext.overrides.enabled("cpu"):
-        y = F.pad(xg, pad, mode=mode)  # the forward runs here, in the simulator: only the backward is recorded
+        y = forward(xg)
 
     def grad():
         with mps_ext.overrides.enabled("cpu"):
@@ -689,14 +691,21 @@ def pad_backward_case(shape, pad, mode, dt, large=False):
     recording, (dx,) = record(grad)
     poison(dx)
     x_dev, dy_dev = on_dev(x, dy)
-    xw = x_dev.double().requires_grad_()
-    (ref,) = torch.autograd.grad(F.pad(xw, pad, mode=mode), xw, dy_dev.double())
+    wide = torch.complex128 if x.is_complex() else torch.float64
+    xw = x_dev.to(wide).requires_grad_()
+    (ref,) = torch.autograd.grad(forward(xw), xw, dy_dev.to(wide))
     xt = x_dev.clone().requires_grad_()
-    yt = F.pad(xt, pad, mode=mode)
+    yt = forward(xt)
     tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
-    return Case("pad", f"pad backward {mode} {tuple(shape)} {pad} {DT[dt]}", Replay(recording),
+    return Case(family, f"{name} {DT[dt]}", Replay(recording),
                 compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
-                tfn if large else None, "F.pad backward")
+                tfn if large else None, note)
+
+
+def pad_backward_case(shape, pad, mode, dt, large=False):
+    dy = randn(*F.pad(torch.empty(shape, device="meta"), pad, mode=mode).shape, dtype=dt)
+    return backward_case("pad", f"pad backward {mode} {tuple(shape)} {pad}", lambda x: F.pad(x, pad, mode=mode),
+                         randn(*shape, dtype=dt), dy, dt, large, "F.pad backward")
 
 
 def pad_small():
@@ -762,25 +771,9 @@ def upsample_case(shape, size, mode, dt, align_corners=None, channels_last=False
 
 
 def upsample_backward_case(shape, size, mode, dt, large=False):
-    x, dy = randn(*shape, dtype=dt), randn(*shape[:2], *size, dtype=dt)
-    xg = x.clone().requires_grad_()
-    y = interpolated(xg, mode, size, None)  # the forward runs here, in the simulator: only the backward is recorded
-
-    def grad():
-        with mps_ext.overrides.enabled("cpu"):
-            return torch.autograd.grad(y, xg, dy)
-
-    recording, (dx,) = record(grad)
-    poison(dx)
-    x_dev, dy_dev = on_dev(x, dy)
-    xw = x_dev.double().requires_grad_()
-    (ref,) = torch.autograd.grad(F.interpolate(xw, size=size, mode=mode), xw, dy_dev.double())
-    xt = x_dev.clone().requires_grad_()
-    yt = F.interpolate(xt, size=size, mode=mode)
-    tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
-    return Case("upsample", f"upsample backward {mode} {tuple(shape)} to {tuple(size)} {DT[dt]}", Replay(recording),
-                compare(dx, ref, dt, extra=4, torch_out=(lambda: tfn()[0]) if large else None), nbytes(dy, x), 0,
-                tfn if large else None, "F.interpolate backward")
+    return backward_case("upsample", f"upsample backward {mode} {tuple(shape)} to {tuple(size)}",
+                         lambda x: F.interpolate(x, size=size, mode=mode), randn(*shape, dtype=dt),
+                         randn(*shape[:2], *size, dtype=dt), dt, large, "F.interpolate backward")
 
 
 def upsample_small():
@@ -812,6 +805,82 @@ def upsample_large():
             upsample_case((1, 64, 16, 64, 64), (32, 128, 128), "trilinear", F32, align_corners=False, large=True),
             upsample_backward_case((1, 384, 128, 128), (256, 256), "nearest-exact", BF16, large=True),
             upsample_backward_case((8, 128, 64, 64), (128, 128), "bilinear", F32, large=True)]
+
+
+# ---------------------------------------------------------------- dropout
+
+def dropped(x, p):
+    """native_dropout (F.dropout's fused path) on the CPU with the overrides on: the dropout kernel's host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return torch.native_dropout(x, p, True)
+
+
+def dropout_case(shape, p, dt, large=False, unaligned=False):
+    # The mask is the kernel's own Philox draw for the recorded key: the simulator's replay of the same
+    # recording must give it bit for bit; the output is torch's arithmetic on that mask (its rounding), and
+    # the mask keeps a plausible share.
+    x = randn(*shape, dtype=dt)
+    if unaligned:
+        x = offset_view(x)
+    recording, (y, mask) = record(dropped, x, p)
+    poison(y)
+    poison(mask)  # all kept: a mask left unwritten keeps no plausible share
+    (x_dev,) = on_dev(x)
+    tfn = lambda: F.dropout(x_dev, p)
+
+    def check():
+        y_dev, mask_dev = y.to(DEV), mask.to(DEV)
+        n, kept = mask.numel(), int(mask_dev.sum())
+        plausible = abs(kept - n * (1 - p)) < 6 * (n * p * (1 - p)) ** 0.5
+        same = torch.equal(y_dev, x_dev.mul(mask_dev).mul_(1 / (1 - p)))
+        msg = f"kept {kept / n:.4f} of {1 - p:.4f}; output {'is' if same else 'is NOT'} torch's on the mask"
+        if not large:  # the simulator replays the same launches: the same mask and output, bit for bit
+            gpu = y.clone(), mask.clone()
+            recording.replay()
+            simulated = torch.equal(gpu[0], y) and torch.equal(gpu[1], mask)
+            msg += "; simulator's mask" + (" and output the same" if simulated else " DIFFERS")
+            same = same and simulated
+        return plausible and same, msg
+
+    name = f"dropout {tuple(shape)} p={p} {DT[dt]}{' unaligned' if unaligned else ''}"
+    return Case("dropout", name, Replay(recording), check, nbytes(x, y, mask), 0, tfn if large else None,
+                "F.dropout")
+
+
+def dropout_backward(dy, mask, scale):
+    """native_dropout_backward on the CPU with the overrides on: the dropout backward kernel's host plan."""
+    with mps_ext.overrides.enabled("cpu"):
+        return torch.ops.aten.native_dropout_backward(dy, mask, scale)
+
+
+def dropout_backward_case(shape, scale, dt, large=False):
+    dy, mask = randn(*shape, dtype=dt), randn(*shape) > 0
+    recording, dx = record(dropout_backward, dy, mask, scale)
+    poison(dx)
+    dy_dev, mask_dev = on_dev(dy, mask)
+    tfn = lambda: torch.ops.aten.native_dropout_backward(dy_dev, mask_dev, scale)
+
+    def check():
+        same = torch.equal(dx.to(DEV), dy_dev.mul(mask_dev).mul_(scale))
+        return same, "bit for bit torch's" if same else "DIFFERS from torch's"
+
+    return Case("dropout", f"dropout backward {tuple(shape)} {DT[dt]}", Replay(recording), check,
+                nbytes(dy, mask, dx), 0, tfn if large else None, "native_dropout_backward")
+
+
+def dropout_small():
+    cases = []
+    for dt in (F32, F16, BF16):
+        cases += [dropout_case((37, 101), 0.3, dt), dropout_case((5, 999), 0.5, dt, unaligned=True),
+                  dropout_backward_case((37, 101), 1 / 0.7, dt)]
+    return cases
+
+
+def dropout_large():
+    # Transformer activations (batch x sequence x hidden) and a feature map.
+    return [dropout_case((8, 2048, 4096), 0.1, BF16, large=True), dropout_case((8, 2048, 4096), 0.1, F32, large=True),
+            dropout_case((32, 256, 64, 64), 0.5, F16, large=True),
+            dropout_backward_case((8, 2048, 4096), 1 / 0.9, BF16, large=True)]
 
 
 # ---------------------------------------------------------------- attention
@@ -867,7 +936,7 @@ def attention_large():
 
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
          "linalg": linalg_small, "pad": pad_small, "upsample": upsample_small,
-         "attention": attention_small}
+         "dropout": dropout_small, "attention": attention_small}
 LARGE = {"softmax": softmax_large, "gemv": gemv_large, "fp8": fp8_large, "grouped_mm": grouped_large,
          "linalg": linalg_large, "pad": pad_large, "upsample": upsample_large,
-         "attention": attention_large}
+         "dropout": dropout_large, "attention": attention_large}

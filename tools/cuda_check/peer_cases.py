@@ -1,5 +1,5 @@
-"""The cases of tools/cuda_check/peers.py (benchmarks/_decode_cases.py, the list the Mac benchmark times too)
-and, for each, its implementations: ours (our host's plan), the peers' (peer_plans.py), torch CUDA's, each
+"""The cases of tools/cuda_check/peers.py (benchmarks/_decode_cases.py and _media_cases.py, the lists the Mac
+benchmarks time too) and, for each, its implementations: ours (our host's plan), the peers' (peer_plans.py), torch CUDA's, each
 with its inputs, a float64 reference and the bytes it must move.
 
 Inputs rotate: an implementation holds several input sets, enough to exceed ROTATE_BYTES (4x an H200's L2),
@@ -22,9 +22,17 @@ import replay
 from translate_cuda import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _decode_cases import BF16, F32, Case, cases  # noqa: E402,F401 (peers.py takes cases() from here)
+import _decode_cases  # noqa: E402
+import _media_cases  # noqa: E402
+from _decode_cases import BF16, F32, Case  # noqa: E402
+from cases import dropout_backward, dropped, interpolated, padded  # noqa: E402 (those families' host plans)
 
 ROTATE_BYTES, MAX_SETS = 256 << 20, 16
+
+
+def cases() -> list[Case]:
+    """docs/performance.md's cases, in its tables' order."""
+    return _decode_cases.cases() + _media_cases.cases()
 
 
 def our_plan(op: Callable, *args):
@@ -35,7 +43,7 @@ def our_plan(op: Callable, *args):
                for a in args]
     recording, out = replay.record(op, *shadows)
     bound = replay.Replay(recording, {s: a for s, a in zip(shadows, args) if isinstance(a, torch.Tensor)})
-    return bound.launches, bound.on_device(out)
+    return bound.launches, tuple(map(bound.on_device, out)) if isinstance(out, tuple) else bound.on_device(out)
 
 
 @dataclasses.dataclass
@@ -229,7 +237,69 @@ def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     return impls
 
 
-IMPLEMENTATIONS = {"gemv": gemv, "fp8": fp8, "moe": moe, "moe_fp8": moe_fp8, "moe_kn": moe_kn, "softmax": softmax}
+def moved(*ts) -> int:
+    """The bytes of tensors read or written once."""
+    return sum(t.numel() * t.element_size() for t in ts)
+
+
+def pad(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """F.pad of a contiguous tensor: the input read once, the output written once."""
+    (shape, widths, mode), dtype = case.dims, case.dtype
+    x = randn(*shape, dtype=dtype)
+    planned = our_plan(padded, x, widths, mode)
+    ref = F.pad(x.double(), widths, mode=mode)
+    nbytes = moved(x, planned[1])
+    return [kernel_impl("ours", [planned], ref, nbytes),
+            torch_impl([lambda: F.pad(x, widths, mode=mode)], ref, dtype, nbytes, "F.pad")]
+
+
+def upsample(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """F.interpolate to a size (align_corners=False for the linear and cubic modes, as pipelines call it)."""
+    (shape, size, mode, channels_last), dtype = case.dims, case.dtype
+    x = randn(*shape, dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    corners = None if mode.startswith("nearest") else False
+    planned = our_plan(interpolated, x, mode, size, corners)
+    ref = F.interpolate(x.double(), size=size, mode=mode, align_corners=corners)
+    nbytes = moved(x, planned[1])
+    return [kernel_impl("ours", [planned], ref, nbytes, "NHWC" if channels_last else ""),
+            torch_impl([lambda: F.interpolate(x, size=size, mode=mode, align_corners=corners)], ref, dtype, nbytes,
+                       "F.interpolate")]
+
+
+def dropout(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """native_dropout (F.dropout's path: the input read, the output and the bool mask written) or its
+    backward (the gradient and the mask read, the gradient written). Ours and torch's draw different masks,
+    so each is checked on its own: the output is the input scaled where the mask keeps, and the mask keeps a
+    plausible share (a NaN reference fails the check where it does not)."""
+    (shape, p, call), dtype = case.dims, case.dtype
+    x, keep = randn(*shape, dtype=dtype), torch.rand(*shape, device=cuda.DEV) >= p
+    nbytes = x.numel() * (2 * x.element_size() + 1)
+    ref = torch.empty(shape, dtype=torch.float64, device=cuda.DEV)
+    if call == "backward":
+        ref.copy_(torch.where(keep, x.double() / (1 - p), 0))
+        return [kernel_impl("ours", [our_plan(dropout_backward, x, keep, 1 / (1 - p))], ref, nbytes),
+                torch_impl([lambda: torch.ops.aten.native_dropout_backward(x, keep, 1 / (1 - p))], ref, dtype,
+                           nbytes, "native_dropout_backward")]
+
+    def checked(y, mask):
+        n, kept = mask.numel(), int(mask.sum())
+        ref.copy_(torch.where(mask, x.double() / (1 - p), 0))
+        if abs(kept - n * (1 - p)) > 6 * (n * p * (1 - p)) ** 0.5:
+            ref.fill_(float("nan"))
+        return y
+
+    launches, (y, mask) = our_plan(dropped, x, p)
+    last = {}
+    ours = Impl("ours", [launches], lambda: checked(y, mask), ref, dtype, nbytes, poison=[y])
+    theirs = Impl("torch", [lambda: last.update(out=torch.native_dropout(x, p, True))],
+                  lambda: checked(*last["out"]), ref, dtype, nbytes, "torch.native_dropout")
+    return [ours, theirs]
+
+
+IMPLEMENTATIONS = {"gemv": gemv, "fp8": fp8, "moe": moe, "moe_fp8": moe_fp8, "moe_kn": moe_kn, "softmax": softmax,
+                   "pad": pad, "upsample": upsample, "dropout": dropout}
 
 
 def implementations(case: Case, ggml: peer_plans.Ggml, rotate: int = ROTATE_BYTES) -> list[Impl]:

@@ -31,6 +31,20 @@ TABLES = {
                [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
     "softmax": ("Softmax", "ggml's softmax takes float32 only.",
                 [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+    "pad": ("Padding (`F.pad`, bf16)",
+            "Wan2.2's and Qwen-Image's VAE tensors, a UNet's feature map, an audio batch. Neither ggml-metal nor MLX "
+            "has a pad kernel of its own to compare with (MLX pads by a copy into a filled array); torch CUDA's "
+            "kernel is the peer. GB/s counts the input read once and the output written once.",
+            [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
+    "upsample": ("Interpolation (`F.interpolate`, bf16)",
+                 "The 2x nearest-exact of the VAE decoders, a UNet's nearest, bilinear, bicubic and trilinear "
+                 "(align_corners=False); GB/s counts the input read once and the output written once.",
+                 [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
+    "dropout": ("Dropout (bf16)",
+                "F.dropout's `native_dropout` (the input read, the output and a bool mask written) and its "
+                "backward (the gradient and the mask read, the gradient written). Ours and torch's draw different "
+                "masks: each is checked on its own mask and for a plausible share kept.",
+                [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
 }
 
 

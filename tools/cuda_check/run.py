@@ -267,7 +267,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("cuda_check_out"))
     ap.add_argument("--build", type=Path, default=Path("/tmp/cuda_check_build"))
-    ap.add_argument("--families", default="softmax,gemv,fp8,grouped_mm,linalg")
+    ap.add_argument("--families", default=",".join(C.SMALL))
     ap.add_argument("--sanitize", choices=TOOLS, help=argparse.SUPPRESS)
     ap.add_argument("--sanitize-timeout", type=int, default=300)
     ap.add_argument("--no-sanitize", action="store_true")

@@ -76,7 +76,7 @@ def launch_bound(host: str) -> int:
 # The CUDA symbol of a host name's trampoline (a kernel whose host name is its own name would clash).
 SYMBOL_PREFIX = "mtlk_"
 _METAL_CALLS = {"max", "min", "exp", "log", "fabs", "isnan", "isinf", "clamp", "dot", "ceil", "floor", "sqrt",
-                "rsqrt", "as_type", "fma", "popcount"}
+                "rsqrt", "as_type", "fma", "popcount", "mulhi"}
 
 
 @dataclasses.dataclass

@@ -217,6 +217,23 @@ struct UpsampleParams {
 };
 static_assert(sizeof(UpsampleParams) == 120, "UpsampleParams layout");
 
+// Dropout (metal/dropout.metal) over `numel` elements in memory order, four
+// per thread. Element i is kept iff word i % 4 of Philox4x32-10 at counter
+// (i / 4, offset) and key seed is >= threshold: with u that word over 2^32,
+// keep iff u >= p, so threshold = ceil(p * 2^32), from 0 (p = 0, all kept)
+// to 2^32 (p = 1, none). Kept elements are scaled by `scale` (1 / (1 - p),
+// 0 for p = 1); the backward reads the mask and uses numel, scale and
+// vectorized only.
+struct DropoutParams {
+  mps_ext_u64 numel;
+  mps_ext_u64 seed;
+  mps_ext_u64 offset;
+  mps_ext_u64 threshold;
+  float scale;
+  mps_ext_u32 vectorized;  // every buffer aligned for 4-element loads and stores
+};
+static_assert(sizeof(DropoutParams) == 40, "DropoutParams layout");
+
 // Attention for few query rows (metal/attention.metal): out = softmax(q k^T
 // * scale + mask) v per (batch, query head) over key_len keys. Query head h
 // reads KV head h / group, so one threadgroup serves the `group` query heads

@@ -326,6 +326,7 @@ MTLCUDA_UNARY(rsqrt, rsqrtf(x))
 
 MTLCUDA_FN float fma(float a, float b, float c) { return fmaf(a, b, c); }
 MTLCUDA_FN uint popcount(uint x) { return __popc(x); }
+MTLCUDA_FN uint mulhi(uint a, uint b) { return __umulhi(a, b); }
 
 MTLCUDA_FN bool isnan(float x) { return ::isnan(x); }
 MTLCUDA_FN bool isinf(float x) { return ::isinf(x); }
@@ -354,6 +355,7 @@ MTLCUDA_FN float divide(float a, float b) { return __fdiv_rn(a, b); }
 
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 MTLCUDA_FN void threadgroup_barrier(mem_flags) { __syncthreads(); }
+MTLCUDA_FN void simdgroup_barrier(mem_flags) { __syncwarp(__activemask()); }
 
 enum memory_order { memory_order_relaxed };
 struct atomic_uint {
@@ -437,6 +439,9 @@ struct MaxFn {
 struct MinFn {
   template <class T> MTLCUDA_FN T operator()(T a, T b) const { return min(a, b); }
 };
+
+MTLCUDA_FN bool simd_all(bool v) { return __all_sync(__activemask(), v); }
+MTLCUDA_FN bool simd_any(bool v) { return __any_sync(__activemask(), v); }
 
 template <class T> MTLCUDA_FN T simd_sum(T v) { return simd_reduce(v, SumFn()); }
 template <class T> MTLCUDA_FN T simd_max(T v) { return simd_reduce(v, MaxFn()); }
