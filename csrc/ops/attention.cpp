@@ -25,6 +25,8 @@ namespace {
 constexpr int64_t kDecodeMaxQueryRows = 8;
 constexpr int64_t kMaxHeadDim = 256;
 constexpr uint32_t kSimdGroups = 4;
+// The prefill kernel's threadgroup: a SIMD group per 8 rows of its block.
+constexpr uint32_t kPrefillThreads = kAttentionPrefillRows / 8 * 32;
 // A run of keys gives each SIMD group at least this many: shorter runs spend
 // more on the merge than they gain in parallelism.
 constexpr int64_t kMinKeysPerSimdGroup = 16;
@@ -149,29 +151,20 @@ AttentionMask mask_kind(const std::optional<at::Tensor>& mask) {
 }
 
 struct Plan {
-  std::string decode, merge;
-  Size3 grid;
+  std::string kernel, merge;  // merge: only where the decode kernel's keys are split over several runs
+  Size3 grid, threadgroup;
   AttentionParams params{};
 };
 
-Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
-  Plan p;
-  AttentionParams& q = p.params;
-  const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), rows_per_head = w.group * w.q.size(2);
-  const int64_t keys = w.k.size(2), e = per_lane(std::max(w.q.size(-1), w.v.size(-1)));
-  const int64_t rows = rows_bucket(std::min<int64_t>(rows_per_head, kAttentionMaxRows));
-  const std::string type = metal_type(w.q.scalar_type());
-  const std::string tile = "_e" + std::to_string(e);
-  p.decode = "attention_decode_" + type + tile + "_r" + std::to_string(rows);
-  p.merge = "attention_merge_" + type + tile;
-  // Split the keys over as many threadgroups as fill the GPU, each run long enough to be worth a merge.
-  const int64_t blocks = (rows_per_head + rows - 1) / rows, threadgroups = batch * kv_heads * blocks;
-  const int64_t fill = backend.fill_simdgroups(p.decode, 32 * kSimdGroups);
-  const int64_t wanted = (fill + threadgroups * kSimdGroups - 1) / (threadgroups * kSimdGroups);
-  int64_t splits = std::clamp<int64_t>(std::min(wanted, keys / (kSimdGroups * kMinKeysPerSimdGroup)), 1, keys);
-  const int64_t per_split = (keys + splits - 1) / splits;
-  splits = (keys + per_split - 1) / per_split;
+// The smallest prefill head dim (its kernels' D) that holds `dim`.
+int64_t prefill_dim(int64_t dim) {
+  for (int64_t d : {32, 64, 96, 128, 160, 192}) if (dim <= d) return d;
+  return kMaxHeadDim;
+}
 
+// What every kernel reads of the call; splits as one run.
+AttentionParams params_of(const Views& w, const AttentionArgs& a) {
+  AttentionParams q{};
   for (int64_t d = 0; d < 3; ++d) {
     q.q_stride[d] = uint64_t(w.q.stride(d));
     q.k_stride[d] = uint64_t(w.k.stride(d));
@@ -179,21 +172,54 @@ Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
   }
   if (w.mask)
     for (int64_t d = 0; d < 4; ++d) q.mask_stride[d] = uint64_t(w.mask->stride(d));
-  q.kv_heads = uint32_t(kv_heads);
+  q.kv_heads = uint32_t(w.k.size(1));
   q.group = uint32_t(w.group);
   q.q_len = uint32_t(w.q.size(2));
-  q.key_len = uint32_t(keys);
+  q.key_len = uint32_t(w.k.size(2));
   q.qk_dim = uint32_t(w.q.size(-1));
   q.v_dim = uint32_t(w.v.size(-1));
-  q.splits = uint32_t(splits);
-  q.keys_per_split = uint32_t(per_split);
+  q.splits = 1;
+  q.keys_per_split = q.key_len;
   q.mask = mask_kind(w.mask);
   q.causal = a.is_causal;
-  q.vectorized = (vectorizable(w.q, e) ? kAttentionVecQ : 0) | (vectorizable(w.k, e) ? kAttentionVecK : 0) |
-                 (vectorizable(w.v, e) ? kAttentionVecV : 0);
   // torch's default scale: 1 / sqrt of the query's head dim.
   q.scale = float(a.scale.value_or(1.0 / std::sqrt(double(w.q.size(-1)))));
+  return q;
+}
+
+bool is_prefill(const Views& w) { return w.q.size(2) > kDecodeMaxQueryRows; }
+
+Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
+  Plan p;
+  p.params = params_of(w, a);
+  AttentionParams& q = p.params;
+  const std::string type = metal_type(w.q.scalar_type());
+  const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), keys = w.k.size(2);
+  if (is_prefill(w)) {
+    const int64_t blocks = (w.q.size(2) + kAttentionPrefillRows - 1) / kAttentionPrefillRows;
+    p.kernel = "attention_prefill_" + type + "_d" + std::to_string(prefill_dim(std::max(w.q.size(-1), w.v.size(-1))));
+    p.grid = {uint32_t(blocks), uint32_t(kv_heads * w.group), uint32_t(batch)};
+    p.threadgroup = {kPrefillThreads};
+    return p;
+  }
+  const int64_t rows_per_head = w.group * w.q.size(2), e = per_lane(std::max(w.q.size(-1), w.v.size(-1)));
+  const int64_t rows = rows_bucket(std::min<int64_t>(rows_per_head, kAttentionMaxRows));
+  const std::string tile = "_e" + std::to_string(e);
+  p.kernel = "attention_decode_" + type + tile + "_r" + std::to_string(rows);
+  p.merge = "attention_merge_" + type + tile;
+  // Split the keys over as many threadgroups as fill the GPU, each run long enough to be worth a merge.
+  const int64_t blocks = (rows_per_head + rows - 1) / rows, threadgroups = batch * kv_heads * blocks;
+  const int64_t fill = backend.fill_simdgroups(p.kernel, 32 * kSimdGroups);
+  const int64_t wanted = (fill + threadgroups * kSimdGroups - 1) / (threadgroups * kSimdGroups);
+  int64_t splits = std::clamp<int64_t>(std::min(wanted, keys / (kSimdGroups * kMinKeysPerSimdGroup)), 1, keys);
+  const int64_t per_split = (keys + splits - 1) / splits;
+  splits = (keys + per_split - 1) / per_split;
+  q.splits = uint32_t(splits);
+  q.keys_per_split = uint32_t(per_split);
+  q.vectorized = (vectorizable(w.q, e) ? kAttentionVecQ : 0) | (vectorizable(w.k, e) ? kAttentionVecK : 0) |
+                 (vectorizable(w.v, e) ? kAttentionVecV : 0);
   p.grid = {uint32_t(splits), uint32_t(blocks), uint32_t(batch * kv_heads)};
+  p.threadgroup = {32 * kSimdGroups};
   return p;
 }
 
@@ -214,7 +240,6 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
   auto views = views_of(a);
   if (auto* reason = std::get_if<std::string>(&views)) return *reason;
   const Views& w = std::get<Views>(views);
-  if (w.q.size(2) > kDecodeMaxQueryRows) return std::string("prefill (query length > 8)");
   if (w.q.size(-1) > kMaxHeadDim || w.v.size(-1) > kMaxHeadDim) return std::string("head dim > 256");
   for (const at::Tensor& t : {w.q, w.k, w.v})
     for (int64_t s : t.sizes())
@@ -224,7 +249,7 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
   for (int64_t s : w.out_shape) numel *= s;
   if (numel == 0 || w.k.size(2) == 0) return std::nullopt;  // nothing to launch
   const Plan p = plan(w, a, *backend);
-  if (auto reason = backend->unavailable(p.decode, 32 * kSimdGroups)) return reason;
+  if (auto reason = backend->unavailable(p.kernel, p.threadgroup.x)) return reason;
   if (p.params.splits > 1)
     if (auto reason = backend->unavailable(p.merge, 32)) return reason;
   return std::nullopt;
@@ -237,12 +262,22 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
   at::Tensor out = at::empty(w.out_shape, a.query.options());
   if (out.numel() == 0) return out;
   const Plan p = plan(w, a, *backend_for(a.query.device()));
+  if (is_prefill(w)) {
+    dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
+                 .tensor(w.q)
+                 .tensor(w.k)
+                 .tensor(w.v)
+                 .tensor(w.mask ? *w.mask : w.q)
+                 .tensor(out)
+                 .bytes(p.params));
+    return out;
+  }
   const int64_t out_rows = out.numel() / w.v.size(-1), splits = p.params.splits;
   const at::TensorOptions floats = a.query.options().dtype(at::kFloat);
   // One run writes the output itself; the partials' slots are bound to it (never touched).
   const at::Tensor partial_out = splits > 1 ? at::empty({out_rows, splits, w.v.size(-1)}, floats) : out;
   const at::Tensor partial_stats = splits > 1 ? at::empty({out_rows, splits, 2}, floats) : out;
-  dispatch(Launch{p.decode, {}, p.grid, {32 * kSimdGroups}}
+  dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
                .tensor(w.q)
                .tensor(w.k)
                .tensor(w.v)

@@ -256,5 +256,7 @@ static_assert(sizeof(AttentionParams) == 152, "AttentionParams layout");
 // Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
 // threadgroups, each reading that head's keys.
 enum : mps_ext_u32 { kAttentionMaxRows = 8 };
+// Query rows of one prefill threadgroup (8 per SIMD group).
+enum : mps_ext_u32 { kAttentionPrefillRows = 32 };
 
 }  // namespace mps_ext
