@@ -54,6 +54,24 @@ inline void load_slice(device const T* row, uint lane, uint dim, bool vectorized
   for (uint e = 0; e < E; ++e) out[e] = first + e < dim ? float(row[first + e]) : 0.0f;
 }
 
+// Whether a sliding window (p.window keys ending at the row's position,
+// aligned to the end of the keys) leaves `key` out of query row `qrow`.
+inline bool outside_window(constant AttentionParams& p, uint qrow, uint key) {
+  const int pos = int(p.key_len) - int(p.q_len) + int(qrow);
+  return p.window != 0 && (int(key) > pos || int(key) + int(p.window) <= pos);
+}
+
+// A row's (max, sum) with its head's sink taken in (a key of logit `sink`
+// and value 0), and the factor its unnormalised output takes for that max.
+struct SinkTaken {
+  float sum, rescale;
+};
+inline SinkTaken take_sink(constant AttentionParams& p, device const float* sinks, uint head, float m, float sum) {
+  if (!p.sinks) return {sum, 1.0f};
+  const float sink = sinks[head], top = attention_max(m, sink), rescale = attention_term(m, top);
+  return {sum * rescale + attention_term(sink, top), rescale};
+}
+
 // The mask's value for a score: what is added to it (0 where the key is
 // attended, -inf where a bool mask excludes it).
 inline float mask_value(device const uchar* mask, constant AttentionParams& p, ulong offset) {
@@ -73,7 +91,8 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
                              device const T* v [[buffer(2)]], device const uchar* mask [[buffer(3)]],
                              device T* out [[buffer(4)]], device float* partial_out [[buffer(5)]],
                              device float2* partial_stats [[buffer(6)]], constant AttentionParams& p [[buffer(7)]],
-                             uint3 group [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
+                             device const float* sinks [[buffer(8)]], uint3 group [[threadgroup_position_in_grid]],
+                             uint lane [[thread_index_in_simdgroup]],
                              uint sg [[simdgroup_index_in_threadgroup]],
                              uint simdgroups [[simdgroups_per_threadgroup]]) {
   // One row per (SIMD group, row) pair for the merge; the output slices of a row.
@@ -82,7 +101,8 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
 
   const uint split = group.x, batch = group.z / p.kv_heads, kv_head = group.z % p.kv_heads;
   const uint rows = p.group * p.q_len, first_row = group.y * R;
-  const uint key_begin = split * p.keys_per_split, key_end = min(key_begin + p.keys_per_split, p.key_len);
+  const uint key_begin = p.key_first + split * p.keys_per_split,
+             key_end = min(key_begin + p.keys_per_split, p.key_len);
   const bool vec_q = p.vectorized & mps_ext::kAttentionVecQ, vec_k = p.vectorized & mps_ext::kAttentionVecK,
              vec_v = p.vectorized & mps_ext::kAttentionVecV;
 
@@ -118,7 +138,7 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
       if (p.mask != mps_ext::kAttentionMaskNone)
         score[r] += mask_value(mask, p, mask_base + head[r] * p.mask_stride[1] + qrow[r] * p.mask_stride[2] +
                                             key * p.mask_stride[3]);
-      if (p.causal && key > qrow[r]) score[r] = -INFINITY;
+      if ((p.causal && key > qrow[r]) || outside_window(p, qrow[r], key)) score[r] = -INFINITY;
     }
     load_slice<T, E>(v_head + key * p.v_stride[2], lane, p.v_dim, vec_v, kv);
     MPS_EXT_UNROLL
@@ -175,7 +195,8 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
     const float value = merged[(r * 32 + d / E) * E + d % E];
     const ulong out_row = (ulong(batch) * p.kv_heads * p.group + head[r]) * p.q_len + qrow[r];
     if (p.splits == 1) {
-      out[out_row * p.v_dim + d] = T(row_sum[r] == 0.0f ? 0.0f : value / row_sum[r]);
+      const SinkTaken t = take_sink(p, sinks, head[r], row_max[r], row_sum[r]);
+      out[out_row * p.v_dim + d] = T(t.sum == 0.0f ? 0.0f : value * t.rescale / t.sum);
     } else {
       partial_out[(out_row * p.splits + split) * p.v_dim + d] = value;
       if (d == 0) partial_stats[out_row * p.splits + split] = float2(row_max[r], row_sum[r]);
@@ -187,8 +208,8 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
 template <typename T, uint E>
 kernel void attention_merge(device const float* partial_out [[buffer(0)]],
                             device const float2* partial_stats [[buffer(1)]], device T* out [[buffer(2)]],
-                            constant AttentionParams& p [[buffer(3)]], uint row [[threadgroup_position_in_grid]],
-                            uint lane [[thread_index_in_simdgroup]]) {
+                            constant AttentionParams& p [[buffer(3)]], device const float* sinks [[buffer(4)]],
+                            uint row [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
   device const float2* stats = partial_stats + ulong(row) * p.splits;
   float row_max = -INFINITY;
   for (uint j = 0; j < p.splits; ++j) row_max = attention_max(row_max, stats[j].x);
@@ -204,9 +225,11 @@ kernel void attention_merge(device const float* partial_out [[buffer(0)]],
     for (uint e = 0; e < E; ++e)
       if (first + e < p.v_dim) acc[e] += part[first + e] * rescale;
   }
+  const SinkTaken t = take_sink(p, sinks, (row / p.q_len) % (p.kv_heads * p.group), row_max, row_sum);
   MPS_EXT_UNROLL
   for (uint e = 0; e < E; ++e)
-    if (first + e < p.v_dim) out[ulong(row) * p.v_dim + first + e] = T(row_sum == 0.0f ? 0.0f : acc[e] / row_sum);
+    if (first + e < p.v_dim)
+      out[ulong(row) * p.v_dim + first + e] = T(t.sum == 0.0f ? 0.0f : acc[e] * t.rescale / t.sum);
 }
 
 // Prefill: query blocks of kPrefillRows rows per (batch, query head), flash
@@ -239,7 +262,7 @@ template <typename T, uint D>
 kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
                               device const T* v [[buffer(2)]], device const uchar* mask [[buffer(3)]],
                               device T* out [[buffer(4)]], constant AttentionParams& p [[buffer(5)]],
-                              uint3 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                              device const float* sinks [[buffer(6)]], uint3 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
                               uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
   // Keys per tile: K^T or V of BK keys in 16 KiB of floats.
   constexpr uint BK = D <= 128 ? 32 : 16;
@@ -253,7 +276,15 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   const uint batch = group.z, head = group.y, kv_head = head / p.group;
   const uint block_row = group.x * mps_ext::kAttentionPrefillRows, first_row = block_row + sg * 8;
   const uint row = first_row + lane / 4, first_col = (lane % 4) * per_lane;
-  const uint key_end = p.causal ? min(p.key_len, block_row + mps_ext::kAttentionPrefillRows) : p.key_len;
+  // The keys some row of the block attends: causal stops at the last row, a window at the last row's
+  // position and starts at the first row's window.
+  const uint block_end = block_row + mps_ext::kAttentionPrefillRows;
+  uint key_begin = 0, key_end = p.causal ? min(p.key_len, block_end) : p.key_len;
+  if (p.window) {
+    const int first_pos = int(p.key_len) - int(p.q_len) + int(block_row);
+    key_begin = uint(max(first_pos - int(p.window) + 1, 0));
+    key_end = uint(clamp(first_pos + int(mps_ext::kAttentionPrefillRows), 0, int(key_end)));
+  }
 
   device const T* q_head = q + batch * p.q_stride[0] + head * p.q_stride[1];
   device const T* k_head = k + batch * p.k_stride[0] + kv_head * p.k_stride[1];
@@ -275,7 +306,7 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   }
 
   float m = -INFINITY, l = 0.0f;  // row `row`'s running maximum and sum
-  for (uint k0 = 0; k0 < key_end; k0 += BK) {
+  for (uint k0 = key_begin; k0 < key_end; k0 += BK) {
     for (uint i = tid; i < BK * D; i += threads) {
       const uint key = i / D, d = i % D;
       tile[d * BK + key] = k0 + key < key_end && d < p.qk_dim ? float(k_head[(k0 + key) * p.k_stride[2] + d]) : 0.0f;
@@ -303,7 +334,7 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
     for (uint j = 0; j < per_lane; ++j) {
       const uint key = k0 + first_col + j;
       float score = s_tile[(lane / 4) * BK + first_col + j] * p.scale;
-      if (key >= key_end || (p.causal && key > row)) {
+      if (key >= key_end || (p.causal && key > row) || outside_window(p, row, key)) {
         score = -INFINITY;
       } else if (p.mask != mps_ext::kAttentionMaskNone && row < p.q_len) {
         score += mask_value(mask, p, mask_row + key * p.mask_stride[3]);
@@ -345,7 +376,8 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   }
 
   // torch gives a row that attends no key 0.
-  const float inverse = l == 0.0f ? 0.0f : 1.0f / l;
+  const SinkTaken t = take_sink(p, sinks, head, m, l);
+  const float inverse = t.sum == 0.0f ? 0.0f : t.rescale / t.sum;
   device T* out_head = out + (ulong(batch) * p.kv_heads * p.group + head) * p.q_len * p.v_dim;
   MPS_EXT_UNROLL
   for (uint b = 0; b < B; ++b) {

@@ -300,3 +300,158 @@ def test_transformers_llama_decodes_the_same_tokens(prompt_len):
     first = "attention_decode_float_e2_r8" if prompt_len == 5 else "attention_prefill_float_d32"
     assert first in t.names and "attention_decode_float_e2_r2" in t.names, set(t.names)
     assert mps_ext.overrides.stats()["aten::scaled_dot_product_attention"]["hits"] == 2 * 6
+
+
+# ---------------------------------------------------------------- mps_ext.scaled_dot_product_attention
+
+def window_mask(q_len, keys, window):
+    """The bool mask of a sliding window aligned to the end of the keys (row i at key keys - q_len + i)."""
+    pos = torch.arange(q_len)[:, None] + keys - q_len
+    key = torch.arange(keys)[None, :]
+    return (key <= pos) & (key > pos - window)
+
+
+def op_on(device, q, k, v, **kwargs):
+    """mps_ext.scaled_dot_product_attention on ``device`` (no overrides needed), and the kernels it ran."""
+    tensors = {name: t for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
+    others = {name: t for name, t in kwargs.items() if name not in tensors}
+    with mps_ext.trace() as t:
+        out = on(device, lambda q, k, v, *ts: mps_ext.scaled_dot_product_attention(
+            q, k, v, **dict(zip(tensors, ts)), **others), q, k, v, *tensors.values())
+    assert t.names and all(r.backend == backend(device) for r in t.kernels), t.names
+    return out, t
+
+
+@pytest.mark.parametrize("q_len, keys", [(1, 50), (4, 300), (40, 60), (45, 45), (9, 500)])
+@pytest.mark.parametrize("window", [1, 5, 64, 1000])
+def test_window_skips_the_keys_a_mask_would_exclude(device, q_len, keys, window):
+    q, k, v = randn(2, 4, q_len, 64), randn(2, 2, keys, 64, seed=1), randn(2, 2, keys, 64, seed=2)
+    want = reference(q, k, v, attn_mask=window_mask(q_len, keys, window), enable_gqa=True)
+    got, _ = op_on(device, q, k, v, enable_gqa=True, window=window)
+    assert_close(got, want)
+    # With a mask of its own and causal (top-left) besides: all three apply.
+    mask = randn(q_len, keys, seed=3) > -1
+    want = reference(q, k, v, attn_mask=mask & window_mask(q_len, keys, window), is_causal=True, enable_gqa=True)
+    got, _ = op_on(device, q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True, window=window)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_len", [1, 3, 20])
+def test_sinks_are_gpt_oss_eager_attention(device, dtype, q_len):
+    # gpt-oss's own eager attention (logits, a sink column, softmax, the column dropped) on its own layer.
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    config = gpt_oss.GptOssConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                  num_hidden_layers=1)
+    layer = gpt_oss.GptOssAttention(config, layer_idx=0).double().eval()
+    with torch.no_grad():
+        layer.sinks.copy_(randn(8, seed=4) * 3)
+    keys = 130
+    q, k, v = randn(1, 8, q_len, 64, dtype=dtype), randn(1, 2, keys, 64, dtype=dtype, seed=1), \
+        randn(1, 2, keys, 64, dtype=dtype, seed=2)
+    causal = torch.zeros(q_len, keys, dtype=torch.float64).masked_fill(~window_mask(q_len, keys, keys), -math.inf)
+    want, _ = gpt_oss.eager_attention_forward(layer, q.double(), k.double(), v.double(), causal, layer.scaling)
+    got, _ = op_on(device, q, k, v, attn_mask=causal.to(dtype), scale=layer.scaling, enable_gqa=True,
+                   sinks=layer.sinks.detach())
+    assert_close(got.transpose(1, 2), want, scale=reduction_scale(dtype, 64))
+
+
+def test_sinks_take_all_the_weight_of_a_row_that_attends_no_key(device):
+    q, k, v = randn(1, 2, 3, 32), randn(1, 2, 40, 32, seed=1), randn(1, 2, 40, 32, seed=2)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[1] = False
+    got, _ = op_on(device, q, k, v, attn_mask=mask, sinks=torch.tensor([0.5, -2.0]))
+    assert (got[:, :, 1] == 0).all() and (got[:, :, 0] != 0).all()
+
+
+@pytest.mark.parametrize("case", ["window", "sinks rank", "sinks heads", "sinks dtype"])
+def test_op_argument_errors(case):
+    q, k, v = randn(1, 4, 2, 32), randn(1, 4, 9, 32, seed=1), randn(1, 4, 9, 32, seed=2)
+    kwargs, match = {
+        "window": ({"window": -3}, "window must be a number of keys"),
+        "sinks rank": ({"sinks": torch.zeros(4, 1)}, "sinks must be a 1-D floating tensor"),
+        "sinks heads": ({"sinks": torch.zeros(3)}, r"sinks must hold one logit per query head \(4\), got 3"),
+        "sinks dtype": ({"sinks": torch.zeros(4, dtype=torch.int64)}, "sinks must be a 1-D floating tensor"),
+    }[case]
+    with pytest.raises(RuntimeError, match=match):
+        mps_ext.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.fallback("^autograd")
+def test_op_gradients_are_torchs_math():
+    q, k, v = (randn(1, 4, 5, 32, seed=s).requires_grad_() for s in range(3))
+    sinks = randn(4, seed=3).requires_grad_()
+    out = mps_ext.scaled_dot_product_attention(q, k, v, sinks=sinks, window=3)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, sinks))
+    # The same definition in float64, by hand: scores, the window, the sink column, softmax.
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    scores = (wide[0] @ wide[1].transpose(-2, -1) / math.sqrt(32)).masked_fill(~window_mask(5, 5, 3), -math.inf)
+    logits = torch.cat([scores, wide[3].reshape(1, 4, 1, 1).expand(1, 4, 5, 1)], -1)
+    want = torch.softmax(logits, -1)[..., :-1] @ wide[2]
+    assert_close(out, want)
+    for g, w in zip(grads, torch.autograd.grad(want.sum(), wide)):
+        assert_close(g, w)
+    assert mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]["reasons"] == {
+        "autograd (an input needs a derivative)": 1}
+
+
+def test_op_opcheck():
+    q, k, v = randn(2, 4, 10, 64), randn(2, 2, 20, 64, seed=1), randn(2, 2, 20, 32, seed=2)
+    torch.library.opcheck(torch.ops.mps_ext.scaled_dot_product_attention.default, (q, k, v),
+                          {"enable_gqa": True, "sinks": randn(4, seed=3), "window": 7},
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------- transformers' attn_implementation="mps_ext"
+
+@pytest.mark.parametrize("import_first", ["mps_ext", "transformers"])
+def test_registered_with_transformers_in_either_import_order(import_first):
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    imports = ["import mps_ext", "import transformers"]
+    code = "; ".join((imports if import_first == "mps_ext" else imports[::-1]) + [
+        "from transformers.modeling_utils import AttentionInterface",
+        "from transformers.masking_utils import AttentionMaskInterface",
+        "print('mps_ext' in AttentionInterface._global_mapping, 'mps_ext' in AttentionMaskInterface._global_mapping)"])
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split() == ["True", "True"], p.stderr
+
+
+@pytest.mark.fallback("rows > 8", required=False)  # the prompt's projections: GEMM, not GEMV
+@pytest.mark.parametrize("model", ["gpt_oss", "mistral"])
+@pytest.mark.parametrize("prompt_len", [5, 12])
+def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, prompt_len):
+    # gpt-oss (sinks; sliding-window and full layers) against its own eager attention, Mistral (a sliding
+    # window shorter than the text) against sdpa.
+    transformers = pytest.importorskip("transformers")
+    common = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64, sliding_window=4)
+    if model == "gpt_oss":
+        config = transformers.GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2,
+                                           layer_types=["sliding_attention", "full_attention"],
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        cls, theirs = transformers.GptOssForCausalLM, "eager"
+    else:
+        config, cls, theirs = transformers.MistralConfig(**common), transformers.MistralForCausalLM, "sdpa"
+    torch.manual_seed(0)
+    lm = cls(config).eval()
+    if model == "gpt_oss":
+        with torch.no_grad():
+            for layer in lm.model.layers:
+                layer.self_attn.sinks.normal_()
+    prompt = torch.randint(0, 128, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    lm.set_attn_implementation(theirs)
+    want = lm.generate(prompt, **kwargs)
+    lm.set_attn_implementation("mps_ext")
+    with mps_ext.trace() as t:
+        got = lm.generate(prompt, **kwargs)
+    assert torch.equal(got, want), (got, want)
+    names = set(t.names)
+    assert "attention_decode_float_e2_r2" in names, names
+    assert ("attention_prefill_float_d32" in names) == (prompt_len > 8), names
+    stats = mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]
+    steps = got.shape[1] - prompt_len  # up to 6: an end-of-text token stops generate early
+    assert stats["hits"] == 2 * steps and stats["fallbacks"] == 0, stats
