@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 from . import (_C, grouped_mm, inv_ex, linear, log_softmax, lu_factor_ex, lu_solve, qr, softmax, solve_ex,
@@ -416,6 +418,22 @@ def dropout_cases() -> Iterator[Case]:
         yield Case(f"dropout backward {SHORT[dtype]} (37, 101)", backward)
 
 
+def _attention_reference(q, k, v, mask, causal, sinks, window):
+    """Attention by its definition (GQA heads repeated): the scores, causal (top-left) and a sliding window
+    aligned to the end of the keys as -inf, the mask added, a sink column, softmax, the column dropped."""
+    k, v = (t.repeat_interleave(q.size(-3) // t.size(-3), -3) for t in (k, v))
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    row, key = torch.arange(q.size(-2))[:, None], torch.arange(k.size(-2))
+    pos = row + k.size(-2) - q.size(-2)
+    excluded = (key > row) & causal
+    if window:
+        excluded |= (key > pos) | (key <= pos - window)
+    scores = scores.masked_fill(excluded, -math.inf) + (0.0 if mask is None else mask.double())
+    if sinks is not None:
+        scores = torch.cat([scores, sinks.double().reshape(-1, 1, 1).expand(*scores.shape[:-1], 1)], -1)
+    return torch.softmax(scores, -1)[..., :k.size(-2)] @ v
+
+
 def attention_cases() -> Iterator[Case]:
     # Attention with the overrides on, decode shapes: every dtype, every head-dim slice
     # (2, 4, 6, 8 elements per lane: head dims 40, 80, 192 with values of 128, 256) and every row block (query
@@ -457,6 +475,33 @@ def attention_cases() -> Iterator[Case]:
                     kernels += (f"attention_merge_{MSL_TYPE[dtype]}_e{e}",)
                 yield Case(f"attention {SHORT[dtype]} d{dim}/{v_dim} {group}x{q_len} rows, {keys} keys", run,
                            kernels=kernels)
+    # Prefill through mps_ext's own op: every dtype and prefill head dim (D 32 to 256, values of their own),
+    # a block and a bit of rows; causal, a float mask, a sliding window with sinks in turn.
+    prefill_dims = {32: (24, 32), 64: (64, 64), 96: (80, 72), 128: (128, 128), 160: (160, 160), 192: (192, 128),
+                    256: (256, 256)}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for i, (d, (dim, v_dim)) in enumerate(prefill_dims.items()):
+            def prefill(device, dtype=dtype, dim=dim, v_dim=v_dim, kind=i % 3):
+                from ._ops import scaled_dot_product_attention
+
+                g = torch.Generator().manual_seed(dim + v_dim)
+                q = torch.randn(1, 4, 37, dim, generator=g).to(dtype)
+                k = torch.randn(1, 2, 45, dim, generator=g).to(dtype)
+                v = torch.randn(1, 2, 45, v_dim, generator=g).to(dtype)
+                mask = torch.randn(37, 45, generator=g) if kind == 1 else None
+                sinks = torch.randn(4, generator=g) if kind == 2 else None
+                args = dict(attn_mask=mask, is_causal=kind == 0, enable_gqa=True, sinks=sinks,
+                            window=9 if kind == 2 else None)
+                got = scaled_dot_product_attention(*(t.to(device) for t in (q, k, v)),
+                                                   **{n: a.to(device) if isinstance(a, torch.Tensor) else a
+                                                      for n, a in args.items()})
+                want = _attention_reference(q.double(), k.double(), v.double(), mask, kind == 0, sinks,
+                                            9 if kind == 2 else None)
+                return got, want.to(dtype), reduction_scale(dtype, dim) * 2
+
+            kind = ("causal", "float mask", "window and sinks")[i % 3]
+            yield Case(f"attention prefill {SHORT[dtype]} d{dim}/{v_dim} 37 rows, 45 keys, {kind}", prefill,
+                       kernels=(f"attention_prefill_{MSL_TYPE[dtype]}_d{d}",))
 
 
 def cases() -> list[Case]:

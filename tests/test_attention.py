@@ -1,6 +1,6 @@
 """Scaled dot-product attention (F.scaled_dot_product_attention; on mps
 aten::_scaled_dot_product_attention_math_for_mps) with the overrides on, against torch's CPU math attention in
-float64: decode query lengths (1-8) over GQA and broadcast heads, batch broadcasting (an error on mps with torch
+float64: decode query lengths (1-8) and prefill (more rows, the block kernel) over GQA and broadcast heads, batch broadcasting (an error on mps with torch
 2.13 and 2.14), head dims 32-256 with value head dims of their own, bool and additive masks of every float dtype
 and broadcast shape, causal (top-left) with and without a mask, rows that attend no key, no keys at all, views
 (transposed, expanded K/V), NaN and inf; the simulator's checked mode; torch's errors and derivatives; a
@@ -51,12 +51,21 @@ def sdpa_on(device, q, k, v, **kwargs):
 
 def check(device, q, k, v, **kwargs):
     """Our attention is torch's within the dtype's tolerance, and ran the decode kernel (and the merge where
-    the keys were split)."""
+    the keys were split) for up to 8 query rows, the prefill kernel for more."""
     want = reference(q, k, v, **kwargs)
     got, t = sdpa_on(device, q, k, v, **kwargs)
     assert got.shape == want.shape and got.dtype == q.dtype, (got.shape, want.shape, got.dtype)
-    assert_close(got, want, scale=2 * reduction_scale(q.dtype, q.size(-1)))
-    if k.size(-2) and got.numel():
+    # float32 scores of size s carry exp's relative error s * eps into the weights (scale=1 gives sqrt(d)).
+    score = (kwargs.get("scale") or q.size(-1) ** -0.5) * q.size(-1) ** 0.5
+    widen = max(1.0, score) if q.dtype == torch.float32 else 1.0
+    # A weighted average of the keys' values in float32 is off by about sqrt(keys) * eps * max |v| however
+    # small it comes out (values that cancel): that much absolute error in every dtype.
+    finite = v[v.isfinite()].abs()
+    floor = 4 * k.size(-2) ** 0.5 * 2.0**-24 * float(finite.max()) if finite.numel() else 0.0
+    assert_close(got, want, scale=2 * reduction_scale(q.dtype, q.size(-1)) * widen, atol=floor)
+    if k.size(-2) and got.numel() and q.size(-2) > 8:
+        assert len(t.names) == 1 and t.names[0].startswith("attention_prefill_"), t.names
+    elif k.size(-2) and got.numel():
         assert t.names[0].startswith("attention_decode_") and all(
             n.startswith("attention_merge_") for n in t.names[1:]), t.names
     else:
@@ -75,50 +84,57 @@ def test_llama3_decode_reads_each_kv_head_once(device):
     assert decode.grid[1:] == (1, 8) and decode.grid[0] > 1, decode.grid
 
 
+@pytest.mark.parametrize("q_len", [3, 40])
 @pytest.mark.parametrize("dim", [32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256])
-def test_head_dims(device, dim):
-    check(device, randn(2, 4, 3, dim), randn(2, 2, 70, dim, seed=1), randn(2, 2, 70, dim, seed=2), enable_gqa=True)
+def test_head_dims(device, dim, q_len):
+    check(device, randn(2, 4, q_len, dim), randn(2, 2, 70, dim, seed=1), randn(2, 2, 70, dim, seed=2),
+          enable_gqa=True)
 
 
+@pytest.mark.parametrize("q_len", [2, 20])
 @pytest.mark.parametrize("dims", [(192, 128), (64, 32), (40, 256)])
-def test_value_head_dim_of_its_own(device, dims):
+def test_value_head_dim_of_its_own(device, dims, q_len):
     qk, vd = dims
-    check(device, randn(1, 2, 2, qk), randn(1, 2, 50, qk, seed=1), randn(1, 2, 50, vd, seed=2))
+    check(device, randn(1, 2, q_len, qk), randn(1, 2, 50, qk, seed=1), randn(1, 2, 50, vd, seed=2))
 
 
+@pytest.mark.parametrize("q_len", [3, 37])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_masks(device, dtype):
-    q, k, v = randn(2, 4, 3, 64, dtype=dtype), randn(2, 4, 90, 64, dtype=dtype, seed=1), \
+def test_masks(device, dtype, q_len):
+    q, k, v = randn(2, 4, q_len, 64, dtype=dtype), randn(2, 4, 90, 64, dtype=dtype, seed=1), \
         randn(2, 4, 90, 64, dtype=dtype, seed=2)
-    bool_mask = randn(2, 1, 3, 90, seed=3) > -0.5
+    bool_mask = randn(2, 1, q_len, 90, seed=3) > -0.5
     check(device, q, k, v, attn_mask=bool_mask)
     check(device, q, k, v, attn_mask=randn(90, seed=4) > 0)  # broadcast over everything but the keys
     check(device, q, k, v, attn_mask=randn(1, 4, 1, 90, seed=5))  # float32 with any query dtype
-    check(device, q, k, v, attn_mask=randn(3, 90, dtype=dtype, seed=6))
+    check(device, q, k, v, attn_mask=randn(q_len, 90, dtype=dtype, seed=6))
 
 
-@pytest.mark.parametrize("q_len, keys", [(4, 4), (3, 50), (8, 5)])
+# Prefill: whole blocks, a block and a bit, more rows than keys (rows past the keys attend all of them).
+@pytest.mark.parametrize("q_len, keys", [(4, 4), (3, 50), (8, 5), (32, 32), (33, 70), (50, 20)])
 def test_causal_is_top_left(device, q_len, keys):
     q, k, v = randn(1, 2, q_len, 64), randn(1, 2, keys, 64, seed=1), randn(1, 2, keys, 64, seed=2)
     check(device, q, k, v, is_causal=True)
     check(device, q, k, v, is_causal=True, attn_mask=randn(1, 1, q_len, keys, seed=3) > -1)
 
 
-def test_rows_that_attend_no_key_are_zero(device):
-    q, k, v = randn(1, 2, 3, 64), randn(1, 2, 140, 64, seed=1), randn(1, 2, 140, 64, seed=2)
-    mask = torch.ones(3, 140, dtype=torch.bool)
+@pytest.mark.parametrize("q_len", [3, 12])
+def test_rows_that_attend_no_key_are_zero(device, q_len):
+    q, k, v = randn(1, 2, q_len, 64), randn(1, 2, 140, 64, seed=1), randn(1, 2, 140, 64, seed=2)
+    mask = torch.ones(q_len, 140, dtype=torch.bool)
     mask[1] = False
     got, _ = check(device, q, k, v, attn_mask=mask)
     assert (got[:, :, 1] == 0).all()
-    float_mask = torch.zeros(3, 140)
+    float_mask = torch.zeros(q_len, 140)
     float_mask[2] = -math.inf
     got, _ = check(device, q, k, v, attn_mask=float_mask)
     assert (got[:, :, 2] == 0).all()
 
 
-def test_no_keys(device):
-    got, _ = check(device, randn(2, 4, 1, 64), randn(2, 4, 0, 64), randn(2, 4, 0, 48))
-    assert got.shape == (2, 4, 1, 48) and (got == 0).all()
+@pytest.mark.parametrize("q_len", [1, 20])
+def test_no_keys(device, q_len):
+    got, _ = check(device, randn(2, 4, q_len, 64), randn(2, 4, 0, 64), randn(2, 4, 0, 48))
+    assert got.shape == (2, 4, q_len, 48) and (got == 0).all()
 
 
 def test_batch_broadcasting(device):
@@ -129,9 +145,10 @@ def test_batch_broadcasting(device):
     check(device, randn(2, 8, 1, 64), randn(2, 1, 33, 64, seed=1), randn(2, 1, 33, 64, seed=2))  # one KV head
 
 
-def test_views_are_read_in_place(device):
+@pytest.mark.parametrize("q_len", [1, 16])
+def test_views_are_read_in_place(device, q_len):
     # transformers' layout: (batch, seq, heads, dim) transposed; repeat_kv's K/V expanded over the group.
-    q = randn(2, 1, 8, 64).transpose(1, 2)
+    q = randn(2, q_len, 8, 64).transpose(1, 2)
     k = randn(2, 40, 2, 64, seed=1).transpose(1, 2)[:, :, None].expand(2, 2, 4, 40, 64).flatten(1, 2)
     v = randn(2, 2, 1, 40, 64, seed=2).expand(2, 2, 4, 40, 64)[:, :, :, :, :].reshape(2, 8, 40, 64)
     check(device, q, k, v)
@@ -139,8 +156,9 @@ def test_views_are_read_in_place(device):
     check(device, q, k_expanded, k_expanded[..., ::2])
 
 
-def test_nan_and_inf(device):
-    q, k, v = randn(1, 2, 3, 64), randn(1, 2, 150, 64, seed=1), randn(1, 2, 150, 64, seed=2)
+@pytest.mark.parametrize("q_len", [3, 20])
+def test_nan_and_inf(device, q_len):
+    q, k, v = randn(1, 2, q_len, 64), randn(1, 2, 150, 64, seed=1), randn(1, 2, 150, 64, seed=2)
     q[0, 0, 1, 5] = math.nan
     k[0, 1, 7, 3] = math.inf
     v[0, 1, 100, 0] = -math.inf
@@ -153,7 +171,7 @@ def test_random_grid(device, seed):
     dtype = rng.choice(DTYPES)
     kv_heads = rng.choice([1, 2, 3])
     group = rng.choice([1, 2, 4])
-    q_len, keys = rng.randint(1, 8), rng.choice([0, 1, 7, 33, 130, 300])
+    q_len, keys = rng.choice([rng.randint(1, 8), rng.randint(9, 70)]), rng.choice([0, 1, 7, 33, 130, 300])
     dim = rng.choice([32, 40, 64, 80, 96, 128, 160, 256])
     v_dim = dim if rng.random() < 0.7 else rng.choice([16, 64, 128])
     batch = rng.choice([(), (2,), (1, 3)])
@@ -183,16 +201,18 @@ def test_checked_mode(device):
                 randn(1, 2, 200, 72, dtype=dtype, seed=2)
             check(device, q, k, v, enable_gqa=True, attn_mask=randn(2, 200, seed=3) > 0)
             check(device, q[:, :1, :1, :40], k[:, :1, :9, :40], v[:, :1, :9, :40], is_causal=True)
+            q = randn(1, 4, 45, 80, dtype=dtype)
+            check(device, q, k, v, enable_gqa=True, attn_mask=randn(45, 200, dtype=dtype, seed=4))
+            check(device, q[..., :40], k[..., :40], v[..., :40], enable_gqa=True, is_causal=True)
 
 
-@pytest.mark.fallback("prefill")
-def test_prefill_is_torchs(device):
-    q, k, v = randn(1, 2, 9, 64), randn(1, 2, 9, 64, seed=1), randn(1, 2, 9, 64, seed=2)
-    got, t = sdpa_on(device, q, k, v, is_causal=True)
-    assert t.names == [] and torch.equal(got.cpu(), F.scaled_dot_product_attention(q, k, v, is_causal=True))
-    reason = "aten::_scaled_dot_product_attention_math_for_mps" if device == "mps" else \
-        "aten::scaled_dot_product_attention"
-    assert mps_ext.overrides.stats()[reason]["reasons"] == {"prefill (query length > 8)": 1}
+def test_prefill_blocks(device):
+    # One threadgroup per 32 query rows of each query head and batch; a causal block reads only the keys up
+    # to its last row (the rows' results above show it reads all it needs).
+    q, k, v = randn(3, 4, 70, 64), randn(3, 2, 90, 64, seed=1), randn(3, 2, 90, 64, seed=2)
+    _, t = check(device, q, k, v, enable_gqa=True, is_causal=True)
+    assert t.kernels[0].name == "attention_prefill_float_d64" and t.kernels[0].grid == (3, 4, 3), t.kernels[0]
+    assert t.kernels[0].threadgroup == (128, 1, 1)
 
 
 @pytest.mark.fallback("dtype Double")
@@ -260,7 +280,9 @@ def test_opcheck():
     assert_close(out, reference(q, k, v, enable_gqa=True))
 
 
-def test_transformers_llama_decodes_the_same_tokens():
+@pytest.mark.fallback("rows > 8", required=False)  # the 20-token prompt's projections: GEMM, not GEMV
+@pytest.mark.parametrize("prompt_len", [5, 20])
+def test_transformers_llama_decodes_the_same_tokens(prompt_len):
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128,
@@ -268,11 +290,168 @@ def test_transformers_llama_decodes_the_same_tokens():
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     model.set_attn_implementation("sdpa")
-    prompt = torch.randint(0, 128, (1, 5), generator=torch.Generator().manual_seed(1))
+    prompt = torch.randint(0, 128, (1, prompt_len), generator=torch.Generator().manual_seed(1))
     kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     want = model.generate(prompt, **kwargs)
     with mps_ext.overrides.enabled("cpu"), mps_ext.trace() as t:
         got = model.generate(prompt, **kwargs)
     assert torch.equal(got, want), (got, want)
-    assert "attention_decode_float_e2_r2" in t.names and "attention_decode_float_e2_r8" in t.names, set(t.names)
+    # The prompt: 4 query heads of a KV head pair's 2 (r8 for 5 rows x 2 heads), or the prefill kernel.
+    first = "attention_decode_float_e2_r8" if prompt_len == 5 else "attention_prefill_float_d32"
+    assert first in t.names and "attention_decode_float_e2_r2" in t.names, set(t.names)
     assert mps_ext.overrides.stats()["aten::scaled_dot_product_attention"]["hits"] == 2 * 6
+
+
+# ---------------------------------------------------------------- mps_ext.scaled_dot_product_attention
+
+def window_mask(q_len, keys, window):
+    """The bool mask of a sliding window aligned to the end of the keys (row i at key keys - q_len + i)."""
+    pos = torch.arange(q_len)[:, None] + keys - q_len
+    key = torch.arange(keys)[None, :]
+    return (key <= pos) & (key > pos - window)
+
+
+def op_on(device, q, k, v, **kwargs):
+    """mps_ext.scaled_dot_product_attention on ``device`` (no overrides needed), and the kernels it ran."""
+    tensors = {name: t for name, t in kwargs.items() if isinstance(t, torch.Tensor)}
+    others = {name: t for name, t in kwargs.items() if name not in tensors}
+    with mps_ext.trace() as t:
+        out = on(device, lambda q, k, v, *ts: mps_ext.scaled_dot_product_attention(
+            q, k, v, **dict(zip(tensors, ts)), **others), q, k, v, *tensors.values())
+    assert t.names and all(r.backend == backend(device) for r in t.kernels), t.names
+    return out, t
+
+
+@pytest.mark.parametrize("q_len, keys", [(1, 50), (4, 300), (40, 60), (45, 45), (9, 500)])
+@pytest.mark.parametrize("window", [1, 5, 64, 1000])
+def test_window_skips_the_keys_a_mask_would_exclude(device, q_len, keys, window):
+    q, k, v = randn(2, 4, q_len, 64), randn(2, 2, keys, 64, seed=1), randn(2, 2, keys, 64, seed=2)
+    want = reference(q, k, v, attn_mask=window_mask(q_len, keys, window), enable_gqa=True)
+    got, _ = op_on(device, q, k, v, enable_gqa=True, window=window)
+    assert_close(got, want)
+    # With a mask of its own and causal (top-left) besides: all three apply.
+    mask = randn(q_len, keys, seed=3) > -1
+    want = reference(q, k, v, attn_mask=mask & window_mask(q_len, keys, window), is_causal=True, enable_gqa=True)
+    got, _ = op_on(device, q, k, v, attn_mask=mask, is_causal=True, enable_gqa=True, window=window)
+    assert_close(got, want)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_len", [1, 3, 20])
+def test_sinks_are_gpt_oss_eager_attention(device, dtype, q_len):
+    # gpt-oss's own eager attention (logits, a sink column, softmax, the column dropped) on its own layer.
+    gpt_oss = pytest.importorskip("transformers.models.gpt_oss.modeling_gpt_oss")
+    config = gpt_oss.GptOssConfig(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                  num_hidden_layers=1)
+    layer = gpt_oss.GptOssAttention(config, layer_idx=0).double().eval()
+    with torch.no_grad():
+        layer.sinks.copy_(randn(8, seed=4) * 3)
+    keys = 130
+    q, k, v = randn(1, 8, q_len, 64, dtype=dtype), randn(1, 2, keys, 64, dtype=dtype, seed=1), \
+        randn(1, 2, keys, 64, dtype=dtype, seed=2)
+    causal = torch.zeros(q_len, keys, dtype=torch.float64).masked_fill(~window_mask(q_len, keys, keys), -math.inf)
+    want, _ = gpt_oss.eager_attention_forward(layer, q.double(), k.double(), v.double(), causal, layer.scaling)
+    got, _ = op_on(device, q, k, v, attn_mask=causal.to(dtype), scale=layer.scaling, enable_gqa=True,
+                   sinks=layer.sinks.detach())
+    assert_close(got.transpose(1, 2), want, scale=reduction_scale(dtype, 64))
+
+
+def test_sinks_take_all_the_weight_of_a_row_that_attends_no_key(device):
+    q, k, v = randn(1, 2, 3, 32), randn(1, 2, 40, 32, seed=1), randn(1, 2, 40, 32, seed=2)
+    mask = torch.ones(3, 40, dtype=torch.bool)
+    mask[1] = False
+    got, _ = op_on(device, q, k, v, attn_mask=mask, sinks=torch.tensor([0.5, -2.0]))
+    assert (got[:, :, 1] == 0).all() and (got[:, :, 0] != 0).all()
+
+
+@pytest.mark.parametrize("case", ["window", "sinks rank", "sinks heads", "sinks dtype"])
+def test_op_argument_errors(case):
+    q, k, v = randn(1, 4, 2, 32), randn(1, 4, 9, 32, seed=1), randn(1, 4, 9, 32, seed=2)
+    kwargs, match = {
+        "window": ({"window": -3}, "window must be a number of keys"),
+        "sinks rank": ({"sinks": torch.zeros(4, 1)}, "sinks must be a 1-D floating tensor"),
+        "sinks heads": ({"sinks": torch.zeros(3)}, r"sinks must hold one logit per query head \(4\), got 3"),
+        "sinks dtype": ({"sinks": torch.zeros(4, dtype=torch.int64)}, "sinks must be a 1-D floating tensor"),
+    }[case]
+    with pytest.raises(RuntimeError, match=match):
+        mps_ext.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.fallback("^autograd")
+def test_op_gradients_are_torchs_math():
+    q, k, v = (randn(1, 4, 5, 32, seed=s).requires_grad_() for s in range(3))
+    sinks = randn(4, seed=3).requires_grad_()
+    out = mps_ext.scaled_dot_product_attention(q, k, v, sinks=sinks, window=3)
+    grads = torch.autograd.grad(out.sum(), (q, k, v, sinks))
+    # The same definition in float64, by hand: scores, the window, the sink column, softmax.
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v, sinks)]
+    scores = (wide[0] @ wide[1].transpose(-2, -1) / math.sqrt(32)).masked_fill(~window_mask(5, 5, 3), -math.inf)
+    logits = torch.cat([scores, wide[3].reshape(1, 4, 1, 1).expand(1, 4, 5, 1)], -1)
+    want = torch.softmax(logits, -1)[..., :-1] @ wide[2]
+    assert_close(out, want)
+    for g, w in zip(grads, torch.autograd.grad(want.sum(), wide)):
+        assert_close(g, w)
+    assert mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]["reasons"] == {
+        "autograd (an input needs a derivative)": 1}
+
+
+def test_op_opcheck():
+    q, k, v = randn(2, 4, 10, 64), randn(2, 2, 20, 64, seed=1), randn(2, 2, 20, 32, seed=2)
+    torch.library.opcheck(torch.ops.mps_ext.scaled_dot_product_attention.default, (q, k, v),
+                          {"enable_gqa": True, "sinks": randn(4, seed=3), "window": 7},
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+# ---------------------------------------------------------------- transformers' attn_implementation="mps_ext"
+
+@pytest.mark.parametrize("import_first", ["mps_ext", "transformers"])
+def test_registered_with_transformers_in_either_import_order(import_first):
+    import subprocess
+    import sys
+
+    pytest.importorskip("transformers")
+    imports = ["import mps_ext", "import transformers"]
+    code = "; ".join((imports if import_first == "mps_ext" else imports[::-1]) + [
+        "from transformers.modeling_utils import AttentionInterface",
+        "from transformers.masking_utils import AttentionMaskInterface",
+        "print('mps_ext' in AttentionInterface._global_mapping, 'mps_ext' in AttentionMaskInterface._global_mapping)"])
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and p.stdout.split() == ["True", "True"], p.stderr
+
+
+@pytest.mark.fallback("rows > 8", required=False)  # the prompt's projections: GEMM, not GEMV
+@pytest.mark.parametrize("model", ["gpt_oss", "mistral"])
+@pytest.mark.parametrize("prompt_len", [5, 12])
+def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, prompt_len):
+    # gpt-oss (sinks; sliding-window and full layers) against its own eager attention, Mistral (a sliding
+    # window shorter than the text) against sdpa.
+    transformers = pytest.importorskip("transformers")
+    common = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64, sliding_window=4)
+    if model == "gpt_oss":
+        config = transformers.GptOssConfig(**common, num_local_experts=4, num_experts_per_tok=2,
+                                           layer_types=["sliding_attention", "full_attention"],
+                                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+        cls, theirs = transformers.GptOssForCausalLM, "eager"
+    else:
+        config, cls, theirs = transformers.MistralConfig(**common), transformers.MistralForCausalLM, "sdpa"
+    torch.manual_seed(0)
+    lm = cls(config).eval()
+    if model == "gpt_oss":
+        with torch.no_grad():
+            for layer in lm.model.layers:
+                layer.self_attn.sinks.normal_()
+    prompt = torch.randint(0, 128, (1, prompt_len), generator=torch.Generator().manual_seed(1))
+    kwargs = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
+    lm.set_attn_implementation(theirs)
+    want = lm.generate(prompt, **kwargs)
+    lm.set_attn_implementation("mps_ext")
+    with mps_ext.trace() as t:
+        got = lm.generate(prompt, **kwargs)
+    assert torch.equal(got, want), (got, want)
+    names = set(t.names)
+    assert "attention_decode_float_e2_r2" in names, names
+    assert ("attention_prefill_float_d32" in names) == (prompt_len > 8), names
+    stats = mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]
+    steps = got.shape[1] - prompt_len  # up to 6: an end-of-text token stops generate early
+    assert stats["hits"] == 2 * steps and stats["fallbacks"] == 0, stats

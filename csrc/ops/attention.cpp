@@ -14,6 +14,7 @@
 
 #include "backend.h"
 #include "mps_ext/params.h"
+#include "overrides/overrides.h"
 #include "ops/naming.h"
 #include "ops/plan_helpers.h"
 
@@ -25,6 +26,8 @@ namespace {
 constexpr int64_t kDecodeMaxQueryRows = 8;
 constexpr int64_t kMaxHeadDim = 256;
 constexpr uint32_t kSimdGroups = 4;
+// The prefill kernel's threadgroup: a SIMD group per 8 rows of its block.
+constexpr uint32_t kPrefillThreads = kAttentionPrefillRows / 8 * 32;
 // A run of keys gives each SIMD group at least this many: shorter runs spend
 // more on the merge than they gain in parallelism.
 constexpr int64_t kMinKeysPerSimdGroup = 16;
@@ -36,6 +39,7 @@ constexpr int64_t kMinKeysPerSimdGroup = 16;
 struct Views {
   at::Tensor q, k, v;
   std::optional<at::Tensor> mask;
+  std::optional<at::Tensor> sinks;  // float32, one per output head
   int64_t group = 1;               // query heads per KV head
   std::vector<int64_t> out_shape;  // torch's output shape
 };
@@ -120,6 +124,11 @@ std::variant<Views, std::string> views_of(const AttentionArgs& a) {
       if (m.size(-d) != 1 && m.size(-d) != full[full.size() - d]) return std::string("invalid arguments");
     w.mask = merged(with_rank(m, int64_t(full.size())).expand(full), batch);
   }
+  if (a.sinks) {
+    if (a.sinks->numel() != out_heads || a.sinks->device() != q.device()) return std::string("invalid arguments");
+    const at::Tensor sinks = a.sinks->reshape({out_heads});
+    w.sinks = sinks.scalar_type() == at::kFloat ? sinks.contiguous() : sinks.to(at::kFloat).contiguous();
+  }
   return w;
 }
 
@@ -149,29 +158,20 @@ AttentionMask mask_kind(const std::optional<at::Tensor>& mask) {
 }
 
 struct Plan {
-  std::string decode, merge;
-  Size3 grid;
+  std::string kernel, merge;  // merge: only where the decode kernel's keys are split over several runs
+  Size3 grid, threadgroup;
   AttentionParams params{};
 };
 
-Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
-  Plan p;
-  AttentionParams& q = p.params;
-  const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), rows_per_head = w.group * w.q.size(2);
-  const int64_t keys = w.k.size(2), e = per_lane(std::max(w.q.size(-1), w.v.size(-1)));
-  const int64_t rows = rows_bucket(std::min<int64_t>(rows_per_head, kAttentionMaxRows));
-  const std::string type = metal_type(w.q.scalar_type());
-  const std::string tile = "_e" + std::to_string(e);
-  p.decode = "attention_decode_" + type + tile + "_r" + std::to_string(rows);
-  p.merge = "attention_merge_" + type + tile;
-  // Split the keys over as many threadgroups as fill the GPU, each run long enough to be worth a merge.
-  const int64_t blocks = (rows_per_head + rows - 1) / rows, threadgroups = batch * kv_heads * blocks;
-  const int64_t fill = backend.fill_simdgroups(p.decode, 32 * kSimdGroups);
-  const int64_t wanted = (fill + threadgroups * kSimdGroups - 1) / (threadgroups * kSimdGroups);
-  int64_t splits = std::clamp<int64_t>(std::min(wanted, keys / (kSimdGroups * kMinKeysPerSimdGroup)), 1, keys);
-  const int64_t per_split = (keys + splits - 1) / splits;
-  splits = (keys + per_split - 1) / per_split;
+// The smallest prefill head dim (its kernels' D) that holds `dim`.
+int64_t prefill_dim(int64_t dim) {
+  for (int64_t d : {32, 64, 96, 128, 160, 192}) if (dim <= d) return d;
+  return kMaxHeadDim;
+}
 
+// What every kernel reads of the call; splits as one run.
+AttentionParams params_of(const Views& w, const AttentionArgs& a) {
+  AttentionParams q{};
   for (int64_t d = 0; d < 3; ++d) {
     q.q_stride[d] = uint64_t(w.q.stride(d));
     q.k_stride[d] = uint64_t(w.k.stride(d));
@@ -179,21 +179,60 @@ Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
   }
   if (w.mask)
     for (int64_t d = 0; d < 4; ++d) q.mask_stride[d] = uint64_t(w.mask->stride(d));
-  q.kv_heads = uint32_t(kv_heads);
+  q.kv_heads = uint32_t(w.k.size(1));
   q.group = uint32_t(w.group);
   q.q_len = uint32_t(w.q.size(2));
-  q.key_len = uint32_t(keys);
+  q.key_len = uint32_t(w.k.size(2));
   q.qk_dim = uint32_t(w.q.size(-1));
   q.v_dim = uint32_t(w.v.size(-1));
-  q.splits = uint32_t(splits);
-  q.keys_per_split = uint32_t(per_split);
+  q.splits = 1;
+  q.keys_per_split = q.key_len;
   q.mask = mask_kind(w.mask);
   q.causal = a.is_causal;
-  q.vectorized = (vectorizable(w.q, e) ? kAttentionVecQ : 0) | (vectorizable(w.k, e) ? kAttentionVecK : 0) |
-                 (vectorizable(w.v, e) ? kAttentionVecV : 0);
+  q.window = uint32_t(a.window);
+  // The first row's position less the window, past the first key.
+  q.key_first = uint32_t(std::max<int64_t>(a.window ? w.k.size(2) - w.q.size(2) + 1 - a.window : 0, 0));
+  q.key_first = std::min(q.key_first, q.key_len);
+  q.sinks = w.sinks.has_value();
   // torch's default scale: 1 / sqrt of the query's head dim.
   q.scale = float(a.scale.value_or(1.0 / std::sqrt(double(w.q.size(-1)))));
+  return q;
+}
+
+bool is_prefill(const Views& w) { return w.q.size(2) > kDecodeMaxQueryRows; }
+
+Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
+  Plan p;
+  p.params = params_of(w, a);
+  AttentionParams& q = p.params;
+  const std::string type = metal_type(w.q.scalar_type());
+  const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), keys = w.k.size(2) - q.key_first;
+  if (is_prefill(w)) {
+    const int64_t blocks = (w.q.size(2) + kAttentionPrefillRows - 1) / kAttentionPrefillRows;
+    p.kernel = "attention_prefill_" + type + "_d" + std::to_string(prefill_dim(std::max(w.q.size(-1), w.v.size(-1))));
+    p.grid = {uint32_t(blocks), uint32_t(kv_heads * w.group), uint32_t(batch)};
+    p.threadgroup = {kPrefillThreads};
+    return p;
+  }
+  const int64_t rows_per_head = w.group * w.q.size(2), e = per_lane(std::max(w.q.size(-1), w.v.size(-1)));
+  const int64_t rows = rows_bucket(std::min<int64_t>(rows_per_head, kAttentionMaxRows));
+  const std::string tile = "_e" + std::to_string(e);
+  p.kernel = "attention_decode_" + type + tile + "_r" + std::to_string(rows);
+  p.merge = "attention_merge_" + type + tile;
+  // Split the keys over as many threadgroups as fill the GPU, each run long enough to be worth a merge.
+  const int64_t blocks = (rows_per_head + rows - 1) / rows, threadgroups = batch * kv_heads * blocks;
+  const int64_t fill = backend.fill_simdgroups(p.kernel, 32 * kSimdGroups);
+  const int64_t wanted = (fill + threadgroups * kSimdGroups - 1) / (threadgroups * kSimdGroups);
+  int64_t splits =
+      std::clamp<int64_t>(std::min(wanted, keys / (kSimdGroups * kMinKeysPerSimdGroup)), 1, std::max<int64_t>(keys, 1));
+  const int64_t per_split = (keys + splits - 1) / splits;
+  splits = (keys + per_split - 1) / per_split;
+  q.splits = uint32_t(splits);
+  q.keys_per_split = uint32_t(per_split);
+  q.vectorized = (vectorizable(w.q, e) ? kAttentionVecQ : 0) | (vectorizable(w.k, e) ? kAttentionVecK : 0) |
+                 (vectorizable(w.v, e) ? kAttentionVecV : 0);
   p.grid = {uint32_t(splits), uint32_t(blocks), uint32_t(batch * kv_heads)};
+  p.threadgroup = {32 * kSimdGroups};
   return p;
 }
 
@@ -214,7 +253,6 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
   auto views = views_of(a);
   if (auto* reason = std::get_if<std::string>(&views)) return *reason;
   const Views& w = std::get<Views>(views);
-  if (w.q.size(2) > kDecodeMaxQueryRows) return std::string("prefill (query length > 8)");
   if (w.q.size(-1) > kMaxHeadDim || w.v.size(-1) > kMaxHeadDim) return std::string("head dim > 256");
   for (const at::Tensor& t : {w.q, w.k, w.v})
     for (int64_t s : t.sizes())
@@ -224,7 +262,7 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
   for (int64_t s : w.out_shape) numel *= s;
   if (numel == 0 || w.k.size(2) == 0) return std::nullopt;  // nothing to launch
   const Plan p = plan(w, a, *backend);
-  if (auto reason = backend->unavailable(p.decode, 32 * kSimdGroups)) return reason;
+  if (auto reason = backend->unavailable(p.kernel, p.threadgroup.x)) return reason;
   if (p.params.splits > 1)
     if (auto reason = backend->unavailable(p.merge, 32)) return reason;
   return std::nullopt;
@@ -237,12 +275,23 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
   at::Tensor out = at::empty(w.out_shape, a.query.options());
   if (out.numel() == 0) return out;
   const Plan p = plan(w, a, *backend_for(a.query.device()));
+  if (is_prefill(w)) {
+    dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
+                 .tensor(w.q)
+                 .tensor(w.k)
+                 .tensor(w.v)
+                 .tensor(w.mask ? *w.mask : w.q)
+                 .tensor(out)
+                 .bytes(p.params)
+                 .tensor(w.sinks ? *w.sinks : w.q));
+    return out;
+  }
   const int64_t out_rows = out.numel() / w.v.size(-1), splits = p.params.splits;
   const at::TensorOptions floats = a.query.options().dtype(at::kFloat);
   // One run writes the output itself; the partials' slots are bound to it (never touched).
   const at::Tensor partial_out = splits > 1 ? at::empty({out_rows, splits, w.v.size(-1)}, floats) : out;
   const at::Tensor partial_stats = splits > 1 ? at::empty({out_rows, splits, 2}, floats) : out;
-  dispatch(Launch{p.decode, {}, p.grid, {32 * kSimdGroups}}
+  dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
                .tensor(w.q)
                .tensor(w.k)
                .tensor(w.v)
@@ -250,14 +299,128 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
                .tensor(out)
                .tensor(partial_out)
                .tensor(partial_stats)
-               .bytes(p.params));
+               .bytes(p.params)
+               .tensor(w.sinks ? *w.sinks : w.q));
   if (splits > 1)
     dispatch(Launch{p.merge, {}, {uint32_t(out_rows)}, {32}}
                  .tensor(partial_out)
                  .tensor(partial_stats)
                  .tensor(out)
-                 .bytes(p.params));
+                 .bytes(p.params)
+                 .tensor(w.sinks ? *w.sinks : w.q));
   return out;
 }
 
+at::Tensor attention_reference(const AttentionArgs& a) {
+  const at::Tensor& q = a.query;
+  if (!a.sinks && !a.window)
+    return at::scaled_dot_product_attention(q, a.key, a.value, a.attn_mask, a.dropout_p, a.is_causal, a.scale,
+                                            a.enable_gqa);
+  at::Tensor k = a.key, v = a.value;
+  if (a.enable_gqa) {
+    k = k.repeat_interleave(q.size(-3) / k.size(-3), -3);
+    v = v.repeat_interleave(q.size(-3) / v.size(-3), -3);
+  }
+  const int64_t rows = q.size(-2), keys = k.size(-2);
+  at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * a.scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
+  const at::TensorOptions longs = q.options().dtype(at::kLong);
+  const at::Tensor row = at::arange(rows, longs).unsqueeze(1), key = at::arange(keys, longs);
+  at::Tensor excluded = at::zeros({rows, keys}, q.options().dtype(at::kBool));
+  if (a.is_causal) excluded = key > row;
+  if (a.window) {
+    const at::Tensor pos = row + (keys - rows);
+    excluded = excluded.logical_or(key > pos).logical_or(key <= pos - a.window);
+  }
+  scores = scores.masked_fill(excluded, -std::numeric_limits<double>::infinity());
+  if (a.attn_mask) {
+    const at::Tensor& m = *a.attn_mask;
+    scores = m.scalar_type() == at::kBool ? scores.masked_fill(m.logical_not(), -std::numeric_limits<double>::infinity())
+                                          : scores + m;
+  }
+  if (a.sinks) {
+    std::vector<int64_t> column(scores.sizes().begin(), scores.sizes().end());
+    column.back() = 1;
+    const at::Tensor sink = a.sinks->to(scores.scalar_type()).reshape({-1, 1, 1}).expand(column);
+    scores = at::cat({scores, sink}, -1);
+  }
+  at::Tensor probs = at::_safe_softmax(scores, -1);  // a row that attends no key: 0
+  if (a.sinks) probs = probs.narrow(-1, 0, keys);
+  if (a.dropout_p > 0.0) probs = at::dropout(probs, a.dropout_p, /*train=*/true);
+  return at::matmul(probs, v);
+}
+
+bool attention_needs_derivative(const AttentionArgs& a) {
+  auto needs = [](const at::Tensor& t) {
+    return (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined() ||
+           t.key_set().has(c10::DispatchKey::Python);
+  };
+  return needs(a.query) || needs(a.key) || needs(a.value) || (a.attn_mask && needs(*a.attn_mask)) ||
+         (a.sinks && needs(*a.sinks));
+}
+
+namespace {
+
+constexpr char kOp[] = "mps_ext::scaled_dot_product_attention";
+
+AttentionArgs op_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                      const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                      std::optional<double> scale, bool enable_gqa, const std::optional<at::Tensor>& sinks,
+                      int64_t window) {
+  TORCH_CHECK(window >= 0, "mps_ext.scaled_dot_product_attention: window must be a number of keys (>= 1), got ",
+              window);
+  TORCH_CHECK(!sinks || (sinks->dim() == 1 && at::isFloatingType(sinks->scalar_type())),
+              "mps_ext.scaled_dot_product_attention: sinks must be a 1-D floating tensor of one logit per query "
+              "head, got ", sinks ? sinks->sizes() : at::IntArrayRef{}, " ",
+              sinks ? c10::toString(sinks->scalar_type()) : "");
+  TORCH_CHECK(!sinks || sinks->numel() == query.size(-3), "mps_ext.scaled_dot_product_attention: sinks must hold ",
+              "one logit per query head (", query.size(-3), "), got ", sinks ? sinks->numel() : 0);
+  return AttentionArgs{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window};
+}
+
+at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                        const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                        std::optional<double> scale, bool enable_gqa, const std::optional<at::Tensor>& sinks,
+                        int64_t window) {
+  const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
+                                  window);
+  return overrides::counted(kOp, attention_unsupported(a), [&] { return attention_kernels(a); },
+                            [&] { return attention_reference(a); });
+}
+
+// Autograd: a call that needs a derivative is torch's math (differentiable
+// ops); any other goes on to the kernels.
+at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                 const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                                 std::optional<double> scale, bool enable_gqa,
+                                 const std::optional<at::Tensor>& sinks, int64_t window) {
+  const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
+                                  window);
+  if (attention_needs_derivative(a)) {
+    const overrides::CallingTorch calling = overrides::fallback(kOp, "autograd (an input needs a derivative)");
+    return attention_reference(a);
+  }
+  at::AutoDispatchBelowADInplaceOrView below;
+  return attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window);
+}
+
+}  // namespace
+
 }  // namespace mps_ext::ops
+
+TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
+  m.def("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
+        "float dropout_p=0.0, bool is_causal=False, float? scale=None, bool enable_gqa=False, *, "
+        "Tensor? sinks=None, int window=0) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mps_ext, CPU, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(mps_ext::ops::attention_op));
+}
+
+TORCH_LIBRARY_IMPL(mps_ext, MPS, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(mps_ext::ops::attention_op));
+}
+
+TORCH_LIBRARY_IMPL(mps_ext, Autograd, m) {
+  m.impl("scaled_dot_product_attention", TORCH_FN(mps_ext::ops::attention_op_autograd));
+}

@@ -20,6 +20,9 @@ struct AttentionArgs {
   bool is_causal;
   std::optional<double> scale;
   bool enable_gqa;
+  // mps_ext's own op: a logit per query head, a sliding window (params.h).
+  std::optional<at::Tensor> sinks = std::nullopt;
+  int64_t window = 0;
 };
 
 // Why the kernels cannot compute this call on its device, or nullopt when
@@ -30,5 +33,13 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a);
 // Runs the kernels (requires !attention_unsupported): torch's output, shape
 // and values, contiguous.
 at::Tensor attention_kernels(const AttentionArgs& a);
+
+// torch's math for the call, sinks and window included (differentiable):
+// what a call the kernels do not take runs.
+at::Tensor attention_reference(const AttentionArgs& a);
+
+// Whether autograd must see the call: an input requires grad or carries a
+// forward gradient, or is a tensor subclass.
+bool attention_needs_derivative(const AttentionArgs& a);
 
 }  // namespace mps_ext::ops

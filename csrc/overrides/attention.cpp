@@ -85,19 +85,13 @@ at::Tensor sdpa_cpu(const at::Tensor& query, const at::Tensor& key, const at::Te
   return out;
 }
 
-bool needs_derivative(const at::Tensor& t) {
-  return (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined() ||
-         t.key_set().has(c10::DispatchKey::Python);
-}
-
 // AutogradCPU: a call autograd must see (inputs that require grad or carry
 // a forward gradient, tensor subclasses) is torch's composite, which
 // decomposes into differentiable ops; any other goes on to the CPU kernel.
 at::Tensor sdpa_autograd_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                              const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                              std::optional<double> scale, bool enable_gqa) {
-  if (needs_derivative(query) || needs_derivative(key) || needs_derivative(value) ||
-      (attn_mask && needs_derivative(*attn_mask))) {
+  if (ops::attention_needs_derivative({query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa})) {
     const CallingTorch calling = fallback(kSdpa, "autograd (an input needs a derivative)");
     return at::compositeimplicitautograd::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
                                                                         is_causal, scale, enable_gqa);

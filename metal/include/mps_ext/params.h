@@ -268,10 +268,18 @@ struct AttentionParams {
   mps_ext_u32 causal;      // 1: query row i attends keys 0..i (torch's top-left alignment)
   mps_ext_u32 vectorized;  // AttentionVectorized bits: rows of that tensor load in 2- or 4-element vectors
   float scale;
+  // 0, or a sliding window: query row i attends the `window` keys ending at
+  // its position key_len - q_len + i (aligned to the end of the keys, as
+  // with a KV cache); key_first is the first key any row attends.
+  mps_ext_u32 window;
+  mps_ext_u32 key_first;
+  mps_ext_u32 sinks;  // 1: a logit per query head (a key with value 0) in the softmax
 };
-static_assert(sizeof(AttentionParams) == 152, "AttentionParams layout");
+static_assert(sizeof(AttentionParams) == 168, "AttentionParams layout");
 // Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
 // threadgroups, each reading that head's keys.
 enum : mps_ext_u32 { kAttentionMaxRows = 8 };
+// Query rows of one prefill threadgroup (8 per SIMD group).
+enum : mps_ext_u32 { kAttentionPrefillRows = 32 };
 
 }  // namespace mps_ext
