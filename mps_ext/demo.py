@@ -58,7 +58,7 @@ MODELS = {
 
 # Kernel host names begin with their family's name (metal/<family>.metal).
 FAMILIES = {"gemv": "GEMV (linear)", "grouped_mm": "grouped matmul (MoE experts)", "softmax": "softmax",
-            "log_softmax": "log_softmax", "fp8": "FP8 linear", "attention": "attention (decode)"}
+            "log_softmax": "log_softmax", "fp8": "FP8 linear", "attention": "attention"}
 
 
 def kernel_family(name: str) -> str:
@@ -359,7 +359,7 @@ def print_report(r: Report, tokenizer=None, out=print) -> None:
             out(f"  {op:<22} {s['hits']:>15} {s['fallbacks']:>7}  {reasons}".rstrip())
     if r.fp8:
         out("  FP8Linear layers call mps_ext.fp8_linear itself (no override needed): its kernels are listed below")
-    out("  (ops without an mps_ext kernel, e.g. attention, norms, activations, run torch's own)")
+    out("  (ops without an mps_ext kernel, e.g. norms, activations, run torch's own)")
     out(f"\nkernels dispatched ({r.backend}):")
     out(f"  {'family':<30} {'kernel':<34} {'dispatches':>10}")
     for name, count in sorted(r.kernels.items(), key=lambda kv: (kernel_family(kv[0]), kv[0])):

@@ -924,6 +924,11 @@ def attention_small():
                       attention_case(1, 4, 2, 2, 37, dim, dt, v_dim=v_dim, mask=F32),
                       attention_case(1, 8, 2, 2, 150, dim, dt, v_dim=v_dim, mask=dt if v_dim else None,
                                      causal=v_dim is None)]
+        # Prefill: every padded head dim D (32 to 256), a block of 32 rows and a bit, causal or masked in turn.
+        for i, (dim, v_dim) in enumerate(((24, 32), (64, None), (80, 72), (128, None), (160, None), (192, 128),
+                                          (256, None))):
+            cases.append(attention_case(1, 4, 2, 37, 45, dim, dt, v_dim=v_dim, mask=(None, "bool", F32)[i % 3],
+                                        causal=i % 3 == 0))
     return cases
 
 
@@ -931,7 +936,8 @@ def attention_large():
     # Llama-3-8B decode: 32 query heads over 8 KV heads, d 128, bf16.
     return [attention_case(1, 32, 8, 1, 4096, 128, BF16, large=True),
             attention_case(1, 32, 8, 1, 32768, 128, BF16, large=True),
-            attention_case(1, 32, 8, 4, 4096, 128, BF16, large=True)]
+            attention_case(1, 32, 8, 4, 4096, 128, BF16, large=True),
+            attention_case(1, 32, 8, 1024, 1024, 128, BF16, causal=True, large=True)]
 
 
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,
