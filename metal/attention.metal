@@ -256,13 +256,129 @@ inline void scale_rows(thread simdgroup_float8x8& m, float by, threadgroup float
   simdgroup_barrier(mem_flags::mem_threadgroup);
 }
 
+// Rows [first, first + rows) of a head's matrix (row stride `stride`, `dim`
+// valid columns, rows below `limit` valid) as a tile of rows x D floats,
+// zeros outside; transposed, as D x rows. Every thread of the threadgroup
+// calls it.
+template <typename T, uint D>
+inline void load_tile(threadgroup float* tile, device const T* head, ulong stride, uint first, uint rows, uint limit,
+                      uint dim, bool transposed, uint tid, uint threads) {
+  for (uint i = tid; i < rows * D; i += threads) {
+    const uint r = i / D, d = i % D;
+    tile[transposed ? d * rows + r : i] =
+        first + r < limit && d < dim ? float(head[ulong(first + r) * stride + d]) : 0.0f;
+  }
+}
+
+// Rows [first, first + 8) of a head's matrix as D / 8 matrices of 8x8,
+// zeros outside, through the SIMD group's stage.
+template <typename T, uint D>
+inline void load_rows(thread simdgroup_float8x8* m, device const T* head, ulong stride, uint first, uint limit,
+                      uint dim, threadgroup float* stage, uint lane) {
+  MPS_EXT_UNROLL
+  for (uint b = 0; b < D / 8; ++b) {
+    MPS_EXT_UNROLL
+    for (uint e = 0; e < 2; ++e) {
+      const uint i = 2 * lane + e, r = first + i / 8, d = b * 8 + i % 8;
+      stage[i] = r < limit && d < dim ? float(head[ulong(r) * stride + d]) : 0.0f;
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_load(m[b], stage);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+
+// The 8 rows of `m` (D / 8 matrices), times lane l's factor (row l / 4), as
+// rows [first, first + 8) of a contiguous matrix of `dim` columns, those
+// below `limit`.
+template <typename T, uint D>
+inline void store_rows(thread const simdgroup_float8x8* m, float by, device T* head, uint first, uint limit, uint dim,
+                       threadgroup float* stage, uint lane) {
+  const uint row = first + lane / 4;
+  MPS_EXT_UNROLL
+  for (uint b = 0; b < D / 8; ++b) {
+    simdgroup_store(m[b], stage);
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+    MPS_EXT_UNROLL
+    for (uint e = 0; e < 2; ++e) {
+      const uint d = b * 8 + (2 * lane + e) % 8;
+      if (row < limit && d < dim) head[ulong(row) * dim + d] = T(stage[2 * lane + e] * by);
+    }
+    simdgroup_barrier(mem_flags::mem_threadgroup);
+  }
+}
+
+// out (8 x N, row stride N) = a (8 x D, as D / 8 matrices) times b (D x N in
+// threadgroup memory, row stride N).
+template <uint D, uint N>
+inline void rows_times_tile(thread const simdgroup_float8x8* a, threadgroup const float* b, threadgroup float* out) {
+  MPS_EXT_UNROLL
+  for (uint c = 0; c < N / 8; ++c) {
+    simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), bm;
+    MPS_EXT_UNROLL
+    for (uint i = 0; i < D / 8; ++i) {
+      simdgroup_load(bm, b + i * 8 * N + c * 8, N);
+      simdgroup_multiply_accumulate(acc, a[i], bm, acc);
+    }
+    simdgroup_store(acc, out + c * 8, N);
+  }
+}
+
+// acc (8 x D, as D / 8 matrices) += a (8 x N, row stride N) times b (N x D in
+// threadgroup memory, row stride D).
+template <uint D, uint N>
+inline void accumulate_rows(thread simdgroup_float8x8* acc, threadgroup const float* a, threadgroup const float* b) {
+  MPS_EXT_UNROLL
+  for (uint c = 0; c < N / 8; ++c) {
+    simdgroup_float8x8 am, bm;
+    simdgroup_load(am, a + c * 8, N);
+    MPS_EXT_UNROLL
+    for (uint i = 0; i < D / 8; ++i) {
+      simdgroup_load(bm, b + c * 8 * D + i * 8, D);
+      simdgroup_multiply_accumulate(acc[i], am, bm, acc[i]);
+    }
+  }
+}
+
+// A score as softmax takes it: q.k times the scale plus the mask's value, or
+// -inf for a key past `key_end`, causally later or outside the window.
+inline float attention_score(constant AttentionParams& p, device const uchar* mask, ulong mask_row, uint row, uint key,
+                             uint key_end, float dot) {
+  if (key >= key_end || (p.causal && key > row) || outside_window(p, row, key)) return -INFINITY;
+  float score = dot * p.scale;
+  if (p.mask != mps_ext::kAttentionMaskNone && row < p.q_len)
+    score += mask_value(mask, p, mask_row + key * p.mask_stride[3]);
+  return score;
+}
+
+// The keys [begin, end) some row of the block [block_row, block_row + rows)
+// attends: causal stops at the last row, a window at the last row's position
+// and starts at the first row's window.
+inline uint2 block_keys(constant AttentionParams& p, uint block_row, uint rows) {
+  uint begin = 0, end = p.causal ? min(p.key_len, block_row + rows) : p.key_len;
+  if (p.window) {
+    const int first_pos = int(p.key_len) - int(p.q_len) + int(block_row);
+    begin = uint(max(first_pos - int(p.window) + 1, 0));
+    end = uint(clamp(first_pos + int(rows), 0, int(end)));
+  }
+  return uint2(begin, end);
+}
+
+// The row of the output (and of the training statistics) of query row 0 of
+// a (batch, query head).
+inline ulong first_out_row(constant AttentionParams& p, uint batch, uint head) {
+  return (ulong(batch) * p.kv_heads * p.group + head) * p.q_len;
+}
+
 // grid: (blocks of kAttentionPrefillRows query rows, query heads, batch);
-// kPrefillSimdGroups SIMD groups.
+// kPrefillSimdGroups SIMD groups. With p.lse, also each row's log-sum-exp
+// (sinks included; -inf where the row attends nothing) into stats[row].x.
 template <typename T, uint D>
 kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
                               device const T* v [[buffer(2)]], device const uchar* mask [[buffer(3)]],
                               device T* out [[buffer(4)]], constant AttentionParams& p [[buffer(5)]],
-                              device const float* sinks [[buffer(6)]], uint3 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                              device const float* sinks [[buffer(6)]], device float2* stats [[buffer(7)]],
+                              uint3 group [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
                               uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]]) {
   // Keys per tile: K^T or V of BK keys in 16 KiB of floats.
   constexpr uint BK = D <= 128 ? 32 : 16;
@@ -276,15 +392,7 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   const uint batch = group.z, head = group.y, kv_head = head / p.group;
   const uint block_row = group.x * mps_ext::kAttentionPrefillRows, first_row = block_row + sg * 8;
   const uint row = first_row + lane / 4, first_col = (lane % 4) * per_lane;
-  // The keys some row of the block attends: causal stops at the last row, a window at the last row's
-  // position and starts at the first row's window.
-  const uint block_end = block_row + mps_ext::kAttentionPrefillRows;
-  uint key_begin = 0, key_end = p.causal ? min(p.key_len, block_end) : p.key_len;
-  if (p.window) {
-    const int first_pos = int(p.key_len) - int(p.q_len) + int(block_row);
-    key_begin = uint(max(first_pos - int(p.window) + 1, 0));
-    key_end = uint(clamp(first_pos + int(mps_ext::kAttentionPrefillRows), 0, int(key_end)));
-  }
+  const uint2 keys = block_keys(p, block_row, mps_ext::kAttentionPrefillRows);
 
   device const T* q_head = q + batch * p.q_stride[0] + head * p.q_stride[1];
   device const T* k_head = k + batch * p.k_stride[0] + kv_head * p.k_stride[1];
@@ -292,55 +400,25 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   const ulong mask_row = batch * p.mask_stride[0] + head * p.mask_stride[1] + ulong(row) * p.mask_stride[2];
 
   simdgroup_float8x8 qm[B], om[B];
+  load_rows<T, D>(qm, q_head, p.q_stride[2], first_row, p.q_len, p.qk_dim, stage, lane);
   MPS_EXT_UNROLL
-  for (uint b = 0; b < B; ++b) {
-    MPS_EXT_UNROLL
-    for (uint e = 0; e < 2; ++e) {
-      const uint i = 2 * lane + e, r = first_row + i / 8, d = b * 8 + i % 8;
-      stage[i] = r < p.q_len && d < p.qk_dim ? float(q_head[r * p.q_stride[2] + d]) : 0.0f;
-    }
-    simdgroup_barrier(mem_flags::mem_threadgroup);
-    simdgroup_load(qm[b], stage);
-    simdgroup_barrier(mem_flags::mem_threadgroup);
-    om[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-  }
+  for (uint b = 0; b < B; ++b) om[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 
   float m = -INFINITY, l = 0.0f;  // row `row`'s running maximum and sum
-  for (uint k0 = key_begin; k0 < key_end; k0 += BK) {
-    for (uint i = tid; i < BK * D; i += threads) {
-      const uint key = i / D, d = i % D;
-      tile[d * BK + key] = k0 + key < key_end && d < p.qk_dim ? float(k_head[(k0 + key) * p.k_stride[2] + d]) : 0.0f;
-    }
+  for (uint k0 = keys.x; k0 < keys.y; k0 += BK) {
+    load_tile<T, D>(tile, k_head, p.k_stride[2], k0, BK, keys.y, p.qk_dim, true, tid, threads);
     threadgroup_barrier(mem_flags::mem_threadgroup);
-    MPS_EXT_UNROLL
-    for (uint c = 0; c < BK / 8; ++c) {
-      simdgroup_float8x8 s = make_filled_simdgroup_matrix<float, 8, 8>(0.0f), kt;
-      MPS_EXT_UNROLL
-      for (uint b = 0; b < B; ++b) {
-        simdgroup_load(kt, tile + b * 8 * BK + c * 8, BK);
-        simdgroup_multiply_accumulate(s, qm[b], kt, s);
-      }
-      simdgroup_store(s, s_tile + c * 8, BK);
-    }
+    rows_times_tile<D, BK>(qm, tile, s_tile);
     threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group done with K^T
-    for (uint i = tid; i < BK * D; i += threads) {
-      const uint key = i / D, d = i % D;
-      tile[i] = k0 + key < key_end && d < p.v_dim ? float(v_head[(k0 + key) * p.v_stride[2] + d]) : 0.0f;
-    }
+    load_tile<T, D>(tile, v_head, p.v_stride[2], k0, BK, keys.y, p.v_dim, false, tid, threads);
 
     // The online softmax of this lane's scores; P replaces them in s_tile.
     float x[per_lane], tile_max = -INFINITY;
     MPS_EXT_UNROLL
     for (uint j = 0; j < per_lane; ++j) {
       const uint key = k0 + first_col + j;
-      float score = s_tile[(lane / 4) * BK + first_col + j] * p.scale;
-      if (key >= key_end || (p.causal && key > row) || outside_window(p, row, key)) {
-        score = -INFINITY;
-      } else if (p.mask != mps_ext::kAttentionMaskNone && row < p.q_len) {
-        score += mask_value(mask, p, mask_row + key * p.mask_stride[3]);
-      }
-      x[j] = score;
-      tile_max = attention_max(tile_max, score);
+      x[j] = attention_score(p, mask, mask_row, row, key, keys.y, s_tile[(lane / 4) * BK + first_col + j]);
+      tile_max = attention_max(tile_max, x[j]);
     }
     tile_max = attention_max(tile_max, simd_shuffle_xor(tile_max, 1));
     tile_max = attention_max(tile_max, simd_shuffle_xor(tile_max, 2));
@@ -361,39 +439,181 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
       for (uint b = 0; b < B; ++b) scale_rows(om[b], rescale, stage, lane);
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);  // V and every P in place
-
-    MPS_EXT_UNROLL
-    for (uint c = 0; c < BK / 8; ++c) {
-      simdgroup_float8x8 pm, vm;
-      simdgroup_load(pm, s_tile + c * 8, BK);
-      MPS_EXT_UNROLL
-      for (uint b = 0; b < B; ++b) {
-        simdgroup_load(vm, tile + c * 8 * D + b * 8, D);
-        simdgroup_multiply_accumulate(om[b], pm, vm, om[b]);
-      }
-    }
+    accumulate_rows<D, BK>(om, s_tile, tile);
     threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group done with V
   }
 
   // torch gives a row that attends no key 0.
   const SinkTaken t = take_sink(p, sinks, head, m, l);
-  const float inverse = t.sum == 0.0f ? 0.0f : t.rescale / t.sum;
-  device T* out_head = out + (ulong(batch) * p.kv_heads * p.group + head) * p.q_len * p.v_dim;
-  MPS_EXT_UNROLL
-  for (uint b = 0; b < B; ++b) {
-    simdgroup_store(om[b], stage);
-    simdgroup_barrier(mem_flags::mem_threadgroup);
-    MPS_EXT_UNROLL
-    for (uint e = 0; e < 2; ++e) {
-      const uint d = b * 8 + (2 * lane + e) % 8;
-      if (row < p.q_len && d < p.v_dim) out_head[ulong(row) * p.v_dim + d] = T(stage[2 * lane + e] * inverse);
-    }
-    simdgroup_barrier(mem_flags::mem_threadgroup);
+  const ulong out_row = first_out_row(p, batch, head);
+  store_rows<T, D>(om, t.sum == 0.0f ? 0.0f : t.rescale / t.sum, out + out_row * p.v_dim, first_row, p.q_len,
+                   p.v_dim, stage, lane);
+  if (p.lse && lane % 4 == 0 && row < p.q_len) {
+    const float top = p.sinks ? attention_max(m, sinks[head]) : m;
+    stats[out_row + row].x = t.sum == 0.0f ? -INFINITY : top + log(t.sum);
   }
 }
 
+// Training: the gradients of attention_prefill's output, recomputing each
+// tile's probabilities from the forward's log-sum-exp (stats[row].x) and
+// delta_i = dout_i . out_i (stats[row].y), flash-attention style:
+// dS = P (dP - delta) with dP = dout v^T; dq = dS k scale, dk = dS^T q scale,
+// dv = P^T dout. dout, stats and the gradients are contiguous in the output's
+// row order (dq, dk and dv with their own head dims). Head dims up to 128.
+constant constexpr uint kBackwardTile = 32;
+
+// grid: (blocks of kAttentionPrefillRows query rows, query heads, batch):
+// dq of the block's rows over every key they attend.
+template <typename T, uint D>
+kernel void attention_backward_dq(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
+                                  device const T* v [[buffer(2)]], device const uchar* mask [[buffer(3)]],
+                                  device const T* dout [[buffer(4)]], device const float2* stats [[buffer(5)]],
+                                  device T* dq [[buffer(6)]], constant AttentionParams& p [[buffer(7)]],
+                                  uint3 group [[threadgroup_position_in_grid]],
+                                  uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                                  uint sg [[simdgroup_index_in_threadgroup]]) {
+  constexpr uint BK = kBackwardTile;
+  threadgroup float tile[BK * D];
+  threadgroup float scores[kPrefillSimdGroups][8 * BK];
+  threadgroup float grads[kPrefillSimdGroups][8 * BK];
+  threadgroup float stages[kPrefillSimdGroups][64];
+  constexpr uint B = D / 8, per_lane = BK / 4, threads = kPrefillSimdGroups * 32;
+  threadgroup float* const s_tile = scores[sg];
+  threadgroup float* const g_tile = grads[sg];
+  threadgroup float* const stage = stages[sg];
+
+  const uint batch = group.z, head = group.y, kv_head = head / p.group;
+  const uint block_row = group.x * mps_ext::kAttentionPrefillRows, first_row = block_row + sg * 8;
+  const uint row = first_row + lane / 4, first_col = (lane % 4) * per_lane;
+  const uint2 keys = block_keys(p, block_row, mps_ext::kAttentionPrefillRows);
+  const ulong out_row = first_out_row(p, batch, head);
+
+  device const T* k_head = k + batch * p.k_stride[0] + kv_head * p.k_stride[1];
+  device const T* v_head = v + batch * p.v_stride[0] + kv_head * p.v_stride[1];
+  const ulong mask_row = batch * p.mask_stride[0] + head * p.mask_stride[1] + ulong(row) * p.mask_stride[2];
+  const float2 st = row < p.q_len ? stats[out_row + row] : float2(-INFINITY, 0.0f);
+
+  simdgroup_float8x8 qm[B], dom[B], dqm[B];
+  load_rows<T, D>(qm, q + batch * p.q_stride[0] + head * p.q_stride[1], p.q_stride[2], first_row, p.q_len, p.qk_dim,
+                  stage, lane);
+  load_rows<T, D>(dom, dout + out_row * p.v_dim, p.v_dim, first_row, p.q_len, p.v_dim, stage, lane);
+  MPS_EXT_UNROLL
+  for (uint b = 0; b < B; ++b) dqm[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+
+  for (uint k0 = keys.x; k0 < keys.y; k0 += BK) {
+    load_tile<T, D>(tile, k_head, p.k_stride[2], k0, BK, keys.y, p.qk_dim, true, tid, threads);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    rows_times_tile<D, BK>(qm, tile, s_tile);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    load_tile<T, D>(tile, v_head, p.v_stride[2], k0, BK, keys.y, p.v_dim, true, tid, threads);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    rows_times_tile<D, BK>(dom, tile, g_tile);
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group done with V^T
+    MPS_EXT_UNROLL
+    for (uint j = 0; j < per_lane; ++j) {
+      const uint i = (lane / 4) * BK + first_col + j;
+      const float weight = attention_term(attention_score(p, mask, mask_row, row, k0 + first_col + j, keys.y,
+                                                          s_tile[i]), st.x);
+      s_tile[i] = weight * (g_tile[i] - st.y);
+    }
+    load_tile<T, D>(tile, k_head, p.k_stride[2], k0, BK, keys.y, p.qk_dim, false, tid, threads);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    accumulate_rows<D, BK>(dqm, s_tile, tile);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+  }
+  store_rows<T, D>(dqm, p.scale, dq + out_row * p.qk_dim, first_row, p.q_len, p.qk_dim, stage, lane);
+}
+
+// grid: (blocks of kBackwardTile keys, KV heads, batch): dk and dv of the
+// block's keys over every row of every query head of the KV head (GQA's sum
+// over the group) that attends them. Each SIMD group owns 8 keys.
+template <typename T, uint D>
+kernel void attention_backward_dkv(device const T* q [[buffer(0)]], device const T* k [[buffer(1)]],
+                                   device const T* v [[buffer(2)]], device const uchar* mask [[buffer(3)]],
+                                   device const T* dout [[buffer(4)]], device const float2* stats [[buffer(5)]],
+                                   device T* dk [[buffer(6)]], device T* dv [[buffer(7)]],
+                                   constant AttentionParams& p [[buffer(8)]], uint3 group [[threadgroup_position_in_grid]],
+                                   uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                                   uint sg [[simdgroup_index_in_threadgroup]]) {
+  constexpr uint BQ = kBackwardTile;
+  threadgroup float tile[BQ * D];
+  threadgroup float probs[kPrefillSimdGroups][8 * BQ];
+  threadgroup float grads[kPrefillSimdGroups][8 * BQ];
+  threadgroup float2 row_stats[BQ];
+  threadgroup float stages[kPrefillSimdGroups][64];
+  constexpr uint B = D / 8, per_lane = BQ / 4, threads = kPrefillSimdGroups * 32;
+  threadgroup float* const p_tile = probs[sg];
+  threadgroup float* const g_tile = grads[sg];
+  threadgroup float* const stage = stages[sg];
+
+  const uint batch = group.z, kv_head = group.y;
+  const uint key_block = group.x * BQ, first_key = key_block + sg * 8;
+  const uint key = first_key + lane / 4, first_col = (lane % 4) * per_lane;
+  device const T* k_head = k + batch * p.k_stride[0] + kv_head * p.k_stride[1];
+  device const T* v_head = v + batch * p.v_stride[0] + kv_head * p.v_stride[1];
+
+  simdgroup_float8x8 km[B], vm[B], dkm[B], dvm[B];
+  load_rows<T, D>(km, k_head, p.k_stride[2], first_key, p.key_len, p.qk_dim, stage, lane);
+  load_rows<T, D>(vm, v_head, p.v_stride[2], first_key, p.key_len, p.v_dim, stage, lane);
+  MPS_EXT_UNROLL
+  for (uint b = 0; b < B; ++b) {
+    dkm[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    dvm[b] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+  }
+
+  // The rows that can attend the block: causal from its first key on, a
+  // window from the row at its first key to the last row it reaches.
+  const int offset = int(p.key_len) - int(p.q_len);
+  int row_begin = p.causal ? int(key_block) : 0, row_end = int(p.q_len);
+  if (p.window) {
+    row_begin = max(row_begin, int(key_block) - offset);
+    row_end = min(row_end, int(key_block + BQ) + int(p.window) - 1 - offset);
+  }
+  for (uint g = 0; g < p.group; ++g) {
+    const uint head = kv_head * p.group + g;
+    const ulong out_row = first_out_row(p, batch, head);
+    device const T* q_head = q + batch * p.q_stride[0] + head * p.q_stride[1];
+    device const T* dout_head = dout + out_row * p.v_dim;
+    const ulong mask_head = batch * p.mask_stride[0] + head * p.mask_stride[1];
+    for (int r0 = max(row_begin, 0); r0 < row_end; r0 += BQ) {
+      const uint q0 = uint(r0);
+      if (tid < BQ) row_stats[tid] = q0 + tid < p.q_len ? stats[out_row + q0 + tid] : float2(-INFINITY, 0.0f);
+      load_tile<T, D>(tile, q_head, p.q_stride[2], q0, BQ, p.q_len, p.qk_dim, true, tid, threads);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      rows_times_tile<D, BQ>(km, tile, p_tile);  // S^T: this SIMD group's keys by the tile's rows
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      load_tile<T, D>(tile, dout_head, p.v_dim, q0, BQ, p.q_len, p.v_dim, true, tid, threads);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      rows_times_tile<D, BQ>(vm, tile, g_tile);  // dP^T
+      threadgroup_barrier(mem_flags::mem_threadgroup);  // every SIMD group done with dout^T
+      MPS_EXT_UNROLL
+      for (uint j = 0; j < per_lane; ++j) {
+        const uint i = (lane / 4) * BQ + first_col + j, row = q0 + first_col + j;
+        const float2 st = row_stats[first_col + j];
+        const float score = attention_score(p, mask, mask_head + ulong(row) * p.mask_stride[2], row, key, p.key_len,
+                                            p_tile[i]);
+        const float weight = row < p.q_len ? attention_term(score, st.x) : 0.0f;
+        p_tile[i] = weight;
+        g_tile[i] = weight * (g_tile[i] - st.y);
+      }
+      load_tile<T, D>(tile, dout_head, p.v_dim, q0, BQ, p.q_len, p.v_dim, false, tid, threads);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      accumulate_rows<D, BQ>(dvm, p_tile, tile);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      load_tile<T, D>(tile, q_head, p.q_stride[2], q0, BQ, p.q_len, p.qk_dim, false, tid, threads);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+      accumulate_rows<D, BQ>(dkm, g_tile, tile);
+      threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+  }
+  const ulong kv_row = (ulong(batch) * p.kv_heads + kv_head) * p.key_len;
+  store_rows<T, D>(dkm, p.scale, dk + kv_row * p.qk_dim, first_key, p.key_len, p.qk_dim, stage, lane);
+  store_rows<T, D>(dvm, 1.0f, dv + kv_row * p.v_dim, first_key, p.key_len, p.v_dim, stage, lane);
+}
+
 // Host names: attention_decode_<type>_e<E>_r<R>, attention_merge_<type>_e<E>,
-// attention_prefill_<type>_d<D> (csrc/ops/attention.cpp builds the same).
+// attention_prefill_<type>_d<D>, attention_backward_{dq,dkv}_<type>_d<D>
+// (csrc/ops/attention.cpp builds the same).
 #define MPS_EXT_ATTENTION_DECODE(T, E, R)                                                          \
   template [[host_name("attention_decode_" #T "_e" #E "_r" #R)]] [[kernel]] decltype(            \
       attention_decode<T, E, R>) attention_decode<T, E, R>;
@@ -406,21 +626,28 @@ kernel void attention_prefill(device const T* q [[buffer(0)]], device const T* k
   template [[host_name("attention_merge_" #T "_e" #E)]] [[kernel]] decltype(attention_merge<T, E>) \
       attention_merge<T, E>;
 
-#define MPS_EXT_ATTENTION_PREFILL(T, D)                                                         \
-  template [[host_name("attention_prefill_" #T "_d" #D)]] [[kernel]] decltype(attention_prefill<T, D>) \
+#define MPS_EXT_ATTENTION_PREFILL(T, D)                                                                  \
+  template [[host_name("attention_prefill_" #T "_d" #D)]] [[kernel]] decltype(attention_prefill<T, D>)     \
       attention_prefill<T, D>;
 
-#define MPS_EXT_ATTENTION_TYPE(T)   \
-  MPS_EXT_ATTENTION(T, 2)           \
-  MPS_EXT_ATTENTION(T, 4)           \
-  MPS_EXT_ATTENTION(T, 6)           \
-  MPS_EXT_ATTENTION(T, 8)           \
-  MPS_EXT_ATTENTION_PREFILL(T, 32)  \
-  MPS_EXT_ATTENTION_PREFILL(T, 64)  \
-  MPS_EXT_ATTENTION_PREFILL(T, 96)  \
-  MPS_EXT_ATTENTION_PREFILL(T, 128) \
-  MPS_EXT_ATTENTION_PREFILL(T, 160) \
-  MPS_EXT_ATTENTION_PREFILL(T, 192) \
+#define MPS_EXT_ATTENTION_BACKWARD(T, D)                                                                 \
+  MPS_EXT_ATTENTION_PREFILL(T, D)                                                                        \
+  template [[host_name("attention_backward_dq_" #T "_d" #D)]] [[kernel]] decltype(                       \
+      attention_backward_dq<T, D>) attention_backward_dq<T, D>;                                          \
+  template [[host_name("attention_backward_dkv_" #T "_d" #D)]] [[kernel]] decltype(                      \
+      attention_backward_dkv<T, D>) attention_backward_dkv<T, D>;
+
+#define MPS_EXT_ATTENTION_TYPE(T)    \
+  MPS_EXT_ATTENTION(T, 2)            \
+  MPS_EXT_ATTENTION(T, 4)            \
+  MPS_EXT_ATTENTION(T, 6)            \
+  MPS_EXT_ATTENTION(T, 8)            \
+  MPS_EXT_ATTENTION_BACKWARD(T, 32)  \
+  MPS_EXT_ATTENTION_BACKWARD(T, 64)  \
+  MPS_EXT_ATTENTION_BACKWARD(T, 96)  \
+  MPS_EXT_ATTENTION_BACKWARD(T, 128) \
+  MPS_EXT_ATTENTION_PREFILL(T, 160)  \
+  MPS_EXT_ATTENTION_PREFILL(T, 192)  \
   MPS_EXT_ATTENTION_PREFILL(T, 256)
 
 MPS_EXT_ATTENTION_TYPE(float)

@@ -623,3 +623,16 @@ def _attention_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
                     enable_gqa=False, *, sinks=None, window=0):
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal,
                                                             scale=scale, enable_gqa=enable_gqa)
+
+
+@torch.library.register_fake("mps_ext::_scaled_dot_product_attention_training")
+def _attention_training_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, window):
+    out = _attention_fake(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
+    return out, out.new_empty((out.numel() // max(out.size(-1), 1), 2), dtype=torch.float32)
+
+
+@torch.library.register_fake("mps_ext::_scaled_dot_product_attention_training_backward")
+def _attention_training_backward_fake(grad_out, query, key, value, out, stats, attn_mask, is_causal, scale,
+                                      enable_gqa, sinks, window):
+    return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
+            None if sinks is None else torch.empty_like(sinks))

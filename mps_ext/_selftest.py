@@ -21,8 +21,8 @@ MSL_TYPE = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bflo
 @dataclass
 class Case:
     name: str
-    # (device) -> (result, reference on the CPU, tolerance scale)
-    run: Callable[[str], tuple[torch.Tensor, torch.Tensor, float]]
+    # (device) -> (result, reference on the CPU, tolerance scale[, absolute tolerance on top])
+    run: Callable[[str], tuple]
     # (device) -> why the case cannot run there, or None; with the kernels it would have run.
     skip: Callable[[str], str | None] = lambda device: None
     kernels: tuple[str, ...] = ()
@@ -503,6 +503,42 @@ def attention_cases() -> Iterator[Case]:
             yield Case(f"attention prefill {SHORT[dtype]} d{dim}/{v_dim} 37 rows, 45 keys, {kind}", prefill,
                        kernels=(f"attention_prefill_{MSL_TYPE[dtype]}_d{d}",))
 
+    # Training: the forward that saves the log-sum-exp and the backward (dq, dk, dv and the sinks' gradient), the
+    # ops themselves (the emulated GPU has no device autograd's engine can run on), every dtype and backward head
+    # dim, GQA, causal or a window with sinks in turn; against float64 autograd of the definition.
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for i, (d, (dim, v_dim)) in enumerate(list(prefill_dims.items())[:4]):
+            def training(device, dtype=dtype, dim=dim, v_dim=v_dim, windowed=i % 2 == 1):
+                g = torch.Generator().manual_seed(3 * dim + v_dim)
+                q = torch.randn(1, 4, 37, dim, generator=g).to(dtype)
+                k = torch.randn(1, 2, 45, dim, generator=g).to(dtype)
+                v = torch.randn(1, 2, 45, v_dim, generator=g).to(dtype)
+                dout = torch.randn(1, 4, 37, v_dim, generator=g).to(dtype)
+                sinks = torch.randn(4, generator=g) if windowed else None
+                window, causal = (9, False) if windowed else (0, True)
+                on = [t.to(device) for t in (q, k, v)]
+                s_on = None if sinks is None else sinks.to(device)
+                out, stats = torch.ops.mps_ext._scaled_dot_product_attention_training(
+                    *on, None, causal, None, True, s_on, window)
+                grads = torch.ops.mps_ext._scaled_dot_product_attention_training_backward(
+                    dout.to(device), *on, out, stats, None, causal, None, True, s_on, window)
+                wide = [t.double().requires_grad_() for t in (q, k, v)] + \
+                    ([] if sinks is None else [sinks.double().requires_grad_()])
+                ref = _attention_reference(*wide[:3], None, causal, wide[3] if sinks is not None else None, window)
+                want = torch.autograd.grad(ref, wide, dout.double())
+                got = [t for t in grads if t is not None and t.numel()]
+                want = torch.cat([ref.detach().flatten()] + [t.flatten() for t in want])
+                # Sums of products of the rounded inputs and output (delta = dout . out): within a few of the
+                # dtype's epsilons of the largest gradient, however small an element comes out.
+                floor = 4 * TOLERANCES[dtype][0] * float(want.abs().max())
+                return (torch.cat([out.flatten()] + [t.flatten().to(dtype) for t in got]), want.to(dtype),
+                        reduction_scale(dtype, 45) * 4, floor)
+
+            kind = "window and sinks" if i % 2 else "causal"
+            yield Case(f"attention training {SHORT[dtype]} d{dim}/{v_dim} 37 rows, 45 keys, {kind}", training,
+                       kernels=tuple(f"attention_{stage}_{MSL_TYPE[dtype]}_d{d}"
+                                     for stage in ("prefill", "backward_dq", "backward_dkv")))
+
 
 def cases() -> list[Case]:
     return [*softmax_cases(), *linear_cases(), *fp8_cases(), *grouped_mm_cases(), *linalg_cases(), *pad_cases(),
@@ -513,9 +549,9 @@ def verify(case: Case, device: str) -> tuple[bool, float, list[str], set[str]]:
     """Runs ``case`` on ``device``: whether it matches torch within the dtype's tolerance, the largest error,
     the kernels it ran and the backends they ran on."""
     with trace() as t:
-        got, want, scale = case.run(device)
+        got, want, scale, *floor = case.run(device)
     rtol, atol = TOLERANCES[got.dtype]
-    good = bool(torch.isclose(got.cpu().double(), want.double(), rtol=rtol * scale, atol=atol * scale,
+    good = bool(torch.isclose(got.cpu().double(), want.double(), rtol=rtol * scale, atol=atol * scale + sum(floor),
                               equal_nan=True).all())
     return good, max_error(got, want), t.names, {k.backend for k in t.kernels}
 

@@ -4,6 +4,8 @@
 #include "ops/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include <algorithm>
 #include <cmath>
@@ -25,6 +27,9 @@ namespace {
 // Query rows the decode kernels take; longer queries are prefill.
 constexpr int64_t kDecodeMaxQueryRows = 8;
 constexpr int64_t kMaxHeadDim = 256;
+// The backward kernels' head dims (D 32 to 128) and keys per threadgroup (kBackwardTile in the kernels).
+constexpr int64_t kMaxBackwardHeadDim = 128;
+constexpr int64_t kBackwardKeys = 32;
 constexpr uint32_t kSimdGroups = 4;
 // The prefill kernel's threadgroup: a SIMD group per 8 rows of its block.
 constexpr uint32_t kPrefillThreads = kAttentionPrefillRows / 8 * 32;
@@ -42,6 +47,7 @@ struct Views {
   std::optional<at::Tensor> sinks;  // float32, one per output head
   int64_t group = 1;               // query heads per KV head
   std::vector<int64_t> out_shape;  // torch's output shape
+  std::vector<int64_t> batch;      // the broadcast batch dimensions merged into q's, k's and v's first
 };
 
 bool broadcastable(int64_t a, int64_t b) { return a == b || a == 1 || b == 1; }
@@ -103,6 +109,7 @@ std::variant<Views, std::string> views_of(const AttentionArgs& a) {
   } else {
     return std::string("invalid arguments");
   }
+  w.batch = batch;
   w.q = merged(q4, batch);
   if (out_heads != hq) w.q = w.q.expand({w.q.size(0), out_heads, rows, dim});
   w.k = merged(with_heads(k4, hk), batch);
@@ -201,15 +208,23 @@ AttentionParams params_of(const Views& w, const AttentionArgs& a) {
 
 bool is_prefill(const Views& w) { return w.q.size(2) > kDecodeMaxQueryRows; }
 
-Plan plan(const Views& w, const AttentionArgs& a, Backend& backend) {
+// The prefill kernel's name for these views; `stage` "prefill" or a backward kernel's.
+std::string prefill_kernel(const Views& w, const std::string& stage) {
+  const int64_t dim = prefill_dim(std::max(w.q.size(-1), w.v.size(-1)));
+  return "attention_" + stage + "_" + metal_type(w.q.scalar_type()) + "_d" + std::to_string(dim);
+}
+
+// training: the prefill kernel for any query length, writing the log-sum-exp.
+Plan plan(const Views& w, const AttentionArgs& a, Backend& backend, bool training = false) {
   Plan p;
   p.params = params_of(w, a);
   AttentionParams& q = p.params;
   const std::string type = metal_type(w.q.scalar_type());
   const int64_t batch = w.q.size(0), kv_heads = w.k.size(1), keys = w.k.size(2) - q.key_first;
-  if (is_prefill(w)) {
+  if (is_prefill(w) || training) {
+    q.lse = training;
     const int64_t blocks = (w.q.size(2) + kAttentionPrefillRows - 1) / kAttentionPrefillRows;
-    p.kernel = "attention_prefill_" + type + "_d" + std::to_string(prefill_dim(std::max(w.q.size(-1), w.v.size(-1))));
+    p.kernel = prefill_kernel(w, "prefill");
     p.grid = {uint32_t(blocks), uint32_t(kv_heads * w.group), uint32_t(batch)};
     p.threadgroup = {kPrefillThreads};
     return p;
@@ -283,7 +298,8 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
                  .tensor(w.mask ? *w.mask : w.q)
                  .tensor(out)
                  .bytes(p.params)
-                 .tensor(w.sinks ? *w.sinks : w.q));
+                 .tensor(w.sinks ? *w.sinks : w.q)
+                 .tensor(out));
     return out;
   }
   const int64_t out_rows = out.numel() / w.v.size(-1), splits = p.params.splits;
@@ -309,6 +325,176 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
                  .bytes(p.params)
                  .tensor(w.sinks ? *w.sinks : w.q));
   return out;
+}
+
+std::optional<std::string> attention_training_unsupported(const AttentionArgs& a) {
+  if (auto why = attention_unsupported(a)) return why;
+  if (a.attn_mask && a.attn_mask->requires_grad()) return std::string("a mask that needs a derivative");
+  for (const at::Tensor* t : {&a.query, &a.key, &a.value})
+    if (t->_fw_grad(/*level=*/0).defined()) return std::string("forward-mode derivatives");
+  if (a.query.key_set().has(c10::DispatchKey::Python)) return std::string("tensor subclass or tracing");
+  const Views w = std::get<Views>(views_of(a));
+  if (std::max(w.q.size(-1), w.v.size(-1)) > kMaxBackwardHeadDim) return std::string("backward head dim > 128");
+  Backend& backend = *backend_for(a.query.device());
+  for (const char* stage : {"prefill", "backward_dq", "backward_dkv"})
+    if (auto reason = backend.unavailable(prefill_kernel(w, stage), kPrefillThreads)) return reason;
+  return std::nullopt;
+}
+
+std::tuple<at::Tensor, at::Tensor> attention_training_forward(const AttentionArgs& a) {
+  const Views w = std::get<Views>(views_of(a));
+  const at::TensorOptions floats = a.query.options().dtype(at::kFloat);
+  int64_t rows = 1;
+  for (size_t d = 0; d + 1 < w.out_shape.size(); ++d) rows *= w.out_shape[d];
+  if (w.k.size(2) == 0 || rows == 0)
+    return {at::zeros(w.out_shape, a.query.options()),
+            at::full({rows, 2}, -std::numeric_limits<float>::infinity(), floats)};
+  at::Tensor out = at::empty(w.out_shape, a.query.options()), stats = at::empty({rows, 2}, floats);
+  const Plan p = plan(w, a, *backend_for(a.query.device()), /*training=*/true);
+  dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
+               .tensor(w.q)
+               .tensor(w.k)
+               .tensor(w.v)
+               .tensor(w.mask ? *w.mask : w.q)
+               .tensor(out)
+               .bytes(p.params)
+               .tensor(w.sinks ? *w.sinks : w.q)
+               .tensor(stats));
+  return {out, stats};
+}
+
+AttentionGradients attention_training_backward(const AttentionArgs& a, const at::Tensor& out, const at::Tensor& stats,
+                                               const at::Tensor& grad_out) {
+  const Views w = std::get<Views>(views_of(a));
+  const int64_t n = w.q.size(0), heads = w.q.size(1), rows = w.q.size(2), kv_heads = w.k.size(1),
+                keys = w.k.size(2);
+  const at::ScalarType type = a.query.scalar_type();
+  const at::Tensor dout = grad_out.to(type).contiguous();
+  // delta_i = dout_i . out_i, beside the forward's log-sum-exp.
+  const at::Tensor delta = (dout.to(at::kFloat) * out.to(at::kFloat)).sum(-1).reshape({-1});
+  const at::Tensor row_stats = at::stack({stats.select(1, 0), delta}, 1).contiguous();
+  at::Tensor dq = at::zeros({n, heads, rows, w.q.size(3)}, a.query.options());
+  at::Tensor dk = at::zeros({n, kv_heads, keys, w.k.size(3)}, a.query.options());
+  at::Tensor dv = at::zeros({n, kv_heads, keys, w.v.size(3)}, a.query.options());
+  if (keys && rows && n && heads) {
+    AttentionParams params = plan(w, a, *backend_for(a.query.device()), /*training=*/true).params;
+    const uint32_t row_blocks = uint32_t((rows + kAttentionPrefillRows - 1) / kAttentionPrefillRows);
+    dispatch(Launch{prefill_kernel(w, "backward_dq"), {}, {row_blocks, uint32_t(heads), uint32_t(n)}, {kPrefillThreads}}
+                 .tensor(w.q)
+                 .tensor(w.k)
+                 .tensor(w.v)
+                 .tensor(w.mask ? *w.mask : w.q)
+                 .tensor(dout)
+                 .tensor(row_stats)
+                 .tensor(dq)
+                 .bytes(params));
+    const uint32_t key_blocks = uint32_t((keys + kBackwardKeys - 1) / kBackwardKeys);
+    dispatch(Launch{prefill_kernel(w, "backward_dkv"), {}, {key_blocks, uint32_t(kv_heads), uint32_t(n)},
+                    {kPrefillThreads}}
+                 .tensor(w.q)
+                 .tensor(w.k)
+                 .tensor(w.v)
+                 .tensor(w.mask ? *w.mask : w.q)
+                 .tensor(dout)
+                 .tensor(row_stats)
+                 .tensor(dk)
+                 .tensor(dv)
+                 .bytes(params));
+  }
+  // Back to the inputs' shapes: summed over what broadcast (batch dimensions, a single K/V or query head).
+  auto to_input = [&](const at::Tensor& g, const at::Tensor& input) {
+    std::vector<int64_t> full(w.batch);
+    full.insert(full.end(), g.sizes().end() - 3, g.sizes().end());
+    return at::sum_to(g.view(full), input.sizes());
+  };
+  AttentionGradients grads{to_input(dq, a.query), to_input(dk, a.key), to_input(dv, a.value), {}};
+  if (a.sinks) {
+    // The sink's column: d sink_h = -sum over rows of p_sink delta, p_sink = exp(sink_h - lse).
+    const at::Tensor lse = stats.select(1, 0).view({n, heads, rows}), d = delta.view({n, heads, rows});
+    const at::Tensor sink = w.sinks->view({1, heads, 1});
+    grads.sinks = (-(at::exp(sink - lse) * d).sum({0, 2})).reshape(a.sinks->sizes()).to(a.sinks->scalar_type());
+  }
+  return grads;
+}
+
+namespace {
+
+std::optional<at::Tensor> defined(const at::Tensor& t) { return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt; }
+
+using Optional = const std::optional<at::Tensor>&;
+
+// mps_ext::_scaled_dot_product_attention_training: (out, stats).
+std::tuple<at::Tensor, at::Tensor> training_forward(const at::Tensor& query, const at::Tensor& key,
+                                                    const at::Tensor& value, Optional attn_mask, bool is_causal,
+                                                    std::optional<double> scale, bool enable_gqa, Optional sinks,
+                                                    int64_t window) {
+  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window};
+  if (auto why = attention_training_unsupported(a)) TORCH_CHECK(false, "mps_ext attention training: ", *why);
+  return attention_training_forward(a);
+}
+
+// mps_ext::_scaled_dot_product_attention_training_backward: (dq, dk, dv, dsinks).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> training_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& out, const at::Tensor& stats, Optional attn_mask, bool is_causal, std::optional<double> scale,
+    bool enable_gqa, Optional sinks, int64_t window) {
+  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window};
+  if (auto why = attention_training_unsupported(a)) TORCH_CHECK(false, "mps_ext attention training: ", *why);
+  AttentionGradients g = attention_training_backward(a, out, stats, grad_out);
+  return {g.query, g.key, g.value, g.sinks};
+}
+
+auto training_forward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mps_ext::_scaled_dot_product_attention_training", "")
+                             .typed<decltype(training_forward)>();
+  return op;
+}
+
+auto training_backward_op() {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mps_ext::_scaled_dot_product_attention_training_backward", "")
+                             .typed<decltype(training_backward)>();
+  return op;
+}
+
+// The kernels' forward and backward as autograd sees them: the log-sum-exp
+// saved, the probabilities recomputed in the backward.
+struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, const std::optional<at::Tensor>& mask,
+                            const std::optional<at::Tensor>& sinks, bool is_causal, std::optional<double> scale,
+                            bool enable_gqa, int64_t window, const std::string& op) {
+    auto [out, stats] = training_forward_op().call(query, key, value, mask, is_causal, scale, enable_gqa, sinks, window);
+    overrides::hit(op.c_str());
+    ctx->save_for_backward({query, key, value, mask.value_or(at::Tensor()), sinks.value_or(at::Tensor()), out, stats});
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["enable_gqa"] = enable_gqa;
+    ctx->saved_data["window"] = window;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "mps_ext attention: the backward of its Metal kernels is not differentiable (double backward); "
+                "call the attention with torch's math (mps_ext.overrides.disable()) for higher derivatives");
+    const torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor grad = grads[0].defined() ? grads[0] : at::zeros_like(saved[5]);
+    auto [dq, dk, dv, dsinks] = training_backward_op().call(
+        grad, saved[0], saved[1], saved[2], saved[5], saved[6], defined(saved[3]), ctx->saved_data["is_causal"].toBool(),
+        ctx->saved_data["scale"].toOptional<double>(), ctx->saved_data["enable_gqa"].toBool(), defined(saved[4]),
+        ctx->saved_data["window"].toInt());
+    return {dq, dk, dv, at::Tensor(), dsinks, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor attention_differentiable(const AttentionArgs& a, const char* op) {
+  return AttentionFunction::apply(a.query, a.key, a.value, a.attn_mask, a.sinks, a.is_causal, a.scale, a.enable_gqa,
+                                  a.window, std::string(op));
 }
 
 at::Tensor attention_reference(const AttentionArgs& a) {
@@ -387,8 +573,8 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
                             [&] { return attention_reference(a); });
 }
 
-// Autograd: a call that needs a derivative is torch's math (differentiable
-// ops); any other goes on to the kernels.
+// Autograd: a call that needs a derivative runs the training kernels, or
+// else torch's math (differentiable ops); any other goes on to the kernels.
 at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                                  std::optional<double> scale, bool enable_gqa,
@@ -396,7 +582,10 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
   const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
                                   window);
   if (attention_needs_derivative(a)) {
-    const overrides::CallingTorch calling = overrides::fallback(kOp, "autograd (an input needs a derivative)");
+    const std::optional<std::string> why =
+        a.dropout_p != 0.0 ? std::optional<std::string>("dropout") : attention_training_unsupported(a);
+    if (!why) return attention_differentiable(a, kOp);
+    const overrides::CallingTorch calling = overrides::fallback(kOp, "autograd: " + *why);
     return attention_reference(a);
   }
   at::AutoDispatchBelowADInplaceOrView below;
@@ -407,18 +596,29 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
 
 }  // namespace mps_ext::ops
 
+// The training forward and backward, as ops of their own (autograd's
+// Function calls them; the self-test calls them directly on the GPU).
 TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0.0, bool is_causal=False, float? scale=None, bool enable_gqa=False, *, "
         "Tensor? sinks=None, int window=0) -> Tensor");
+  m.def("_scaled_dot_product_attention_training(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
+        "bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, int window) -> (Tensor, Tensor)");
+  m.def("_scaled_dot_product_attention_training_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+        "Tensor out, Tensor stats, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, "
+        "int window) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mps_ext, CPU, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(mps_ext::ops::attention_op));
+  m.impl("_scaled_dot_product_attention_training", TORCH_FN(mps_ext::ops::training_forward));
+  m.impl("_scaled_dot_product_attention_training_backward", TORCH_FN(mps_ext::ops::training_backward));
 }
 
 TORCH_LIBRARY_IMPL(mps_ext, MPS, m) {
   m.impl("scaled_dot_product_attention", TORCH_FN(mps_ext::ops::attention_op));
+  m.impl("_scaled_dot_product_attention_training", TORCH_FN(mps_ext::ops::training_forward));
+  m.impl("_scaled_dot_product_attention_training_backward", TORCH_FN(mps_ext::ops::training_backward));
 }
 
 TORCH_LIBRARY_IMPL(mps_ext, Autograd, m) {

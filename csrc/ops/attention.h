@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 namespace mps_ext::ops {
 
@@ -33,6 +34,27 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a);
 // Runs the kernels (requires !attention_unsupported): torch's output, shape
 // and values, contiguous.
 at::Tensor attention_kernels(const AttentionArgs& a);
+
+// Training: why the forward that saves each row's log-sum-exp and the
+// backward kernels cannot take this call (which needs a derivative), or
+// nullopt.
+std::optional<std::string> attention_training_unsupported(const AttentionArgs& a);
+
+// (out, stats): the output and, per output row, the log-sum-exp in column 0
+// (float32, (rows, 2)) for the backward.
+std::tuple<at::Tensor, at::Tensor> attention_training_forward(const AttentionArgs& a);
+
+// The gradients of the inputs (in their shapes; sinks where given) from the
+// forward's output and stats and the output's gradient.
+struct AttentionGradients {
+  at::Tensor query, key, value, sinks;
+};
+AttentionGradients attention_training_backward(const AttentionArgs& a, const at::Tensor& out, const at::Tensor& stats,
+                                               const at::Tensor& grad_out);
+
+// The call through the training kernels as one differentiable op (requires
+// !attention_training_unsupported and no dropout), counted as a hit of `op`.
+at::Tensor attention_differentiable(const AttentionArgs& a, const char* op);
 
 // torch's math for the call, sinks and window included (differentiable):
 // what a call the kernels do not take runs.

@@ -11,10 +11,11 @@
 // _scaled_dot_product_flash_attention_for_cpu or the composite
 // _scaled_dot_product_attention_math depending on the shapes, and only the
 // former for the common 4-D case: the override sits at the composite
-// aten::scaled_dot_product_attention itself, at the CPU key, with an
-// autograd kernel that leaves calls needing a derivative to torch's
-// composite (so grad is torch's, as on mps where torch only calls the op
-// above without grad).
+// aten::scaled_dot_product_attention itself, at the CPU key. On both
+// devices, a call that needs a derivative (where torch runs its composite
+// math with the scores materialised) takes the training kernels at the
+// device's autograd key: a forward that saves each row's log-sum-exp and a
+// backward that recomputes the probabilities tile by tile.
 #include <ATen/ATen.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_scaled_dot_product_attention_math_compositeimplicitautograd_dispatch.h>
@@ -85,14 +86,24 @@ at::Tensor sdpa_cpu(const at::Tensor& query, const at::Tensor& key, const at::Te
   return out;
 }
 
-// AutogradCPU: a call autograd must see (inputs that require grad or carry
-// a forward gradient, tensor subclasses) is torch's composite, which
-// decomposes into differentiable ops; any other goes on to the CPU kernel.
-at::Tensor sdpa_autograd_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                             const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
-                             std::optional<double> scale, bool enable_gqa) {
-  if (ops::attention_needs_derivative({query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa})) {
-    const CallingTorch calling = fallback(kSdpa, "autograd (an input needs a derivative)");
+// Autograd<device>: a call autograd must see (inputs that require grad or
+// carry a forward gradient, tensor subclasses) runs the training kernels,
+// or else torch's composite, which decomposes into differentiable ops; any
+// other goes on to the device's kernel (on mps, torch's composite, which
+// calls _scaled_dot_product_attention_math_for_mps).
+at::Tensor sdpa_autograd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                         std::optional<double> scale, bool enable_gqa) {
+  const ops::AttentionArgs args{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa};
+  if (ops::attention_needs_derivative(args)) {
+    std::optional<std::string> why = dropout_p != 0.0 ? std::optional<std::string>("dropout")
+                                                       : ops::attention_training_unsupported(args);
+    // torch's CPU flash kernel applies a mask and causal together; its math path raises for them.
+    if (!why && is_causal && attn_mask && query.is_cpu() &&
+        at::_fused_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) == 0)
+      why = "invalid arguments";
+    if (!why) return ops::attention_differentiable(args, kSdpa);
+    const CallingTorch calling = fallback(kSdpa, "autograd: " + *why);
     return at::compositeimplicitautograd::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p,
                                                                         is_causal, scale, enable_gqa);
   }
@@ -104,9 +115,9 @@ at::Tensor sdpa_autograd_cpu(const at::Tensor& query, const at::Tensor& key, con
 
 void register_attention(OverrideLibrary& lib, c10::DeviceType device) {
   lib.impl("_scaled_dot_product_attention_math_for_mps", TORCH_FN(math_for_mps));
+  lib.impl_autograd("scaled_dot_product_attention", torch::CppFunction(TORCH_FN(sdpa_autograd)));
   if (device != c10::DeviceType::CPU) return;
   lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_cpu));
-  lib.impl_autograd("scaled_dot_product_attention", torch::CppFunction(TORCH_FN(sdpa_autograd_cpu)));
 }
 
 }  // namespace mps_ext::overrides

@@ -913,6 +913,39 @@ def attention_case(batch, heads, kv_heads, q_len, keys, dim, dt, v_dim=None, mas
                 nbytes(q, k, v, y), 0, tfn if large else None, "F.scaled_dot_product_attention")
 
 
+def attention_backward_case(heads, kv_heads, q_len, keys, dim, dt, causal=False, large=False):
+    # The training kernels' backward alone: the forward (saving the log-sum-exp) runs in the simulator, only
+    # autograd's backward call is recorded; dq, dk, dv against float64 autograd on DEV.
+    q, k, v = randn(1, heads, q_len, dim, dtype=dt), randn(1, kv_heads, keys, dim, dtype=dt), \
+        randn(1, kv_heads, keys, dim, dtype=dt)
+    dy = randn(1, heads, q_len, dim, dtype=dt)
+    gqa = heads != kv_heads
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    with mps_ext.overrides.enabled("cpu"):
+        y = F.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=gqa)
+
+    def grad():
+        with mps_ext.overrides.enabled("cpu"):
+            return torch.autograd.grad(y, leaves, dy)
+
+    recording, grads = record(grad)
+    for g in grads:
+        poison(g)
+    wide = [t.double().requires_grad_() for t in on_dev(q, k, v)]
+    (dy_dev,) = on_dev(dy)
+    refs = torch.autograd.grad(F.scaled_dot_product_attention(*wide, is_causal=causal, enable_gqa=gqa), wide,
+                               dy_dev.double())
+    ref = torch.cat([r.flatten() for r in refs])
+    xt = [t.clone().requires_grad_() for t in on_dev(q, k, v)]
+    yt = F.scaled_dot_product_attention(*xt, is_causal=causal, enable_gqa=gqa)
+    tfn = lambda: torch.autograd.grad(yt, xt, dy_dev, retain_graph=True)  # torch's backward alone, as ours
+    flat = lambda gs: torch.cat([g.to(DEV).flatten() for g in gs])
+    check = lambda: compare(flat(grads), ref, dt, extra=8, torch_out=(lambda: flat(tfn())) if large else None)()
+    name = f"attention backward {heads}/{kv_heads} heads q {q_len} keys {keys} d {dim} {DT[dt]}{' causal' if causal else ''}"
+    return Case("attention", name, Replay(recording), check, nbytes(q, k, v, dy, *grads), 0, tfn if large else None,
+                "F.scaled_dot_product_attention backward")
+
+
 def attention_small():
     # Every kernel: each dtype, head-dim slice (2, 4, 6, 8 elements per lane) and row block (query heads per KV
     # head x query rows: 1, 2, 4, 8), the 8-row blocks with keys split and merged; masks vary with the block.
@@ -929,6 +962,9 @@ def attention_small():
                                           (256, None))):
             cases.append(attention_case(1, 4, 2, 37, 45, dim, dt, v_dim=v_dim, mask=(None, "bool", F32)[i % 3],
                                         causal=i % 3 == 0))
+        # Training: every backward head dim D (32 to 128), GQA, causal in turn.
+        cases += [attention_backward_case(4, 2, 37, 45, dim, dt, causal=i % 2 == 0)
+                  for i, dim in enumerate((24, 64, 80, 128))]
     return cases
 
 
@@ -937,7 +973,8 @@ def attention_large():
     return [attention_case(1, 32, 8, 1, 4096, 128, BF16, large=True),
             attention_case(1, 32, 8, 1, 32768, 128, BF16, large=True),
             attention_case(1, 32, 8, 4, 4096, 128, BF16, large=True),
-            attention_case(1, 32, 8, 1024, 1024, 128, BF16, causal=True, large=True)]
+            attention_case(1, 32, 8, 1024, 1024, 128, BF16, causal=True, large=True),
+            attention_backward_case(32, 8, 256, 256, 128, BF16, causal=True, large=True)]  # its forward simulated
 
 
 SMALL = {"softmax": softmax_small, "gemv": gemv_small, "fp8": fp8_small, "grouped_mm": grouped_small,

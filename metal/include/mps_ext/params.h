@@ -274,6 +274,7 @@ struct AttentionParams {
   mps_ext_u32 window;
   mps_ext_u32 key_first;
   mps_ext_u32 sinks;  // 1: a logit per query head (a key with value 0) in the softmax
+  mps_ext_u32 lse;    // 1: the prefill kernel also writes each row's log-sum-exp (training)
 };
 static_assert(sizeof(AttentionParams) == 168, "AttentionParams layout");
 // Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
