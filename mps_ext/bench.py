@@ -23,9 +23,9 @@ import torch
 # --ops name -> benchmarks/<script>.py
 SCRIPTS = {"softmax": "bench_softmax", "linear": "bench_linear", "fp8": "bench_fp8",
            "grouped_mm": "bench_grouped_mm", "linalg": "bench_linalg", "pad": "bench_pad",
-           "upsample": "bench_upsample", "dropout": "bench_dropout",
+           "upsample": "bench_upsample", "dropout": "bench_dropout", "attention": "bench_attention",
            "decode": "bench_decode", "simulator": "bench_simulator"}
-GPU_OPS = ["softmax", "linear", "fp8", "grouped_mm", "linalg", "pad", "upsample", "dropout", "decode"]
+GPU_OPS = ["softmax", "linear", "fp8", "grouped_mm", "linalg", "pad", "upsample", "dropout", "attention", "decode"]
 
 
 @dataclass
