@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -251,6 +252,24 @@ Plan plan(const Views& w, const AttentionArgs& a, Backend& backend, bool trainin
   return p;
 }
 
+// A launch of `kernel` with what every attention kernel reads first: q, k, v
+// and the mask (q bound in its slot when there is none; never read).
+Launch reading(const Views& w, std::string kernel, Size3 grid, Size3 threadgroup) {
+  Launch launch{std::move(kernel), {}, grid, threadgroup};
+  launch.tensor(w.q).tensor(w.k).tensor(w.v).tensor(w.mask ? *w.mask : w.q);
+  return launch;
+}
+
+// The prefill kernel's launch; `stats` takes each row's log-sum-exp where the
+// plan says so (training), else it is bound to `out` and never written.
+void dispatch_prefill(const Views& w, const Plan& p, const at::Tensor& out, const at::Tensor& stats) {
+  dispatch(reading(w, p.kernel, p.grid, p.threadgroup)
+               .tensor(out)
+               .bytes(p.params)
+               .tensor(w.sinks ? *w.sinks : w.q)
+               .tensor(stats));
+}
+
 }  // namespace
 
 std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
@@ -291,15 +310,7 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
   if (out.numel() == 0) return out;
   const Plan p = plan(w, a, *backend_for(a.query.device()));
   if (is_prefill(w)) {
-    dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
-                 .tensor(w.q)
-                 .tensor(w.k)
-                 .tensor(w.v)
-                 .tensor(w.mask ? *w.mask : w.q)
-                 .tensor(out)
-                 .bytes(p.params)
-                 .tensor(w.sinks ? *w.sinks : w.q)
-                 .tensor(out));
+    dispatch_prefill(w, p, out, out);
     return out;
   }
   const int64_t out_rows = out.numel() / w.v.size(-1), splits = p.params.splits;
@@ -307,11 +318,7 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
   // One run writes the output itself; the partials' slots are bound to it (never touched).
   const at::Tensor partial_out = splits > 1 ? at::empty({out_rows, splits, w.v.size(-1)}, floats) : out;
   const at::Tensor partial_stats = splits > 1 ? at::empty({out_rows, splits, 2}, floats) : out;
-  dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
-               .tensor(w.q)
-               .tensor(w.k)
-               .tensor(w.v)
-               .tensor(w.mask ? *w.mask : w.q)
+  dispatch(reading(w, p.kernel, p.grid, p.threadgroup)
                .tensor(out)
                .tensor(partial_out)
                .tensor(partial_stats)
@@ -350,16 +357,7 @@ std::tuple<at::Tensor, at::Tensor> attention_training_forward(const AttentionArg
     return {at::zeros(w.out_shape, a.query.options()),
             at::full({rows, 2}, -std::numeric_limits<float>::infinity(), floats)};
   at::Tensor out = at::empty(w.out_shape, a.query.options()), stats = at::empty({rows, 2}, floats);
-  const Plan p = plan(w, a, *backend_for(a.query.device()), /*training=*/true);
-  dispatch(Launch{p.kernel, {}, p.grid, p.threadgroup}
-               .tensor(w.q)
-               .tensor(w.k)
-               .tensor(w.v)
-               .tensor(w.mask ? *w.mask : w.q)
-               .tensor(out)
-               .bytes(p.params)
-               .tensor(w.sinks ? *w.sinks : w.q)
-               .tensor(stats));
+  dispatch_prefill(w, plan(w, a, *backend_for(a.query.device()), /*training=*/true), out, stats);
   return {out, stats};
 }
 
@@ -379,22 +377,14 @@ AttentionGradients attention_training_backward(const AttentionArgs& a, const at:
   if (keys && rows && n && heads) {
     AttentionParams params = plan(w, a, *backend_for(a.query.device()), /*training=*/true).params;
     const uint32_t row_blocks = uint32_t((rows + kAttentionPrefillRows - 1) / kAttentionPrefillRows);
-    dispatch(Launch{prefill_kernel(w, "backward_dq"), {}, {row_blocks, uint32_t(heads), uint32_t(n)}, {kPrefillThreads}}
-                 .tensor(w.q)
-                 .tensor(w.k)
-                 .tensor(w.v)
-                 .tensor(w.mask ? *w.mask : w.q)
+    dispatch(reading(w, prefill_kernel(w, "backward_dq"), {row_blocks, uint32_t(heads), uint32_t(n)}, {kPrefillThreads})
                  .tensor(dout)
                  .tensor(row_stats)
                  .tensor(dq)
                  .bytes(params));
     const uint32_t key_blocks = uint32_t((keys + kBackwardKeys - 1) / kBackwardKeys);
-    dispatch(Launch{prefill_kernel(w, "backward_dkv"), {}, {key_blocks, uint32_t(kv_heads), uint32_t(n)},
-                    {kPrefillThreads}}
-                 .tensor(w.q)
-                 .tensor(w.k)
-                 .tensor(w.v)
-                 .tensor(w.mask ? *w.mask : w.q)
+    dispatch(reading(w, prefill_kernel(w, "backward_dkv"), {key_blocks, uint32_t(kv_heads), uint32_t(n)},
+                     {kPrefillThreads})
                  .tensor(dout)
                  .tensor(row_stats)
                  .tensor(dk)
