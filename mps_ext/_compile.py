@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import os
 import re
 import sys
 
@@ -29,7 +30,7 @@ from . import _C
 
 _DEVICES = ("cpu", "mps")
 _INDUCTOR = "torch._inductor.compile_fx"  # imported before inductor compiles anything
-_TAG = re.compile(r"\[mps_ext overrides: [^\]]*\]")
+_TAG = re.compile(r"\[mps_ext [^\]]*\]")
 _wrapped: set[torch._ops.OpOverload] = set()
 _state: list[str] = []  # the devices whose overrides were on at the last change
 _seen: set[torch._ops.OpOverload] = set()  # every op the overrides have replaced on some device
@@ -126,8 +127,22 @@ class _AfterInductorImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         _wrap_overridden()
 
 
+def _build() -> str:
+    """This build of the extension (its library's size and time): artifacts traced through another build's
+    kernels and fallbacks (an op it decomposed, one it kept) are not this one's."""
+    st = os.stat(_C.__file__)
+    return f"{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _tag(on: list[str]) -> None:
+    config = torch.compiler.config
+    config.cache_key_tag = _TAG.sub("", config.cache_key_tag) + (
+        f"[mps_ext {_build()}" + (f" overrides: {','.join(on)}]" if on else "]"))
+
+
 def install() -> None:
     """Prepare inductor for the overrides (now if it is imported, else when it is)."""
+    _tag(_state)
     if _INDUCTOR in sys.modules:
         _wrap_overridden()
     elif not any(isinstance(f, _AfterInductorImport) for f in sys.meta_path):
@@ -146,9 +161,7 @@ def state_changed() -> None:
         _seen.update(_overridden(device))
     for op in _seen:
         op._dispatch_cache.clear()
-    config = torch.compiler.config
-    tag = _TAG.sub("", config.cache_key_tag)
-    config.cache_key_tag = tag + (f"[mps_ext overrides: {','.join(on)}]" if on else "")
+    _tag(on)
     if _INDUCTOR in sys.modules:
         _wrap_overridden()
     if "torch._dynamo" in sys.modules:

@@ -498,11 +498,11 @@ def test_registered_with_transformers_in_either_import_order(import_first):
 
 
 @pytest.mark.fallback("rows > 8", required=False)  # the prompt's projections: GEMM, not GEMV
-@pytest.mark.parametrize("model", ["gpt_oss", "mistral"])
+@pytest.mark.parametrize("model", ["gpt_oss", "mistral", "llama", "qwen3"])
 @pytest.mark.parametrize("prompt_len", [5, 12])
 def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, prompt_len):
     # gpt-oss (sinks; sliding-window and full layers) against its own eager attention, Mistral (a sliding
-    # window shorter than the text) against sdpa.
+    # window shorter than the text), Llama and Qwen3 against sdpa.
     transformers = pytest.importorskip("transformers")
     common = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64, sliding_window=4)
@@ -512,7 +512,11 @@ def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, promp
                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         cls, theirs = transformers.GptOssForCausalLM, "eager"
     else:
-        config, cls, theirs = transformers.MistralConfig(**common), transformers.MistralForCausalLM, "sdpa"
+        configs = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
+                   "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                   "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)}
+        config_class, cls = configs[model]
+        config, theirs = config_class(**{**common, "sliding_window": 4 if model == "mistral" else None}), "sdpa"
     torch.manual_seed(0)
     lm = cls(config).eval()
     if model == "gpt_oss":
@@ -533,3 +537,30 @@ def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, promp
     stats = mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]
     steps = got.shape[1] - prompt_len  # up to 6: an end-of-text token stops generate early
     assert stats["hits"] == 2 * steps and stats["fallbacks"] == 0, stats
+
+
+def test_op_training_ops_opcheck():
+    q, k, v = randn(1, 4, 10, 32), randn(1, 2, 12, 32, seed=1), randn(1, 2, 12, 32, seed=2)
+    args = (q, k, v, None, True, None, True, randn(4, seed=3), 0)
+    torch.library.opcheck(torch.ops.mps_ext._scaled_dot_product_attention_training.default, args,
+                          test_utils=("test_schema", "test_faketensor"))
+    out, stats = torch.ops.mps_ext._scaled_dot_product_attention_training(*args)
+    torch.library.opcheck(torch.ops.mps_ext._scaled_dot_product_attention_training_backward.default,
+                          (randn(1, 4, 10, 32, seed=4), q, k, v, out, stats, *args[3:]),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_op_under_torch_compile_runs_the_kernels():
+    # mps_ext's op stays whole in the compiled graph (its fake gives the shapes): inductor calls it.
+    q, k, v = randn(1, 4, 20, 32), randn(1, 2, 30, 32, seed=1), randn(1, 2, 30, 32, seed=2)
+    sinks = randn(4, seed=3)
+
+    def layer(q, k, v):
+        return mps_ext.scaled_dot_product_attention(q * 2, k, v, enable_gqa=True, sinks=sinks, window=6).relu()
+
+    compiled = torch.compile(layer, fullgraph=True, dynamic=False)
+    compiled(q, k, v)  # compiles
+    with mps_ext.trace() as t:
+        got = compiled(q, k, v)
+    assert t.names == ["attention_prefill_float_d32"], t.names
+    assert_close(got, layer(q, k, v))

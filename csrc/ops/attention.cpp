@@ -525,10 +525,10 @@ at::Tensor attention_reference(const AttentionArgs& a) {
   return at::matmul(probs, v);
 }
 
-bool attention_needs_derivative(const AttentionArgs& a) {
-  auto needs = [](const at::Tensor& t) {
+bool attention_needs_derivative(const AttentionArgs& a, bool subclasses) {
+  auto needs = [subclasses](const at::Tensor& t) {
     return (at::GradMode::is_enabled() && t.requires_grad()) || t._fw_grad(/*level=*/0).defined() ||
-           t.key_set().has(c10::DispatchKey::Python);
+           (subclasses && t.key_set().has(c10::DispatchKey::Python));
   };
   return needs(a.query) || needs(a.key) || needs(a.value) || (a.attn_mask && needs(*a.attn_mask)) ||
          (a.sinks && needs(*a.sinks));
@@ -571,7 +571,9 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
                                  const std::optional<at::Tensor>& sinks, int64_t window) {
   const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
                                   window);
-  if (attention_needs_derivative(a)) {
+  // Tensor subclasses without a derivative to take (torch.compile's fake tensors) go on to the op's own
+  // kernels, or its fake: a compiled graph keeps the op whole.
+  if (attention_needs_derivative(a, /*subclasses=*/false)) {
     const std::optional<std::string> why =
         a.dropout_p != 0.0 ? std::optional<std::string>("dropout") : attention_training_unsupported(a);
     if (!why) return attention_differentiable(a, kOp);
@@ -579,7 +581,10 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
     return attention_reference(a);
   }
   at::AutoDispatchBelowADInplaceOrView below;
-  return attention_op(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("mps_ext::scaled_dot_product_attention", "")
+                             .typed<decltype(attention_op)>();
+  return op.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window);
 }
 
 }  // namespace

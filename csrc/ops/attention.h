@@ -61,7 +61,7 @@ at::Tensor attention_differentiable(const AttentionArgs& a, const char* op);
 at::Tensor attention_reference(const AttentionArgs& a);
 
 // Whether autograd must see the call: an input requires grad or carries a
-// forward gradient, or is a tensor subclass.
-bool attention_needs_derivative(const AttentionArgs& a);
+// forward gradient, or (with `subclasses`) is a tensor subclass.
+bool attention_needs_derivative(const AttentionArgs& a, bool subclasses = true);
 
 }  // namespace mps_ext::ops
