@@ -29,7 +29,7 @@ def test_without_mps_runs_the_simulator_benchmark_and_writes_json_markdown(tmp_p
     p = run_cli("--out", str(tmp_path), "--repeat", "1")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "No usable Apple GPU here" in p.stdout
-    assert "softmax, linear, fp8, grouped_mm, linalg, pad, upsample, dropout, decode" in p.stdout  # which ones it skipped
+    assert "softmax, linear, fp8, grouped_mm, linalg, pad, upsample, dropout, attention, decode" in p.stdout  # which ones it skipped
     report = json.loads((tmp_path / "bench.json").read_text())
     env = report["environment"]
     assert env["chip"] is None and env["peak_gbps"] is None and env["macos"] is None
