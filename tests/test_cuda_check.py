@@ -152,3 +152,21 @@ def test_loop_unroll_hints_reach_nvcc(tmp_path):
     text = _translate(src)
     hints = re.findall(r"^(#pragma [^\n]*)\n#line \d+ [^\n]*\n\s*for\b", text, re.M)
     assert hints == ["#pragma unroll", "#pragma unroll (2)", "#pragma unroll 1"], text
+
+
+def test_sanitizer_reports_of_torchs_own_kernels_are_not_attributed_to_ours():
+    # A case checks our output against torch's op on the GPU (cuDNN's attention, say) right after our launch.
+    run = _tool("run")
+    log = "\n".join([
+        run.MARK + "dropout_backward_bfloat",
+        run.MARK + run.TORCH,
+        "========= Error: Potential RAW hazard detected at __shared__ 0x470 in block (0,0,0) :",
+        run.MARK + "planted_race",
+        "========= Error: Potential RAW hazard detected at __shared__ 0x604 in block (0,0,0) :",
+        run.MARK + "__end__",
+        "========= Error: Potential WAR hazard detected at __shared__ 0x608 in block (0,0,0) :",
+    ])
+    found = run.parse_sanitizer(log)
+    assert found == {"dropout_backward_bfloat": [], "planted_race": [
+        "========= Error: Potential RAW hazard detected at __shared__ 0x604 in block (0,0,0) :",
+        "========= Error: Potential WAR hazard detected at __shared__ 0x608 in block (0,0,0) :"]}

@@ -402,7 +402,7 @@ AttentionGradients attention_training_backward(const AttentionArgs& a, const at:
     // The sink's column: d sink_h = -sum over rows of p_sink delta, p_sink = exp(sink_h - lse).
     const at::Tensor lse = stats.select(1, 0).view({n, heads, rows}), d = delta.view({n, heads, rows});
     const at::Tensor sink = w.sinks->view({1, heads, 1});
-    grads.sinks = (-(at::exp(sink - lse) * d).sum({0, 2})).reshape(a.sinks->sizes()).to(a.sinks->scalar_type());
+    grads.sinks = (-(at::exp(sink - lse) * d).sum(at::IntArrayRef{0, 2})).reshape(a.sinks->sizes()).to(a.sinks->scalar_type());
   }
   return grads;
 }

@@ -17,6 +17,7 @@
 // device's autograd key: a forward that saves each row's log-sum-exp and a
 // backward that recomputes the probabilities tile by tile.
 #include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_fused_sdp_choice.h>
 #include <ATen/ops/_scaled_dot_product_attention_math_compositeimplicitautograd_dispatch.h>
 #include <ATen/ops/scaled_dot_product_attention_compositeimplicitautograd_dispatch.h>
@@ -111,10 +112,21 @@ at::Tensor sdpa_autograd(const at::Tensor& query, const at::Tensor& key, const a
   return at::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa);
 }
 
+// torch 2.13 gave the op its enable_gqa argument; an older torch (the CUDA
+// check's) keeps its own kernel, since a kernel of another signature cannot
+// be registered.
+bool math_for_mps_takes_gqa() {
+  const auto op = c10::Dispatcher::singleton().findSchema({kMathForMps, ""});
+  if (!op) return false;
+  for (const c10::Argument& arg : op->schema().arguments())
+    if (arg.name() == "enable_gqa") return true;
+  return false;
+}
+
 }  // namespace
 
 void register_attention(OverrideLibrary& lib, c10::DeviceType device) {
-  lib.impl("_scaled_dot_product_attention_math_for_mps", TORCH_FN(math_for_mps));
+  if (math_for_mps_takes_gqa()) lib.impl("_scaled_dot_product_attention_math_for_mps", TORCH_FN(math_for_mps));
   lib.impl_autograd("scaled_dot_product_attention", torch::CppFunction(TORCH_FN(sdpa_autograd)));
   if (device != c10::DeviceType::CPU) return;
   lib.impl("scaled_dot_product_attention", TORCH_FN(sdpa_cpu));

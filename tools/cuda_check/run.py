@@ -42,6 +42,8 @@ PLANTED = HERE / "planted.metal"
 TOOLS = ("racecheck", "synccheck", "memcheck")
 CONTROL = {"racecheck": "planted_race", "synccheck": "planted_divergent_barrier", "memcheck": "planted_oob"}
 MARK = "@@kernel "
+# Marks what a case runs of torch's own on the GPU (its reference): the sanitizers' reports there are not ours.
+TORCH = "__torch__"
 
 
 def log(*a):
@@ -71,6 +73,8 @@ def run_case(launcher: Launcher, case: C.Case) -> dict:
         launcher.run(case.replay.launches)
         torch.cuda.synchronize()
         case.replay.download()
+        if launcher.trace:
+            launcher.trace(TORCH)
         ok, msg = case.check()
     except Exception as e:  # noqa: BLE001 - a failing case is reported, the run goes on
         ok, msg = False, f"{type(e).__name__}: {e}"
@@ -157,16 +161,17 @@ _ERROR = re.compile(r"^========= (?:Error|Warning|Invalid|Race|Barrier|.*hazard|
 
 
 def parse_sanitizer(text: str) -> dict[str, list[str]]:
-    """{host name: its error lines} from a marked log; '__unattributed__' for errors before any marker."""
+    """{host name: its error lines} from a marked log; '__unattributed__' for errors before any marker, none for torch's."""
     found: dict[str, list[str]] = {}
     current = "__unattributed__"
     for line in text.splitlines():
         if line.startswith(MARK):
             if line[len(MARK):].strip() != "__end__":  # late reports belong to the last kernel
                 current = line[len(MARK):].strip()
-                found.setdefault(current, [])
+                if current != TORCH:
+                    found.setdefault(current, [])
             continue
-        if line.startswith("=========") and _ERROR.match(line) and "ERROR SUMMARY" not in line:
+        if current != TORCH and line.startswith("=========") and _ERROR.match(line) and "ERROR SUMMARY" not in line:
             found.setdefault(current, []).append(line.strip())
     return found
 
