@@ -1,7 +1,7 @@
 // Interpolation: nearest (torch's nearest and nearest-exact), linear
-// (linear1d, bilinear2d, trilinear3d) and bicubic, forward and backward, in
-// the dimensions of the written tensor's memory order (csrc/ops/upsample.cpp),
-// so channels-last tensors are read and written as they lie.
+// (linear1d, bilinear2d, trilinear3d) and bicubic, forward and backward, one
+// kernel per number of interpolated dimensions, so every tap table lives in
+// registers.
 //
 // Source indices and weights are torch's CPU kernels' arithmetic, in float
 // (nearest_idx and nearest_exact_idx or the generic kernel's helpers,
@@ -10,13 +10,20 @@
 // scale the host computes as torch does (from the sizes, or from the op's
 // scale where it is given).
 //
-// - forward (upsample_<mode>_<type>): one thread per output element. Nearest
-//   moves the element as its bytes (one kernel per element size serves every
-//   dtype torch's CPU kernel takes); linear and cubic sum their taps in
-//   float, nested as torch's kernel nests them (the last dimension's taps
-//   first, each sum then weighted by the dimension before).
-// - backward (upsample_backward_<mode>_<type>): one thread per element of
-//   the input's gradient gathers the output positions whose taps read it. An
+// Each thread takes one position of the written tensor and kUpsampleRepeat
+// channels there: the index arithmetic and the taps are the position's, the
+// loads and stores the channels'. Neighbouring threads take neighbouring
+// positions (channels first in memory: each load and store of a SIMD group
+// is one run of a row) or neighbouring channel groups (channels last: each
+// thread's channels lie side by side), as the host orders them.
+//
+// - forward (upsample_<mode>_<type>_<n>d): nearest moves the element as its
+//   bytes (one kernel per element size serves every dtype torch's CPU kernel
+//   takes); linear and cubic sum their taps in float, nested as torch's
+//   kernel nests them (the last dimension's taps first, each sum then
+//   weighted by the dimension before).
+// - backward (upsample_backward_<mode>_<type>_<n>d): each position of the
+//   input's gradient gathers the output positions whose taps read it. An
 //   output's first tap rises with its index, so along each dimension those
 //   positions are the contiguous range whose first tap lies in a window
 //   around the element (one index for nearest, two for linear, four for
@@ -127,50 +134,88 @@ inline void taps_of(uint o, Axis a, thread int* index, thread float* weight) {
   }
 }
 
-template <typename T, uint Mode>
+// Where a thread writes: its position along the spatial dimensions of the
+// written tensor (sizes `size`), its batch index and first channel, and the
+// offset of that element in the written tensor.
+template <uint Levels>
+struct Site {
+  uint o[Levels];
+  uint n, c, dst;
+};
+
+template <uint Levels>
+inline Site<Levels> site_of(constant UpsampleParams& p, constant uint* size, uint t) {
+  Site<Levels> s;
+  uint group = 0;
+  if (p.channels_inner) {
+    group = t % p.channel_groups;
+    t /= p.channel_groups;
+  }
+  for (uint l = Levels; l-- > 0;) {
+    s.o[l] = t % size[l];
+    t /= size[l];
+  }
+  if (!p.channels_inner) {
+    group = t % p.channel_groups;
+    t /= p.channel_groups;
+  }
+  s.n = t;
+  s.c = group * mps_ext::kUpsampleRepeat;
+  s.dst = s.n * p.batch_dst_stride + s.c * p.channel_dst_stride;
+  for (uint l = 0; l < Levels; ++l) s.dst += s.o[l] * p.dst_stride[l];
+  return s;
+}
+
+// Each interpolated dimension's taps as offsets in src, and their weights.
+template <uint Levels, uint Taps>
+struct TapTable {
+  ulong offset[Levels][Taps];
+  float weight[Levels][Taps];
+};
+
+// The taps of dimensions Level.. summed at `at`: the last dimension's first,
+// each sum weighted by the dimension before.
+template <uint Level, uint Levels, uint Taps>
+struct Interpolated {
+  template <typename T>
+  static float at(device const T* src, ulong at, thread const TapTable<Levels, Taps>& taps) {
+    float sum = 0.0f;
+    for (uint j = 0; j < Taps; ++j)
+      sum += Interpolated<Level + 1, Levels, Taps>::at(src, at + taps.offset[Level][j], taps) * taps.weight[Level][j];
+    return sum;
+  }
+};
+
+template <uint Levels, uint Taps>
+struct Interpolated<Levels, Levels, Taps> {
+  template <typename T>
+  static float at(device const T* src, ulong at, thread const TapTable<Levels, Taps>&) {
+    return float(src[at]);
+  }
+};
+
+template <typename T, uint Mode, uint Levels>
 kernel void upsample_forward(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
                              constant UpsampleParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
   constexpr uint kTaps = Taps<Mode>::count;
   if (t >= p.threads) return;
-  // Each interpolated dimension's taps as offsets in src, outermost dimension first.
-  const uint levels = popcount(p.interpolated);
-  ulong base = 0, offset[mps_ext::kUpsampleMaxInterpolated][kTaps];
-  float weight[mps_ext::kUpsampleMaxInterpolated][kTaps];
-  for (uint d = p.dims, r = t, level = levels; d-- > 0;) {
-    const uint o = r % p.out_size[d];
-    r /= p.out_size[d];
-    if ((p.interpolated >> d & 1u) == 0) {
-      base += ulong(o) * p.src_stride[d];
-      continue;
-    }
-    --level;
+  const Site<Levels> s = site_of<Levels>(p, p.out_size, t);
+  TapTable<Levels, kTaps> taps;
+  for (uint l = 0; l < Levels; ++l) {
     int index[kTaps];
-    taps_of<Mode>(o, axis_of(p, d), index, weight[level]);
-    for (uint j = 0; j < kTaps; ++j) offset[level][j] = ulong(index[j]) * p.src_stride[d];
+    taps_of<Mode>(s.o[l], axis_of(p, l), index, taps.weight[l]);
+    for (uint j = 0; j < kTaps; ++j) taps.offset[l][j] = ulong(index[j]) * p.src_stride[l];
   }
-  if (kTaps == 1) {
-    for (uint level = 0; level < levels; ++level) base += offset[level][0];
-    out[t] = src[base];
-    return;
-  }
-  // sum[level]: that dimension's taps so far, each weighted by its sum over the dimensions after it.
-  uint tap[mps_ext::kUpsampleMaxInterpolated] = {0, 0, 0};
-  float sum[mps_ext::kUpsampleMaxInterpolated] = {0.0f, 0.0f, 0.0f};
-  const uint inner = levels - 1;
-  for (;;) {
-    ulong at = base;
-    for (uint level = 0; level < levels; ++level) at += offset[level][tap[level]];
-    sum[inner] += float(src[at]) * weight[inner][tap[inner]];
-    uint level = inner;
-    while (++tap[level] == kTaps) {
-      if (level == 0) {
-        out[t] = T(sum[0]);
-        return;
-      }
-      tap[level] = 0;
-      sum[level - 1] += sum[level] * weight[level - 1][tap[level - 1]];
-      sum[level] = 0.0f;
-      --level;
+  const ulong base = ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride;
+  for (uint r = 0; r < mps_ext::kUpsampleRepeat && s.c + r < p.channels; ++r) {
+    const ulong at = base + ulong(r) * p.channel_src_stride;
+    const uint dst = s.dst + r * p.channel_dst_stride;
+    if (kTaps == 1) {
+      ulong from = at;
+      for (uint l = 0; l < Levels; ++l) from += taps.offset[l][0];
+      out[dst] = src[from];
+    } else {
+      out[dst] = T(Interpolated<0, Levels, kTaps>::at(src, at, taps));
     }
   }
 }
@@ -191,114 +236,139 @@ inline uint first_reading_from(int v, Axis a) {
   return first;
 }
 
-// The weights of the taps of output index o that read input index i; returns how many there are.
+// The weights of the taps of output index o, and which of them read input
+// index i; returns whether any does.
 template <uint Mode>
-inline uint weights_reading(uint o, int i, Axis a, thread float* w) {
+inline bool taps_reading(uint o, int i, Axis a, thread float* weight, thread bool* reads) {
   constexpr uint kTaps = Taps<Mode>::count;
   int index[kTaps];
-  float weight[kTaps];
   taps_of<Mode>(o, a, index, weight);
-  uint n = 0;
-  for (uint j = 0; j < kTaps; ++j)
-    if (index[j] == i) w[n++] = weight[j];
-  return n;
+  bool any = false;
+  for (uint j = 0; j < kTaps; ++j) {
+    reads[j] = index[j] == i;
+    any = any || reads[j];
+  }
+  return any;
 }
 
-template <typename T, uint Mode>
+// What the backward gathers for one element of the input's gradient: along
+// each dimension the range of output positions that may read it, and at the
+// position it is at, the weights of its taps and which of them read it.
+template <uint Levels, uint Taps>
+struct Gather {
+  Axis axis[Levels];
+  int index[Levels];
+  uint first[Levels], end[Levels];
+  float weight[Levels][Taps];
+  bool reads[Levels][Taps];
+};
+
+// Every combination of the gathered taps of dimensions Level.., in the order
+// torch's kernel adds them; `term` is the product so far.
+template <uint Level, uint Levels, uint Taps, uint Mode>
+struct Combinations {
+  static void add(float term, float g, thread const Gather<Levels, Taps>& at, thread float& sum) {
+    for (uint j = 0; j < Taps; ++j)
+      if (at.reads[Level][j]) Combinations<Level + 1, Levels, Taps, Mode>::add(term * at.weight[Level][j], g, at, sum);
+  }
+};
+
+template <uint Levels, uint Taps, uint Mode>
+struct Combinations<Levels, Levels, Taps, Mode> {
+  // torch's products: (w_d * w_h * w_w) * g for linear, (g * w_h) * w_w for cubic.
+  static void add(float term, float g, thread const Gather<Levels, Taps>&, thread float& sum) {
+    sum += Mode == mps_ext::kUpsampleCubic ? term : term * g;
+  }
+};
+
+// The output positions of dimensions Level.. in their ranges, the last
+// dimension fastest, from offset `at` in grad_out; sum[r] is channel r's.
+template <uint Level, uint Levels, uint Taps, uint Mode>
+struct Positions {
+  template <typename T>
+  static void add(device const T* grad_out, ulong at, constant UpsampleParams& p, uint channels,
+                  thread Gather<Levels, Taps>& g, thread float* sum) {
+    for (uint o = g.first[Level]; o < g.end[Level]; ++o) {
+      if (taps_reading<Mode>(o, g.index[Level], g.axis[Level], g.weight[Level], g.reads[Level]))
+        Positions<Level + 1, Levels, Taps, Mode>::add(grad_out, at + ulong(o) * g.axis[Level].stride, p, channels, g,
+                                                      sum);
+    }
+  }
+};
+
+template <uint Levels, uint Taps, uint Mode>
+struct Positions<Levels, Levels, Taps, Mode> {
+  template <typename T>
+  static void add(device const T* grad_out, ulong at, constant UpsampleParams& p, uint channels,
+                  thread Gather<Levels, Taps>& g, thread float* sum) {
+    for (uint r = 0; r < mps_ext::kUpsampleRepeat; ++r) {
+      if (r >= channels) break;
+      const float grad = float(grad_out[at + ulong(r) * p.channel_src_stride]);
+      Combinations<0, Levels, Taps, Mode>::add(Mode == mps_ext::kUpsampleCubic ? grad : 1.0f, grad, g, sum[r]);
+    }
+  }
+};
+
+template <typename T, uint Mode, uint Levels>
 kernel void upsample_backward(device const T* grad_out [[buffer(0)]], device T* grad_in [[buffer(1)]],
                               constant UpsampleParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
   constexpr uint kTaps = Taps<Mode>::count;
-  constexpr uint kLevels = mps_ext::kUpsampleMaxInterpolated;
   if (t >= p.threads) return;
+  const Site<Levels> s = site_of<Levels>(p, p.in_size, t);
   // An output reads from its first tap to kTaps - 1 past it (cubic: from one before it to two past it), clamped
   // into the input: those reading input index i have their first tap in [i - below, i + above].
   const int below = kTaps == 4 ? 2 : kTaps == 2 ? 1 : 0, above = kTaps == 4 ? 1 : 0;
-  const uint levels = popcount(p.interpolated);
-  ulong base = 0;
-  Axis axis[kLevels];
-  int index[kLevels];
-  uint first[kLevels], end[kLevels];
-  bool any = true;
-  for (uint d = p.dims, r = t, level = levels; d-- > 0;) {
-    const uint i = r % p.in_size[d];
-    r /= p.in_size[d];
-    if ((p.interpolated >> d & 1u) == 0) {
-      base += ulong(i) * p.src_stride[d];
-      continue;
-    }
-    --level;
-    axis[level] = axis_of(p, d);
-    index[level] = int(i);
-    first[level] = first_reading_from<Mode>(int(i) - below, axis[level]);
-    end[level] = first_reading_from<Mode>(int(i) + above + 1, axis[level]);
-    any = any && first[level] < end[level];
+  Gather<Levels, kTaps> g;
+  for (uint l = 0; l < Levels; ++l) {
+    g.axis[l] = axis_of(p, l);
+    g.index[l] = int(s.o[l]);
+    g.first[l] = first_reading_from<Mode>(int(s.o[l]) - below, g.axis[l]);
+    g.end[l] = first_reading_from<Mode>(int(s.o[l]) + above + 1, g.axis[l]);
   }
-  // Every output position in the ranges, the last dimension fastest; at each, every combination of its taps
-  // that read this element, in the order torch's kernel adds them.
-  uint o[kLevels], n[kLevels];
-  float w[kLevels][kTaps];
-  for (uint level = 0; any && level < levels; ++level) {
-    o[level] = first[level];
-    n[level] = weights_reading<Mode>(o[level], index[level], axis[level], w[level]);
-  }
-  float sum = 0.0f;
-  while (any) {
-    bool reads = true;
-    ulong at = base;
-    for (uint level = 0; level < levels; ++level) {
-      at += ulong(o[level]) * axis[level].stride;
-      reads = reads && n[level] > 0;
-    }
-    if (reads) {
-      const float g = float(grad_out[at]);
-      uint tap[kLevels] = {0, 0, 0};
-      for (uint more = 1; more != 0;) {
-        // torch's products: (w_d * w_h * w_w) * g for linear, (g * w_h) * w_w for cubic.
-        float term = Mode == mps_ext::kUpsampleCubic ? g : 1.0f;
-        for (uint level = 0; level < levels; ++level) term *= w[level][tap[level]];
-        sum += Mode == mps_ext::kUpsampleCubic ? term : term * g;
-        uint level = levels;
-        while (level > 0 && ++tap[level - 1] == n[level - 1]) tap[--level] = 0;
-        more = level;
-      }
-    }
-    uint level = levels;
-    while (level > 0 && ++o[level - 1] == end[level - 1]) {
-      --level;
-      o[level] = first[level];
-    }
-    any = level > 0;
-    for (uint l = any ? level - 1 : levels; l < levels; ++l)
-      n[l] = weights_reading<Mode>(o[l], index[l], axis[l], w[l]);
-  }
-  grad_in[t] = T(sum);
+  const uint channels = min(p.channels - s.c, uint(mps_ext::kUpsampleRepeat));
+  float sum[mps_ext::kUpsampleRepeat] = {0.0f, 0.0f, 0.0f, 0.0f};
+  Positions<0, Levels, kTaps, Mode>::add(grad_out, ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride,
+                                         p, channels, g, sum);
+  for (uint r = 0; r < channels; ++r) grad_in[s.dst + r * p.channel_dst_stride] = T(sum[r]);
 }
 
-// upsample_{nearest,nearest_exact}_<element type of that size>,
-// upsample_{linear,cubic}_<type>, upsample_backward_<mode>_<type>
+// upsample_{nearest,nearest_exact}_<element type of that size>_<n>d,
+// upsample_{linear,cubic}_<type>_<n>d, upsample_backward_<mode>_<type>_<n>d
 // (csrc/ops/upsample.cpp names them from the same parts).
-#define MPS_EXT_UPSAMPLE(mode, Mode, T)                                                                        \
-  template [[host_name("upsample_" #mode "_" #T)]] [[kernel]] decltype(upsample_forward<T, Mode>)              \
-      upsample_forward<T, Mode>;
+#define MPS_EXT_UPSAMPLE(mode, Mode, T, n)                                                                     \
+  template [[host_name("upsample_" #mode "_" #T "_" #n "d")]] [[kernel]] decltype(upsample_forward<T, Mode, n>) \
+      upsample_forward<T, Mode, n>;
 
-MPS_EXT_UPSAMPLE(nearest, mps_ext::kUpsampleNearest, uchar)
-MPS_EXT_UPSAMPLE(nearest, mps_ext::kUpsampleNearest, ushort)
-MPS_EXT_UPSAMPLE(nearest, mps_ext::kUpsampleNearest, uint)
-MPS_EXT_UPSAMPLE(nearest_exact, mps_ext::kUpsampleNearestExact, uchar)
-MPS_EXT_UPSAMPLE(nearest_exact, mps_ext::kUpsampleNearestExact, ushort)
-MPS_EXT_UPSAMPLE(nearest_exact, mps_ext::kUpsampleNearestExact, uint)
+#define MPS_EXT_UPSAMPLE_BACKWARD(mode, Mode, T, n)                                        \
+  template [[host_name("upsample_backward_" #mode "_" #T "_" #n "d")]] [[kernel]]          \
+      decltype(upsample_backward<T, Mode, n>) upsample_backward<T, Mode, n>;
 
-#define MPS_EXT_UPSAMPLE_BACKWARD(mode, Mode, T)                                                               \
-  template [[host_name("upsample_backward_" #mode "_" #T)]] [[kernel]] decltype(upsample_backward<T, Mode>)    \
-      upsample_backward<T, Mode>;
+#define MPS_EXT_UPSAMPLE_NEAREST(T, n)                                     \
+  MPS_EXT_UPSAMPLE(nearest, mps_ext::kUpsampleNearest, T, n)               \
+  MPS_EXT_UPSAMPLE(nearest_exact, mps_ext::kUpsampleNearestExact, T, n)
 
-#define MPS_EXT_UPSAMPLE_TYPE(T)                                           \
-  MPS_EXT_UPSAMPLE(linear, mps_ext::kUpsampleLinear, T)                    \
-  MPS_EXT_UPSAMPLE(cubic, mps_ext::kUpsampleCubic, T)                      \
-  MPS_EXT_UPSAMPLE_BACKWARD(nearest, mps_ext::kUpsampleNearest, T)         \
-  MPS_EXT_UPSAMPLE_BACKWARD(nearest_exact, mps_ext::kUpsampleNearestExact, T) \
-  MPS_EXT_UPSAMPLE_BACKWARD(linear, mps_ext::kUpsampleLinear, T)           \
-  MPS_EXT_UPSAMPLE_BACKWARD(cubic, mps_ext::kUpsampleCubic, T)
+#define MPS_EXT_UPSAMPLE_BYTES(n)  \
+  MPS_EXT_UPSAMPLE_NEAREST(uchar, n) \
+  MPS_EXT_UPSAMPLE_NEAREST(ushort, n) \
+  MPS_EXT_UPSAMPLE_NEAREST(uint, n)
+
+MPS_EXT_UPSAMPLE_BYTES(1)
+MPS_EXT_UPSAMPLE_BYTES(2)
+MPS_EXT_UPSAMPLE_BYTES(3)
+
+// Bicubic is 2-D only; its backward copies with the nearest kernel where no size changes.
+#define MPS_EXT_UPSAMPLE_DIMS(T, n)                                                 \
+  MPS_EXT_UPSAMPLE(linear, mps_ext::kUpsampleLinear, T, n)                          \
+  MPS_EXT_UPSAMPLE_BACKWARD(nearest, mps_ext::kUpsampleNearest, T, n)               \
+  MPS_EXT_UPSAMPLE_BACKWARD(nearest_exact, mps_ext::kUpsampleNearestExact, T, n)    \
+  MPS_EXT_UPSAMPLE_BACKWARD(linear, mps_ext::kUpsampleLinear, T, n)
+
+#define MPS_EXT_UPSAMPLE_TYPE(T)                          \
+  MPS_EXT_UPSAMPLE_DIMS(T, 1)                             \
+  MPS_EXT_UPSAMPLE_DIMS(T, 2)                             \
+  MPS_EXT_UPSAMPLE_DIMS(T, 3)                             \
+  MPS_EXT_UPSAMPLE(cubic, mps_ext::kUpsampleCubic, T, 2)  \
+  MPS_EXT_UPSAMPLE_BACKWARD(cubic, mps_ext::kUpsampleCubic, T, 2)
 
 MPS_EXT_UPSAMPLE_TYPE(float)
 MPS_EXT_UPSAMPLE_TYPE(half)

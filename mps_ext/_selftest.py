@@ -337,9 +337,9 @@ def pad_cases() -> Iterator[Case]:
 
 
 def upsample_cases() -> Iterator[Case]:
-    # F.interpolate with the overrides on: nearest and nearest-exact at every element size they move (uint8,
-    # bfloat16, float32), linear and cubic in each float type, and each mode's backward in each type, against torch
-    # (linear and cubic rounded from float32, gradients from float64).
+    # F.interpolate with the overrides on, in 1, 2 and 3 dimensions: nearest and nearest-exact at every element
+    # size they move (uint8, bfloat16, float32), linear and cubic in each float type, and each mode's backward in
+    # each type, against torch (linear and cubic rounded from float32, gradients from float64).
     from torch.nn import functional as F
 
     from . import overrides
@@ -350,43 +350,47 @@ def upsample_cases() -> Iterator[Case]:
             return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
         return torch.randn(shape, generator=g).to(dtype)
 
+    shapes = {1: (2, 3, 7), 2: (2, 3, 5, 7), 3: (1, 3, 3, 5, 4)}
+    sizes = {1: [11], 2: [8, 11], 3: [5, 7, 6]}
+    smooth = {1: ("linear",), 2: ("bilinear", "bicubic"), 3: ("trilinear",)}
     names = {torch.uint8: "uchar", torch.bfloat16: "ushort", torch.float32: "uint"}
     short = {torch.uint8: "u8", **SHORT}
-    for mode in ("nearest", "nearest-exact"):
-        for dtype, bytes_type in names.items():
-            def run(device, mode=mode, dtype=dtype):
-                x = rand((2, 3, 5, 7), dtype, 1)
-                with overrides.enabled(device):
-                    got = F.interpolate(x.to(device), scale_factor=1.7, mode=mode)
-                return _flat(got), _flat(F.interpolate(x, scale_factor=1.7, mode=mode)), 1.0
+    for dims, shape in shapes.items():
+        for mode in ("nearest", "nearest-exact"):
+            for dtype, bytes_type in names.items():
+                def run(device, mode=mode, dtype=dtype, shape=shape):
+                    x = rand(shape, dtype, 1)
+                    with overrides.enabled(device):
+                        got = F.interpolate(x.to(device), scale_factor=1.7, mode=mode)
+                    return _flat(got), _flat(F.interpolate(x, scale_factor=1.7, mode=mode)), 1.0
 
-            kernel = f"upsample_{mode.replace('-', '_')}_{bytes_type}"
-            yield Case(f"upsample {mode} {short[dtype]} (2, 3, 5, 7)", run, kernels=(kernel,))
-    for mode in ("bilinear", "bicubic"):
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            def run(device, mode=mode, dtype=dtype):
-                x = rand((2, 3, 5, 7), dtype, 2)
-                with overrides.enabled(device):
-                    got = F.interpolate(x.to(device), scale_factor=1.7, mode=mode)
-                return got, F.interpolate(x.float(), scale_factor=1.7, mode=mode).to(dtype), 2.0
+                kernel = f"upsample_{mode.replace('-', '_')}_{bytes_type}_{dims}d"
+                yield Case(f"upsample {mode} {short[dtype]} {shape}", run, kernels=(kernel,))
+        for mode in smooth[dims]:
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                def run(device, mode=mode, dtype=dtype, shape=shape):
+                    x = rand(shape, dtype, 2)
+                    with overrides.enabled(device):
+                        got = F.interpolate(x.to(device), scale_factor=1.7, mode=mode)
+                    return got, F.interpolate(x.float(), scale_factor=1.7, mode=mode).to(dtype), 2.0
 
-            yield Case(f"upsample {mode} {SHORT[dtype]} (2, 3, 5, 7)", run)
-    backward_ops = {"nearest": "upsample_nearest2d_backward", "nearest-exact": "_upsample_nearest_exact2d_backward",
-                    "bilinear": "upsample_bilinear2d_backward", "bicubic": "upsample_bicubic2d_backward"}
-    for mode in ("nearest", "nearest-exact", "bilinear", "bicubic"):
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            def backward(device, mode=mode, dtype=dtype):
-                x, dy = rand((2, 3, 5, 7), dtype, 3), rand((2, 3, 8, 11), dtype, 4)
-                # The backward op itself, not autograd: the emulated GPU has no device the engine can run on.
-                op = getattr(torch.ops.aten, backward_ops[mode])
-                flag = () if mode.startswith("nearest") else (False,)
-                with overrides.enabled(device):
-                    got = op(dy.to(device), [8, 11], [2, 3, 5, 7], *flag, None, None)
-                xw = x.double().requires_grad_()
-                F.interpolate(xw, size=(8, 11), mode=mode).backward(dy.double())
-                return got, xw.grad.to(dtype), 4.0
+                yield Case(f"upsample {mode} {SHORT[dtype]} {shape}", run)
+        for mode in ("nearest", "nearest-exact", *smooth[dims]):
+            # The backward op itself, not autograd: the emulated GPU has no device the engine can run on.
+            prefix = {"nearest": "upsample_nearest", "nearest-exact": "_upsample_nearest_exact"}
+            op = getattr(torch.ops.aten, f"{prefix.get(mode, 'upsample_' + mode)}{dims}d_backward")
+            flag = () if mode.startswith("nearest") else (False,)
+            for dtype in (torch.float32, torch.float16, torch.bfloat16):
+                def backward(device, mode=mode, dtype=dtype, shape=shape, dims=dims, op=op, flag=flag):
+                    out_shape = (*shape[:2], *sizes[dims])
+                    x, dy = rand(shape, dtype, 3), rand(out_shape, dtype, 4)
+                    with overrides.enabled(device):
+                        got = op(dy.to(device), sizes[dims], list(shape), *flag, *[None] * dims)
+                    xw = x.double().requires_grad_()
+                    F.interpolate(xw, size=sizes[dims], mode=mode).backward(dy.double())
+                    return got, xw.grad.to(dtype), 4.0
 
-            yield Case(f"upsample backward {mode} {SHORT[dtype]}", backward)
+                yield Case(f"upsample backward {mode} {SHORT[dtype]} {shape}", backward)
 
 
 def dropout_cases() -> Iterator[Case]:

@@ -62,10 +62,10 @@ class Op:
 
     def forward_kernel(self, dtype):
         element = BYTES[torch.empty(0, dtype=dtype).element_size()] if self.nearest else TYPE[dtype]
-        return f"upsample_{self.family}_{element}"
+        return f"upsample_{self.family}_{element}_{self.dims}d"
 
     def backward_kernel(self, dtype):
-        return f"upsample_backward_{self.family}_{TYPE[dtype]}"
+        return f"upsample_backward_{self.family}_{TYPE[dtype]}_{self.dims}d"
 
 
 OPS = [Op("nearest", 1), Op("nearest", 2), Op("nearest", 3), Op("nearest-exact", 1), Op("nearest-exact", 2),
@@ -256,7 +256,7 @@ def test_bicubic_backward_copies_where_no_size_changes(device, dtype):
     g = values(shape, dtype, seed=1)
     for scales in (None, [0.7, 1.3]):
         got, names = run_on(device, lambda v: op.backward(v, [5, 6], shape, scales, True), g)
-        assert names == [f"upsample_backward_nearest_{TYPE[dtype]}"], names
+        assert names == [f"upsample_backward_nearest_{TYPE[dtype]}_2d"], names
         assert_same(got, op.backward(g, [5, 6], shape, scales, True))
 
 
@@ -579,7 +579,7 @@ def test_diffusers_vae_decoders_run_the_kernels(vae):
         got = model.decode(z).sample
         got.square().sum().backward()
     assert_close(got.detach(), want, scale=reduction_scale(torch.float32, 16))
-    assert {"upsample_nearest_exact_uint", "upsample_backward_nearest_exact_float", "attention_backward_dq_float_d32",
+    assert {"upsample_nearest_exact_uint_2d", "upsample_backward_nearest_exact_float_2d", "attention_backward_dq_float_d32",
             "attention_backward_dkv_float_d32"} <= set(t.names), t.names
     stats = mps_ext.overrides.stats()
     assert stats["aten::_upsample_nearest_exact2d"]["hits"] >= 1

@@ -27,7 +27,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <vector>
 
 #include "backend.h"
 #include "ops/naming.h"
@@ -128,50 +127,54 @@ bool upsample_forward_uses_nearest_idx(const at::Tensor& self, const at::Tensor&
   return self.is_contiguous(at::MemoryFormat::ChannelsLast3d) && self.size(1) > 3;
 }
 
-// The kernels' parameters: the dimensions of `written` in its memory order;
-// along each, the sizes of the op's input (`in`) and output (`out`) and the
-// strides of `src`; or nullopt past the sizes the kernels index.
+// The kernels' parameters: the op's input (`in`) and output (`out`) sizes,
+// the strides of `src` (read) and `written`, or nullopt past the sizes the
+// kernels index.
 std::optional<UpsampleParams> upsample_params(c10::IntArrayRef in, c10::IntArrayRef out, const at::Tensor& src,
                                               const at::Tensor& written, UpsampleOp op, const UpsampleArgs& a,
                                               bool nearest_idx) {
-  const std::optional<std::vector<int64_t>> order = dense_order(written);
-  if (!order || written.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kUpsampleThreadsPerGroup)
-    return std::nullopt;
+  const int64_t dims = op.dims;
+  if (written.dim() != dims + 2 || in[0] > kUpsampleMaxSize || in[1] > kUpsampleMaxSize) return std::nullopt;
+  const int64_t groups = ceil_div(written.size(1), int64_t(kUpsampleRepeat));
+  const int64_t threads = written.numel() / written.size(1) * groups;
+  if (written.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kUpsampleThreadsPerGroup) return std::nullopt;
   UpsampleParams p{};
-  const int64_t first_interpolated = written.dim() - op.dims;
-  for (size_t k = 0; k < order->size(); ++k) {
-    const int64_t d = (*order)[k];
-    const bool interpolated = d >= first_interpolated;
-    const int64_t limit = interpolated ? kUpsampleMaxInterpolatedSize : kUpsampleMaxSize;
-    if (in[d] > limit || out[d] > limit) return std::nullopt;
-    p.src_stride[k] = uint64_t(src.stride(d));
-    p.in_size[k] = uint32_t(in[d]);
-    p.out_size[k] = uint32_t(out[d]);
-    if (interpolated) {
-      p.interpolated |= 1u << k;
-      p.scale[k] = upsample_scale(in[d], out[d], a.align_corners, a.scales[d - first_interpolated]);
-    }
+  for (int64_t l = 0; l < dims; ++l) {
+    const int64_t d = l + 2;
+    if (in[d] > kUpsampleMaxInterpolatedSize || out[d] > kUpsampleMaxInterpolatedSize) return std::nullopt;
+    p.src_stride[l] = uint64_t(src.stride(d));
+    p.dst_stride[l] = uint32_t(written.stride(d));
+    p.in_size[l] = uint32_t(in[d]);
+    p.out_size[l] = uint32_t(out[d]);
+    p.scale[l] = upsample_scale(in[d], out[d], a.align_corners, a.scales[l]);
   }
-  p.dims = uint32_t(order->size());
+  p.batch_src_stride = uint64_t(src.stride(0));
+  p.channel_src_stride = uint64_t(src.stride(1));
+  p.batch_dst_stride = uint32_t(written.stride(0));
+  p.channel_dst_stride = uint32_t(written.stride(1));
+  p.channels = uint32_t(written.size(1));
+  p.channel_groups = uint32_t(groups);
+  p.channels_inner = written.stride(1) < written.stride(dims + 1);
   p.align_corners = a.align_corners;
   p.nearest_idx = nearest_idx;
-  p.threads = uint32_t(written.numel());
+  p.threads = uint32_t(threads);
   return p;
 }
 
 // The forward kernel: nearest moves elements as their bytes (the MSL type of that size), linear and cubic
 // compute in the tensor's type.
-std::string upsample_forward_kernel(UpsampleMode mode, const at::Tensor& self) {
+std::string upsample_forward_kernel(UpsampleMode mode, const at::Tensor& self, int64_t dims) {
   const int64_t es = int64_t(self.element_size());
   const char* type = !upsample_nearest(mode) ? metal_type(self.scalar_type())
                      : es == 1               ? "uchar"
                      : es == 2               ? "ushort"
                                              : "uint";
-  return std::string("upsample_") + upsample_mode_name(mode) + "_" + type;
+  return std::string("upsample_") + upsample_mode_name(mode) + "_" + type + "_" + std::to_string(dims) + "d";
 }
 
-std::string upsample_backward_kernel(UpsampleMode mode, at::ScalarType t) {
-  return std::string("upsample_backward_") + upsample_mode_name(mode) + "_" + metal_type(t);
+std::string upsample_backward_kernel(UpsampleMode mode, at::ScalarType t, int64_t dims) {
+  return std::string("upsample_backward_") + upsample_mode_name(mode) + "_" + metal_type(t) + "_" +
+         std::to_string(dims) + "d";
 }
 
 // The mode whose backward kernel computes a call's gradient: torch's bicubic
@@ -201,7 +204,8 @@ std::optional<std::string> upsample_unsupported(const at::Tensor& self, Upsample
   // weights) they compute in double: float64 is torch's.
   if (!float_type(t) && !(upsample_nearest(op.mode) && t == at::kByte))
     return std::string("dtype ") + c10::toString(t);
-  if (auto why = kernel_unsupported(self, upsample_forward_kernel(op.mode, self), kUpsampleThreadsPerGroup)) return why;
+  const std::string kernel = upsample_forward_kernel(op.mode, self, op.dims);
+  if (auto why = kernel_unsupported(self, kernel, kUpsampleThreadsPerGroup)) return why;
   const std::optional<at::Tensor> like = upsample_torch_output(self, op, args);
   if (!like) return std::string("invalid arguments");
   if (like->numel() == 0) return std::nullopt;  // nothing to launch
@@ -216,7 +220,7 @@ at::Tensor upsample_kernels(const at::Tensor& self, UpsampleOp op, const Upsampl
   if (out.numel() == 0) return out;
   const UpsampleParams p = *upsample_params(self.sizes(), out.sizes(), self, out, op, args,
                                             upsample_forward_uses_nearest_idx(self, out, op));
-  upsample_dispatch(upsample_forward_kernel(op.mode, self), self, out, p);
+  upsample_dispatch(upsample_forward_kernel(op.mode, self, op.dims), self, out, p);
   return out;
 }
 
@@ -224,7 +228,7 @@ std::optional<std::string> upsample_backward_unsupported(const at::Tensor& grad_
                                                          UpsampleOp op, const UpsampleArgs& args) {
   const at::ScalarType t = grad_output.scalar_type();
   if (!float_type(t)) return std::string("dtype ") + c10::toString(t);
-  const std::string kernel = upsample_backward_kernel(upsample_backward_mode(op, input_size, args), t);
+  const std::string kernel = upsample_backward_kernel(upsample_backward_mode(op, input_size, args), t, op.dims);
   if (auto why = kernel_unsupported(grad_output, kernel, kUpsampleThreadsPerGroup)) return why;
   const std::optional<at::Tensor> like = upsample_torch_grad_input(grad_output, input_size, op, args);
   if (!like) return std::string("invalid arguments");
@@ -241,7 +245,7 @@ at::Tensor upsample_backward_kernels(const at::Tensor& grad_output, c10::IntArra
   if (grad_input.numel() == 0) return grad_input;
   const UpsampleParams p = *upsample_params(input_size, grad_output.sizes(), grad_output, grad_input, op, args, true);
   const UpsampleMode mode = upsample_backward_mode(op, input_size, args);
-  upsample_dispatch(upsample_backward_kernel(mode, grad_output.scalar_type()), grad_output, grad_input, p);
+  upsample_dispatch(upsample_backward_kernel(mode, grad_output.scalar_type(), op.dims), grad_output, grad_input, p);
   return grad_input;
 }
 

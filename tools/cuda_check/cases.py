@@ -777,19 +777,20 @@ def upsample_backward_case(shape, size, mode, dt, large=False):
 
 
 def upsample_small():
-    # Nearest moves bytes: uint8 (as images come) is its one-byte kernel.
-    cases = [upsample_case((2, 3, 5, 7), (9, 12), mode, torch.uint8) for mode in ("nearest", "nearest-exact")]
+    # Each kernel handles one number of interpolated dimensions; nearest moves bytes: uint8 (as images come) is
+    # its one-byte kernel. Odd channel counts leave the last group of channels partial.
+    shapes = {1: ((2, 3, 11), (17,)), 2: ((2, 3, 5, 7), (9, 12)), 3: ((1, 5, 3, 5, 4), (5, 9, 7))}
+    smooth = {1: ("linear",), 2: ("bilinear", "bicubic"), 3: ("trilinear",)}
+    cases = [upsample_case(shape, size, mode, torch.uint8)
+             for shape, size in shapes.values() for mode in ("nearest", "nearest-exact")]
     for dt in (F32, F16, BF16):
-        cases += [upsample_case((2, 3, 5, 7), (9, 12), "nearest", dt),
-                  upsample_case((2, 3, 5, 7), (10, 14), "nearest-exact", dt),
-                  upsample_case((2, 5, 5, 7), (10, 14), "nearest-exact", dt, channels_last=True),
-                  upsample_case((2, 3, 11), (17,), "linear", dt, align_corners=False),
-                  upsample_case((2, 3, 5, 7), (9, 12), "bilinear", dt, align_corners=True),
-                  upsample_case((1, 2, 3, 5, 4), (5, 9, 7), "trilinear", dt, align_corners=False),
-                  upsample_case((2, 3, 5, 7), (9, 12), "bicubic", dt, align_corners=False)]
-        cases += [upsample_backward_case((2, 3, 5, 7), (9, 12), mode, dt)
-                  for mode in ("nearest", "nearest-exact", "bilinear", "bicubic")]
-        cases += [upsample_backward_case((1, 2, 3, 5, 4), (5, 9, 7), "trilinear", dt)]
+        for dims, (shape, size) in shapes.items():
+            cases += [upsample_case(shape, size, "nearest", dt), upsample_case(shape, size, "nearest-exact", dt)]
+            cases += [upsample_case(shape, size, mode, dt, align_corners=dims == 2) for mode in smooth[dims]]
+            cases += [upsample_backward_case(shape, size, mode, dt)
+                      for mode in ("nearest", "nearest-exact", *smooth[dims])]
+        cases += [upsample_case((2, 5, 5, 7), (10, 14), "nearest-exact", dt, channels_last=True),
+                  upsample_case((1, 6, 3, 5, 4), (5, 9, 7), "trilinear", dt, channels_last=True)]
     return cases
 
 

@@ -186,15 +186,16 @@ struct PadParams {
 };
 static_assert(sizeof(PadParams) == 160, "PadParams layout");
 
-// Interpolation (metal/upsample.metal): along each interpolated dimension d,
-// output index o reads the input indices torch's CPU kernels compute from
-// scale[d] (area_pixel_compute_scale's value); the other dimensions (batch,
-// channels) read their own index. Dimensions
-// come in the written tensor's memory order (the output forward, the
-// input's gradient backward), outermost first, that tensor contiguous in
-// it; src is the input (forward) or the output's gradient (backward),
-// src_stride its strides in elements.
-enum : mps_ext_u32 { kUpsampleMaxDims = 5, kUpsampleMaxInterpolated = 3 };
+// Interpolation (metal/upsample.metal) of an (N, C, spatial...) tensor:
+// along each interpolated (spatial) dimension d, the op's output index o
+// reads the input indices torch's CPU kernels compute from scale[d]
+// (area_pixel_compute_scale's value); batch and channels read their own
+// index. Each thread writes kUpsampleRepeat elements of the written tensor
+// (the output forward, the input's gradient backward) that differ only in
+// their channel, so their taps and weights are computed once; src is the
+// input (forward) or the output's gradient (backward). Strides are in
+// elements; the written tensor's offsets fit 32 bits.
+enum : mps_ext_u32 { kUpsampleMaxInterpolated = 3, kUpsampleRepeat = 4 };
 enum UpsampleMode : mps_ext_u32 {
   kUpsampleNearest = 0,       // upsample_nearest*: floor(o * scale)
   kUpsampleNearestExact = 1,  // _upsample_nearest_exact*: floor((o + 0.5) * scale)
@@ -202,18 +203,27 @@ enum UpsampleMode : mps_ext_u32 {
   kUpsampleCubic = 3,         // upsample_bicubic2d
 };
 struct UpsampleParams {
-  mps_ext_u64 src_stride[kUpsampleMaxDims];
-  float scale[kUpsampleMaxDims];
-  mps_ext_u32 in_size[kUpsampleMaxDims];
-  mps_ext_u32 out_size[kUpsampleMaxDims];
-  mps_ext_u32 dims;
-  mps_ext_u32 interpolated;  // bit d: dimension d is interpolated
+  mps_ext_u64 src_stride[kUpsampleMaxInterpolated];  // the spatial dimensions, in the op's order
+  mps_ext_u64 batch_src_stride;
+  mps_ext_u64 channel_src_stride;
+  float scale[kUpsampleMaxInterpolated];
+  mps_ext_u32 in_size[kUpsampleMaxInterpolated];
+  mps_ext_u32 out_size[kUpsampleMaxInterpolated];
+  mps_ext_u32 dst_stride[kUpsampleMaxInterpolated];
+  mps_ext_u32 batch_dst_stride;
+  mps_ext_u32 channel_dst_stride;
+  mps_ext_u32 channels;
+  mps_ext_u32 channel_groups;  // ceil(channels / kUpsampleRepeat)
+  // 1 where channels are the written tensor's fastest dimension (channels
+  // last): neighbouring threads take neighbouring channel groups, else
+  // neighbouring positions along the last spatial dimension.
+  mps_ext_u32 channels_inner;
   mps_ext_u32 align_corners;
   // nearest and nearest-exact: 1 where torch's CPU kernel indexes the call
   // with nearest_idx or nearest_exact_idx (its channels-last forward kernels,
   // every backward), 0 where with its generic forward kernel's helpers.
   mps_ext_u32 nearest_idx;
-  mps_ext_u32 threads;  // elements of the written tensor
+  mps_ext_u32 threads;  // batch * channel_groups * the written tensor's spatial sizes
 };
 static_assert(sizeof(UpsampleParams) == 120, "UpsampleParams layout");
 
