@@ -66,6 +66,25 @@ REASONS = [
      "latency-bound: one SIMD group per matrix steps through its reflectors one after another, each a "
      "column sum and a broadcast across the SIMD group before the next can start (4 x 4 matrices: a few "
      "hundred KB in all, launch-bound)"),
+    (r"^pad constant .* \(1, 1, 1, 1, 2, 0\)|^pad reflect \(8, 256, 128, 128\)",
+     "the width padded by one on each side: output rows (834 or 130 elements) are not 16-byte aligned, so every "
+     "chunk goes element by element (8 two-byte loads and stores per thread; torch 22-41%). Flag: aligned "
+     "16-byte loads shifted in registers"),
+    (r"^pad backward",
+     "one element of the gradient per thread, 2- or 4-byte loads and stores, the index arithmetic of all five "
+     "dimensions per element; an element on a border walks up to three ranges per dimension through a table in "
+     "thread memory. Flag: several elements per thread"),
+    (r"^upsample",
+     "one position and 4 channels per thread, 2- or 4-byte accesses and no vector stores: the 2x nearest "
+     "kernels write each output element on its own. Flag: several positions of a row per thread, stored as "
+     "vectors"),
+    (r"^attention 1x32/8 heads q (1|4) ",
+     "decode: a threadgroup per KV head and block of keys, then a merge launch over the blocks that takes half "
+     "the time at 4096 keys (32 threadgroups of 32 threads); at 4 query rows per head 128 floats of "
+     "accumulators per lane. Flag: fewer, longer blocks and a wider merge"),
+    (r"^attention .*q 1024|^attention backward",
+     "tiles of simdgroup_matrix products, which are emulated with warp shuffles here (correctness, not "
+     "speed)"),
     (r"batch=4096 n=(32|64) ",
      "latency-bound: a SIMD group (trsm_inverse: a threadgroup) per system steps through n dependent "
      "pivot/substitution steps with barriers or broadcasts"),
