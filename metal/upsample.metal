@@ -11,7 +11,7 @@
 // scale where it is given).
 //
 // Each thread takes one position of the written tensor and kUpsampleRepeat
-// channels there: the index arithmetic and the taps are the position's, the
+// channels there (nearest forward: below): the index arithmetic and the taps are the position's, the
 // loads and stores the channels'. Neighbouring threads take neighbouring
 // positions (channels first in memory: each load and store of a SIMD group
 // is one run of a row) or neighbouring channel groups (channels last: each
@@ -19,7 +19,9 @@
 //
 // - forward (upsample_<mode>_<type>_<n>d): nearest moves the element as its
 //   bytes (one kernel per element size serves every dtype torch's CPU kernel
-//   takes); linear and cubic sum their taps in float, nested as torch's
+//   takes), 16 bytes per thread: a run of channels (channels last) or of a
+//   row (channels first), one load or gather and one store where aligned;
+//   linear and cubic sum their taps in float, nested as torch's
 //   kernel nests them (the last dimension's taps first, each sum then
 //   weighted by the dimension before).
 // - backward (upsample_backward_<mode>_<type>_<n>d): each position of the
@@ -151,7 +153,9 @@ inline Site<Levels> site_of(constant UpsampleParams& p, constant uint* size, uin
     group = t % p.channel_groups;
     t /= p.channel_groups;
   }
-  for (uint l = Levels; l-- > 0;) {
+  s.o[Levels - 1] = t % p.spans * p.span;
+  t /= p.spans;
+  for (uint l = Levels - 1; l-- > 0;) {
     s.o[l] = t % size[l];
     t /= size[l];
   }
@@ -160,7 +164,7 @@ inline Site<Levels> site_of(constant UpsampleParams& p, constant uint* size, uin
     t /= p.channel_groups;
   }
   s.n = t;
-  s.c = group * mps_ext::kUpsampleRepeat;
+  s.c = group * p.repeat;
   s.dst = s.n * p.batch_dst_stride + s.c * p.channel_dst_stride;
   for (uint l = 0; l < Levels; ++l) s.dst += s.o[l] * p.dst_stride[l];
   return s;
@@ -194,6 +198,43 @@ struct Interpolated<Levels, Levels, Taps> {
   }
 };
 
+// Nearest moves elements as they are: 16 bytes of channels (channels last)
+// or of a row (channels first) per thread, as one store where aligned.
+template <typename T, uint Mode, uint Levels>
+kernel void upsample_nearest(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
+                             constant UpsampleParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
+  constexpr uint kPer = 16 / sizeof(T), last = Levels - 1;
+  if (t >= p.threads) return;
+  const Site<Levels> s = site_of<Levels>(p, p.out_size, t);
+  ulong from = ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride;
+  for (uint l = 0; l < last; ++l) from += ulong(source_of<Mode>(s.o[l], axis_of(p, l)).first) * p.src_stride[l];
+  const Axis row = axis_of(p, last);
+  if (p.span > 1) {
+    uint4 chunk = uint4(0);  // the elements' bits, packed where a 16-byte store takes them
+    const uint count = min(kPer, row.out - s.o[last]);
+    const bool whole = p.vectorized && count == kPer;
+    for (uint k = 0; k < kPer; ++k) {
+      if (k >= count) break;
+      const T v = src[from + ulong(source_of<Mode>(s.o[last] + k, row).first) * row.stride];
+      if (whole) {
+        chunk[k * sizeof(T) / 4] |= uint(v) << (k * sizeof(T) % 4 * 8);
+      } else {
+        out[s.dst + k * p.dst_stride[last]] = v;
+      }
+    }
+    if (whole) *reinterpret_cast<device uint4*>(out + s.dst) = chunk;
+    return;
+  }
+  from += ulong(source_of<Mode>(s.o[last], row).first) * row.stride;
+  const uint count = min(p.repeat, p.channels - s.c);
+  if (p.vectorized && count == kPer) {
+    *reinterpret_cast<device uint4*>(out + s.dst) = *reinterpret_cast<device const uint4*>(src + from);
+    return;
+  }
+  for (uint r = 0; r < count; ++r) out[s.dst + r * p.channel_dst_stride] = src[from + ulong(r) * p.channel_src_stride];
+}
+
+// Linear and cubic: kUpsampleRepeat channels of one position per thread.
 template <typename T, uint Mode, uint Levels>
 kernel void upsample_forward(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
                              constant UpsampleParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
@@ -209,14 +250,7 @@ kernel void upsample_forward(device const T* src [[buffer(0)]], device T* out [[
   const ulong base = ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride;
   for (uint r = 0; r < mps_ext::kUpsampleRepeat && s.c + r < p.channels; ++r) {
     const ulong at = base + ulong(r) * p.channel_src_stride;
-    const uint dst = s.dst + r * p.channel_dst_stride;
-    if (kTaps == 1) {
-      ulong from = at;
-      for (uint l = 0; l < Levels; ++l) from += taps.offset[l][0];
-      out[dst] = src[from];
-    } else {
-      out[dst] = T(Interpolated<0, Levels, kTaps>::at(src, at, taps));
-    }
+    out[s.dst + r * p.channel_dst_stride] = T(Interpolated<0, Levels, kTaps>::at(src, at, taps));
   }
 }
 
@@ -325,27 +359,29 @@ kernel void upsample_backward(device const T* grad_out [[buffer(0)]], device T* 
     g.first[l] = first_reading_from<Mode>(int(s.o[l]) - below, g.axis[l]);
     g.end[l] = first_reading_from<Mode>(int(s.o[l]) + above + 1, g.axis[l]);
   }
-  const uint channels = min(p.channels - s.c, uint(mps_ext::kUpsampleRepeat));
+  const uint channels = min(p.channels - s.c, uint(mps_ext::kUpsampleRepeat));  // the host's repeat backward
   float sum[mps_ext::kUpsampleRepeat] = {0.0f, 0.0f, 0.0f, 0.0f};
   Positions<0, Levels, kTaps, Mode>::add(grad_out, ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride,
                                          p, channels, g, sum);
-  for (uint r = 0; r < channels; ++r) grad_in[s.dst + r * p.channel_dst_stride] = T(sum[r]);
+  for (uint r = 0; r < mps_ext::kUpsampleRepeat; ++r)
+    if (r < channels) grad_in[s.dst + r * p.channel_dst_stride] = T(sum[r]);
 }
 
 // upsample_{nearest,nearest_exact}_<element type of that size>_<n>d,
 // upsample_{linear,cubic}_<type>_<n>d, upsample_backward_<mode>_<type>_<n>d
 // (csrc/ops/upsample.cpp names them from the same parts).
-#define MPS_EXT_UPSAMPLE(mode, Mode, T, n)                                                                     \
-  template [[host_name("upsample_" #mode "_" #T "_" #n "d")]] [[kernel]] decltype(upsample_forward<T, Mode, n>) \
-      upsample_forward<T, Mode, n>;
+#define MPS_EXT_UPSAMPLE_KERNEL(kernel, mode, Mode, T, n)                                   \
+  template [[host_name("upsample_" #mode "_" #T "_" #n "d")]] [[kernel]] decltype(kernel<T, Mode, n>) \
+      kernel<T, Mode, n>;
+#define MPS_EXT_UPSAMPLE(mode, Mode, T, n) MPS_EXT_UPSAMPLE_KERNEL(upsample_forward, mode, Mode, T, n)
 
 #define MPS_EXT_UPSAMPLE_BACKWARD(mode, Mode, T, n)                                        \
   template [[host_name("upsample_backward_" #mode "_" #T "_" #n "d")]] [[kernel]]          \
       decltype(upsample_backward<T, Mode, n>) upsample_backward<T, Mode, n>;
 
-#define MPS_EXT_UPSAMPLE_NEAREST(T, n)                                     \
-  MPS_EXT_UPSAMPLE(nearest, mps_ext::kUpsampleNearest, T, n)               \
-  MPS_EXT_UPSAMPLE(nearest_exact, mps_ext::kUpsampleNearestExact, T, n)
+#define MPS_EXT_UPSAMPLE_NEAREST(T, n)                                                      \
+  MPS_EXT_UPSAMPLE_KERNEL(upsample_nearest, nearest, mps_ext::kUpsampleNearest, T, n)       \
+  MPS_EXT_UPSAMPLE_KERNEL(upsample_nearest, nearest_exact, mps_ext::kUpsampleNearestExact, T, n)
 
 #define MPS_EXT_UPSAMPLE_BYTES(n)  \
   MPS_EXT_UPSAMPLE_NEAREST(uchar, n) \

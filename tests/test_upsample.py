@@ -298,6 +298,26 @@ def test_views(device, op, dtype):
         check_forward(device, op, x, size, scales)
 
 
+@pytest.mark.parametrize("op", [op for op in OPS if op.nearest and op.dims > 1], ids=str)
+@pytest.mark.parametrize("dtype", NEAREST_TYPES, ids=str)
+def test_nearest_moves_16_byte_runs_where_aligned_and_element_by_element_elsewhere(device, op, dtype):
+    # Each thread moves 16 bytes: channels where they lie last (16 channels are a whole run in every element
+    # size), a row's positions where they do not (an output row of 32 is whole runs). A start one element in,
+    # or a row or channel count that is not a multiple of the run, takes the elementwise path.
+    spatial = (3,) * (op.dims - 1) + (16,)
+    size = (5,) * (op.dims - 1) + (32,)
+    channels_last = torch.channels_last if op.dims == 2 else torch.channels_last_3d
+    for channels in (16, 7):
+        shape = (2, channels, *spatial)
+        one_in = values((math.prod(shape) + 1,), dtype)[1:]
+        shifted_last = one_in.view(2, *spatial, channels).permute(0, -1, *range(1, op.dims + 1))
+        assert shifted_last.is_contiguous(memory_format=channels_last)
+        for x in (values(shape, dtype), values(shape, dtype).contiguous(memory_format=channels_last),
+                  one_in.view(shape), shifted_last):
+            check_forward(device, op, x, size, None)
+            check_forward(device, op, x, (*size[:-1], 31), None)
+
+
 @pytest.mark.parametrize("op", OPS, ids=str)
 def test_empty_batch(device, op):
     x = values((0, 3, *SHAPES[op.dims][2:]), torch.float32)

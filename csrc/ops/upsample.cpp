@@ -132,13 +132,24 @@ bool upsample_forward_uses_nearest_idx(const at::Tensor& self, const at::Tensor&
 // kernels index.
 std::optional<UpsampleParams> upsample_params(c10::IntArrayRef in, c10::IntArrayRef out, const at::Tensor& src,
                                               const at::Tensor& written, UpsampleOp op, const UpsampleArgs& a,
-                                              bool nearest_idx) {
+                                              bool nearest_idx, bool forward) {
   const int64_t dims = op.dims;
   if (written.dim() != dims + 2 || in[0] > kUpsampleMaxSize || in[1] > kUpsampleMaxSize) return std::nullopt;
-  const int64_t groups = ceil_div(written.size(1), int64_t(kUpsampleRepeat));
-  const int64_t threads = written.numel() / written.size(1) * groups;
   if (written.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kUpsampleThreadsPerGroup) return std::nullopt;
   UpsampleParams p{};
+  p.channels_inner = written.stride(1) < written.stride(dims + 1);
+  p.repeat = kUpsampleRepeat;
+  p.span = 1;
+  if (forward && upsample_nearest(op.mode)) {
+    // 16 bytes per thread along the written tensor's fastest dimension.
+    const uint32_t per = 16 / uint32_t(written.element_size());
+    p.repeat = p.channels_inner ? per : 1;
+    p.span = p.channels_inner ? 1 : per;
+  }
+  const int64_t groups = ceil_div(written.size(1), int64_t(p.repeat));
+  const int64_t spans = ceil_div(written.size(dims + 1), int64_t(p.span));
+  int64_t threads = written.size(0) * groups * spans;
+  for (int64_t d = 2; d < dims + 1; ++d) threads *= written.size(d);
   for (int64_t l = 0; l < dims; ++l) {
     const int64_t d = l + 2;
     if (in[d] > kUpsampleMaxInterpolatedSize || out[d] > kUpsampleMaxInterpolatedSize) return std::nullopt;
@@ -154,11 +165,25 @@ std::optional<UpsampleParams> upsample_params(c10::IntArrayRef in, c10::IntArray
   p.channel_dst_stride = uint32_t(written.stride(1));
   p.channels = uint32_t(written.size(1));
   p.channel_groups = uint32_t(groups);
-  p.channels_inner = written.stride(1) < written.stride(dims + 1);
+  p.spans = uint32_t(spans);
   p.align_corners = a.align_corners;
   p.nearest_idx = nearest_idx;
   p.threads = uint32_t(threads);
   return p;
+}
+
+// Whether every 16-byte run a nearest forward thread stores (and, along
+// channels, loads) is aligned: the run's dimension dense, every other stride
+// a multiple of the run, the tensors' starts aligned.
+bool upsample_vectorized(const at::Tensor& src, const at::Tensor& out, const UpsampleParams& p) {
+  const int64_t per = 16 / int64_t(out.element_size()), fastest = p.channels_inner ? 1 : out.dim() - 1;
+  auto runs_aligned = [&](const at::Tensor& t) {
+    if (t.stride(fastest) != 1 || !aligned16(t)) return false;
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (d != fastest && t.stride(d) % per != 0) return false;
+    return true;
+  };
+  return out.size(fastest) % per == 0 && runs_aligned(out) && (!p.channels_inner || runs_aligned(src));
 }
 
 // The forward kernel: nearest moves elements as their bytes (the MSL type of that size), linear and cubic
@@ -209,7 +234,7 @@ std::optional<std::string> upsample_unsupported(const at::Tensor& self, Upsample
   const std::optional<at::Tensor> like = upsample_torch_output(self, op, args);
   if (!like) return std::string("invalid arguments");
   if (like->numel() == 0) return std::nullopt;  // nothing to launch
-  if (!upsample_params(self.sizes(), like->sizes(), self, *like, op, args, false))
+  if (!upsample_params(self.sizes(), like->sizes(), self, *like, op, args, false, true))
     return std::string(kUpsampleTooLarge);
   return std::nullopt;
 }
@@ -218,8 +243,9 @@ at::Tensor upsample_kernels(const at::Tensor& self, UpsampleOp op, const Upsampl
   const at::Tensor like = *upsample_torch_output(self, op, args);
   at::Tensor out = at::empty_strided(like.sizes(), like.strides(), self.options());
   if (out.numel() == 0) return out;
-  const UpsampleParams p = *upsample_params(self.sizes(), out.sizes(), self, out, op, args,
-                                            upsample_forward_uses_nearest_idx(self, out, op));
+  UpsampleParams p = *upsample_params(self.sizes(), out.sizes(), self, out, op, args,
+                                      upsample_forward_uses_nearest_idx(self, out, op), true);
+  p.vectorized = upsample_nearest(op.mode) && upsample_vectorized(self, out, p);
   upsample_dispatch(upsample_forward_kernel(op.mode, self, op.dims), self, out, p);
   return out;
 }
@@ -233,7 +259,7 @@ std::optional<std::string> upsample_backward_unsupported(const at::Tensor& grad_
   const std::optional<at::Tensor> like = upsample_torch_grad_input(grad_output, input_size, op, args);
   if (!like) return std::string("invalid arguments");
   if (like->numel() == 0) return std::nullopt;
-  if (!upsample_params(input_size, grad_output.sizes(), grad_output, *like, op, args, true))
+  if (!upsample_params(input_size, grad_output.sizes(), grad_output, *like, op, args, true, false))
     return std::string(kUpsampleTooLarge);
   return std::nullopt;
 }
@@ -243,7 +269,8 @@ at::Tensor upsample_backward_kernels(const at::Tensor& grad_output, c10::IntArra
   const at::Tensor like = *upsample_torch_grad_input(grad_output, input_size, op, args);
   at::Tensor grad_input = at::empty_strided(like.sizes(), like.strides(), grad_output.options());
   if (grad_input.numel() == 0) return grad_input;
-  const UpsampleParams p = *upsample_params(input_size, grad_output.sizes(), grad_output, grad_input, op, args, true);
+  const UpsampleParams p =
+      *upsample_params(input_size, grad_output.sizes(), grad_output, grad_input, op, args, true, false);
   const UpsampleMode mode = upsample_backward_mode(op, input_size, args);
   upsample_dispatch(upsample_backward_kernel(mode, grad_output.scalar_type(), op.dims), grad_output, grad_input, p);
   return grad_input;

@@ -190,11 +190,12 @@ static_assert(sizeof(PadParams) == 160, "PadParams layout");
 // along each interpolated (spatial) dimension d, the op's output index o
 // reads the input indices torch's CPU kernels compute from scale[d]
 // (area_pixel_compute_scale's value); batch and channels read their own
-// index. Each thread writes kUpsampleRepeat elements of the written tensor
-// (the output forward, the input's gradient backward) that differ only in
-// their channel, so their taps and weights are computed once; src is the
-// input (forward) or the output's gradient (backward). Strides are in
-// elements; the written tensor's offsets fit 32 bits.
+// index. Each thread writes `repeat` elements of the written tensor (the
+// output forward, the input's gradient backward) that differ only in their
+// channel, at `span` neighbouring positions along the last spatial
+// dimension, so that what they share is computed once; src is the input
+// (forward) or the output's gradient (backward). Strides are in elements;
+// the written tensor's offsets fit 32 bits.
 enum : mps_ext_u32 { kUpsampleMaxInterpolated = 3, kUpsampleRepeat = 4 };
 enum UpsampleMode : mps_ext_u32 {
   kUpsampleNearest = 0,       // upsample_nearest*: floor(o * scale)
@@ -213,7 +214,18 @@ struct UpsampleParams {
   mps_ext_u32 batch_dst_stride;
   mps_ext_u32 channel_dst_stride;
   mps_ext_u32 channels;
-  mps_ext_u32 channel_groups;  // ceil(channels / kUpsampleRepeat)
+  // kUpsampleRepeat; nearest forward: 16 bytes of channels where they are
+  // the written tensor's fastest dimension, else 1
+  mps_ext_u32 repeat;
+  mps_ext_u32 channel_groups;  // ceil(channels / repeat)
+  // nearest forward: 16 bytes of a row where the channels are not the
+  // fastest dimension, else 1
+  mps_ext_u32 span;
+  mps_ext_u32 spans;  // ceil(the written tensor's last spatial size / span)
+  // nearest forward: the 16-byte runs of channels (repeat > 1) or of a row
+  // (span > 1) are 16-byte aligned in the written tensor (and, for channels,
+  // in src)
+  mps_ext_u32 vectorized;
   // 1 where channels are the written tensor's fastest dimension (channels
   // last): neighbouring threads take neighbouring channel groups, else
   // neighbouring positions along the last spatial dimension.
@@ -225,7 +237,7 @@ struct UpsampleParams {
   mps_ext_u32 nearest_idx;
   mps_ext_u32 threads;  // batch * channel_groups * the written tensor's spatial sizes
 };
-static_assert(sizeof(UpsampleParams) == 120, "UpsampleParams layout");
+static_assert(sizeof(UpsampleParams) == 136, "UpsampleParams layout");
 
 // Dropout (metal/dropout.metal) over `numel` elements in memory order, four
 // per thread. Element i is kept iff word i % 4 of Philox4x32-10 at counter
