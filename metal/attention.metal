@@ -84,6 +84,11 @@ inline float mask_value(device const uchar* mask, constant AttentionParams& p, u
   }
 }
 
+// Gemma-2's logit softcapping of a scaled score, where the call has one.
+inline float capped(constant AttentionParams& p, float score) {
+  return p.softcap > 0.0f ? p.softcap * tanh(score / p.softcap) : score;
+}
+
 // grid: (splits, blocks of R rows, batch x KV heads); threadgroups of whole
 // SIMD groups. `mask` is bound to q when there is none (never read).
 template <typename T, uint E, uint R>
@@ -134,7 +139,7 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
       float dot = 0.0f;
       MPS_EXT_UNROLL
       for (uint e = 0; e < E; ++e) dot = fma(qv[r][e], kv[e], dot);
-      score[r] = simd_sum(dot) * p.scale;
+      score[r] = capped(p, simd_sum(dot) * p.scale);
       if (p.mask != mps_ext::kAttentionMaskNone)
         score[r] += mask_value(mask, p, mask_base + head[r] * p.mask_stride[1] + qrow[r] * p.mask_stride[2] +
                                             key * p.mask_stride[3]);
@@ -345,7 +350,7 @@ inline void accumulate_rows(thread simdgroup_float8x8* acc, threadgroup const fl
 inline float attention_score(constant AttentionParams& p, device const uchar* mask, ulong mask_row, uint row, uint key,
                              uint key_end, float dot) {
   if (key >= key_end || (p.causal && key > row) || outside_window(p, row, key)) return -INFINITY;
-  float score = dot * p.scale;
+  float score = capped(p, dot * p.scale);
   if (p.mask != mps_ext::kAttentionMaskNone && row < p.q_len)
     score += mask_value(mask, p, mask_row + key * p.mask_stride[3]);
   return score;

@@ -601,26 +601,30 @@ _autograd.register("grouped_mm", _grouped_mm_setup, _grouped_mm_backward, _group
 def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False, *,
-                                 sinks: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
-    """``F.scaled_dot_product_attention`` with two more arguments, on mps_ext's attention kernels.
+                                 sinks: torch.Tensor | None = None, window: int | None = None,
+                                 softcap: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention`` with three more arguments, on mps_ext's attention kernels.
 
     ``sinks``: one logit per query head (1-D, any float dtype), gpt-oss's attention sinks: a key that every
     row attends with that logit and a value of 0, so the weights of the real keys sum to less than 1.
     ``window``: a sliding window of that many keys: query row ``i`` attends the keys ending at its position
     ``key_len - query_len + i`` (aligned to the end of the keys, as with a KV cache: the last row is the
-    last key), the kernels skipping the others instead of reading a mask. Both combine with ``attn_mask``,
-    ``is_causal`` (torch's top-left alignment) and GQA. Decode (up to 8 query rows) and prefill kernels for
+    last key), the kernels skipping the others instead of reading a mask. ``softcap``: Gemma-2's logit
+    softcapping, each scaled score ``s`` becoming ``softcap * tanh(s / softcap)`` before the mask is added
+    (training with it runs torch's math). All combine with ``attn_mask``, ``is_causal`` (torch's top-left
+    alignment) and GQA. Decode (up to 8 query rows) and prefill kernels for
     float32, float16 and bfloat16 and head dims up to 256; on ``mps`` tensors on the GPU, on CPU tensors in
     the simulator. Other cases, dropout and calls that need a derivative run torch's math for the same
     definition (counted in ``mps_ext.overrides.stats()``). Bad arguments raise ``RuntimeError`` naming them.
     """
     return torch.ops.mps_ext.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
-                                                          scale, enable_gqa, sinks=sinks, window=window or 0)
+                                                          scale, enable_gqa, sinks=sinks, window=window or 0,
+                                                          softcap=softcap or 0.0)
 
 
 @torch.library.register_fake("mps_ext::scaled_dot_product_attention")
 def _attention_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                    enable_gqa=False, *, sinks=None, window=0):
+                    enable_gqa=False, *, sinks=None, window=0, softcap=0.0):
     return torch.nn.functional.scaled_dot_product_attention(query, key, value, attn_mask, 0.0, is_causal,
                                                             scale=scale, enable_gqa=enable_gqa)
 

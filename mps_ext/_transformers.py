@@ -23,21 +23,20 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                       s_aux: torch.Tensor | None = None, **kwargs) -> tuple[torch.Tensor, None]:
     """An attention layer's call: query (batch, heads, q_len, dim), key and value (batch, KV heads, keys, dim)
     as transformers passes them; returns (batch, q_len, heads, v_dim) and no weights. GQA reads each KV head
-    once for its query heads; gpt-oss's sinks (``s_aux``) go to the kernels. A mask, when transformers built
+    once for its query heads; gpt-oss's sinks (``s_aux``) and Gemma-2's logit softcapping (``softcap``) go to
+    the kernels. A mask, when transformers built
     one, holds causality, padding and the sliding window; without one, the call is causal over the keys
     (transformers drops the mask only where the query's rows end at the last key) and a sliding window is the
     kernels' own, which skip the keys outside it."""
     from ._ops import scaled_dot_product_attention
 
-    if kwargs.get("softcap") is not None:
-        raise ValueError("attn_implementation='mps_ext' has no softcap; use 'eager' for models that need it")
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     masked = attention_mask is not None
     out = scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout if module.training else 0.0,
         is_causal=bool(causal and not masked and query.shape[2] > 1), scale=scaling,
         enable_gqa=query.shape[1] != key.shape[1], sinks=s_aux,
-        window=sliding_window if causal and not masked else None)
+        window=sliding_window if causal and not masked else None, softcap=kwargs.get("softcap"))
     return out.transpose(1, 2).contiguous(), None
 
 

@@ -432,6 +432,27 @@ def test_sinks_are_gpt_oss_eager_attention(device, dtype, q_len):
     assert_close(got.transpose(1, 2), want, scale=reduction_scale(dtype, 64))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("q_len", [1, 3, 20])
+def test_softcap_is_gemma2_eager_attention(device, dtype, q_len):
+    # Gemma-2's own eager attention (scaled logits capped by softcap * tanh(s / softcap), then the mask) on its
+    # own layer; a cap of 2 bends every logit of these inputs.
+    gemma2 = pytest.importorskip("transformers.models.gemma2.modeling_gemma2")
+    config = gemma2.Gemma2Config(hidden_size=64, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                                 num_hidden_layers=1, attn_logit_softcapping=2.0, query_pre_attn_scalar=16)
+    layer = gemma2.Gemma2Attention(config, layer_idx=0).double().eval()
+    keys = 70
+    q, k, v = randn(1, 8, q_len, 64, dtype=dtype) * 2, randn(1, 2, keys, 64, dtype=dtype, seed=1), \
+        randn(1, 2, keys, 64, dtype=dtype, seed=2)
+    causal = torch.zeros(q_len, keys, dtype=torch.float64).masked_fill(~window_mask(q_len, keys, keys), -math.inf)
+    want, _ = gemma2.eager_attention_forward(layer, q.double(), k.double(), v.double(), causal, scaling=layer.scaling,
+                                             softcap=2.0)
+    got, _ = op_on(device, q, k, v, attn_mask=causal.to(dtype), scale=layer.scaling, enable_gqa=True, softcap=2.0)
+    assert_close(got.transpose(1, 2), want, scale=reduction_scale(dtype, 64))
+    uncapped, _ = op_on(device, q, k, v, attn_mask=causal.to(dtype), scale=layer.scaling, enable_gqa=True)
+    assert not torch.allclose(uncapped, got, atol=1e-2)  # the cap changes these logits
+
+
 def test_sinks_take_all_the_weight_of_a_row_that_attends_no_key(device):
     q, k, v = randn(1, 2, 3, 32), randn(1, 2, 40, 32, seed=1), randn(1, 2, 40, 32, seed=2)
     mask = torch.ones(3, 40, dtype=torch.bool)
@@ -440,17 +461,34 @@ def test_sinks_take_all_the_weight_of_a_row_that_attends_no_key(device):
     assert (got[:, :, 1] == 0).all() and (got[:, :, 0] != 0).all()
 
 
-@pytest.mark.parametrize("case", ["window", "sinks rank", "sinks heads", "sinks dtype"])
+@pytest.mark.parametrize("case", ["window", "sinks rank", "sinks heads", "sinks dtype", "softcap", "softcap inf"])
 def test_op_argument_errors(case):
     q, k, v = randn(1, 4, 2, 32), randn(1, 4, 9, 32, seed=1), randn(1, 4, 9, 32, seed=2)
     kwargs, match = {
         "window": ({"window": -3}, "window must be a number of keys"),
+        "softcap": ({"softcap": -1.0}, "softcap must be a finite logit cap"),
+        "softcap inf": ({"softcap": math.inf}, "softcap must be a finite logit cap"),
         "sinks rank": ({"sinks": torch.zeros(4, 1)}, "sinks must be a 1-D floating tensor"),
         "sinks heads": ({"sinks": torch.zeros(3)}, r"sinks must hold one logit per query head \(4\), got 3"),
         "sinks dtype": ({"sinks": torch.zeros(4, dtype=torch.int64)}, "sinks must be a 1-D floating tensor"),
     }[case]
     with pytest.raises(RuntimeError, match=match):
         mps_ext.scaled_dot_product_attention(q, k, v, **kwargs)
+
+
+@pytest.mark.fallback("^autograd: softcap$")
+def test_op_training_with_softcap_is_torchs_math():
+    q, k, v = (randn(1, 4, 5, 32, seed=s).requires_grad_() for s in range(3))
+    with mps_ext.trace() as t:
+        grads = torch.autograd.grad(mps_ext.scaled_dot_product_attention(q, k, v, softcap=3.0).square().sum(),
+                                    (q, k, v))
+    assert not any(n.startswith("attention_") for n in t.names), t.names
+    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
+    scores = torch.tanh(qd @ kd.mT / math.sqrt(32) / 3.0) * 3.0
+    want = torch.autograd.grad((scores.softmax(-1) @ vd).square().sum(), (qd, kd, vd))
+    for g, w in zip(grads, want):
+        assert_close(g, w.float())
+    assert mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]["reasons"] == {"autograd: softcap": 1}
 
 
 def test_op_gradients_run_the_backward_kernels():
@@ -498,11 +536,12 @@ def test_registered_with_transformers_in_either_import_order(import_first):
 
 
 @pytest.mark.fallback("rows > 8", required=False)  # the prompt's projections: GEMM, not GEMV
-@pytest.mark.parametrize("model", ["gpt_oss", "mistral", "llama", "qwen3"])
+@pytest.mark.parametrize("model", ["gpt_oss", "gemma2", "mistral", "llama", "qwen3"])
 @pytest.mark.parametrize("prompt_len", [5, 12])
 def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, prompt_len):
-    # gpt-oss (sinks; sliding-window and full layers) against its own eager attention, Mistral (a sliding
-    # window shorter than the text), Llama and Qwen3 against sdpa.
+    # gpt-oss (sinks; sliding-window and full layers) and Gemma-2 (logit softcapping; sliding-window and full
+    # layers) against their own eager attention, Mistral (a sliding window shorter than the text), Llama and
+    # Qwen3 against sdpa.
     transformers = pytest.importorskip("transformers")
     common = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=16, vocab_size=128, max_position_embeddings=64, sliding_window=4)
@@ -511,6 +550,9 @@ def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, promp
                                            layer_types=["sliding_attention", "full_attention"],
                                            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
         cls, theirs = transformers.GptOssForCausalLM, "eager"
+    elif model == "gemma2":
+        config = transformers.Gemma2Config(**common, attn_logit_softcapping=2.0, query_pre_attn_scalar=16)
+        cls, theirs = transformers.Gemma2ForCausalLM, "eager"
     else:
         configs = {"mistral": (transformers.MistralConfig, transformers.MistralForCausalLM),
                    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),

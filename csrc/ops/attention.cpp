@@ -202,6 +202,7 @@ AttentionParams params_of(const Views& w, const AttentionArgs& a) {
   q.key_first = uint32_t(std::max<int64_t>(a.window ? w.k.size(2) - w.q.size(2) + 1 - a.window : 0, 0));
   q.key_first = std::min(q.key_first, q.key_len);
   q.sinks = w.sinks.has_value();
+  q.softcap = float(a.softcap);
   // torch's default scale: 1 / sqrt of the query's head dim.
   q.scale = float(a.scale.value_or(1.0 / std::sqrt(double(w.q.size(-1)))));
   return q;
@@ -342,6 +343,7 @@ std::optional<std::string> attention_training_unsupported(const AttentionArgs& a
   if (a.query.key_set().has(c10::DispatchKey::Python)) return std::string("tensor subclass or tracing");
   const Views w = std::get<Views>(views_of(a));
   if (std::max(w.q.size(-1), w.v.size(-1)) > kMaxBackwardHeadDim) return std::string("backward head dim > 128");
+  if (a.softcap) return std::string("softcap");
   Backend& backend = *backend_for(a.query.device());
   for (const char* stage : {"prefill", "backward_dq", "backward_dkv"})
     if (auto reason = backend.unavailable(prefill_kernel(w, stage), kPrefillThreads)) return reason;
@@ -489,7 +491,7 @@ at::Tensor attention_differentiable(const AttentionArgs& a, const char* op) {
 
 at::Tensor attention_reference(const AttentionArgs& a) {
   const at::Tensor& q = a.query;
-  if (!a.sinks && !a.window)
+  if (!a.sinks && !a.window && !a.softcap)
     return at::scaled_dot_product_attention(q, a.key, a.value, a.attn_mask, a.dropout_p, a.is_causal, a.scale,
                                             a.enable_gqa);
   at::Tensor k = a.key, v = a.value;
@@ -499,6 +501,7 @@ at::Tensor attention_reference(const AttentionArgs& a) {
   }
   const int64_t rows = q.size(-2), keys = k.size(-2);
   at::Tensor scores = at::matmul(q, k.transpose(-2, -1)) * a.scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
+  if (a.softcap) scores = at::tanh(scores / a.softcap) * a.softcap;
   const at::TensorOptions longs = q.options().dtype(at::kLong);
   const at::Tensor row = at::arange(rows, longs).unsqueeze(1), key = at::arange(keys, longs);
   at::Tensor excluded = at::zeros({rows, keys}, q.options().dtype(at::kBool));
@@ -541,7 +544,7 @@ constexpr char kOp[] = "mps_ext::scaled_dot_product_attention";
 AttentionArgs op_args(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                       const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                       std::optional<double> scale, bool enable_gqa, const std::optional<at::Tensor>& sinks,
-                      int64_t window) {
+                      int64_t window, double softcap) {
   TORCH_CHECK(window >= 0, "mps_ext.scaled_dot_product_attention: window must be a number of keys (>= 1), got ",
               window);
   TORCH_CHECK(!sinks || (sinks->dim() == 1 && at::isFloatingType(sinks->scalar_type())),
@@ -550,15 +553,18 @@ AttentionArgs op_args(const at::Tensor& query, const at::Tensor& key, const at::
               sinks ? c10::toString(sinks->scalar_type()) : "");
   TORCH_CHECK(!sinks || sinks->numel() == query.size(-3), "mps_ext.scaled_dot_product_attention: sinks must hold ",
               "one logit per query head (", query.size(-3), "), got ", sinks ? sinks->numel() : 0);
-  return AttentionArgs{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window};
+  TORCH_CHECK(softcap >= 0.0 && std::isfinite(softcap),
+              "mps_ext.scaled_dot_product_attention: softcap must be a finite logit cap (> 0, or 0 for none), got ",
+              softcap);
+  return AttentionArgs{query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window, softcap};
 }
 
 at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                         const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                         std::optional<double> scale, bool enable_gqa, const std::optional<at::Tensor>& sinks,
-                        int64_t window) {
+                        int64_t window, double softcap) {
   const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
-                                  window);
+                                  window, softcap);
   return overrides::counted(kOp, attention_unsupported(a), [&] { return attention_kernels(a); },
                             [&] { return attention_reference(a); });
 }
@@ -568,9 +574,9 @@ at::Tensor attention_op(const at::Tensor& query, const at::Tensor& key, const at
 at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                  const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
                                  std::optional<double> scale, bool enable_gqa,
-                                 const std::optional<at::Tensor>& sinks, int64_t window) {
+                                 const std::optional<at::Tensor>& sinks, int64_t window, double softcap) {
   const AttentionArgs a = op_args(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks,
-                                  window);
+                                  window, softcap);
   // Tensor subclasses without a derivative to take (torch.compile's fake tensors) go on to the op's own
   // kernels, or its fake: a compiled graph keeps the op whole.
   if (attention_needs_derivative(a, /*subclasses=*/false)) {
@@ -584,7 +590,7 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("mps_ext::scaled_dot_product_attention", "")
                              .typed<decltype(attention_op)>();
-  return op.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window);
+  return op.call(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, sinks, window, softcap);
 }
 
 }  // namespace
@@ -596,7 +602,7 @@ at::Tensor attention_op_autograd(const at::Tensor& query, const at::Tensor& key,
 TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
   m.def("scaled_dot_product_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_mask=None, "
         "float dropout_p=0.0, bool is_causal=False, float? scale=None, bool enable_gqa=False, *, "
-        "Tensor? sinks=None, int window=0) -> Tensor");
+        "Tensor? sinks=None, int window=0, float softcap=0.0) -> Tensor");
   m.def("_scaled_dot_product_attention_training(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
         "bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, int window) -> (Tensor, Tensor)");
   m.def("_scaled_dot_product_attention_training_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "

@@ -24,6 +24,7 @@ struct AttentionArgs {
   // mps_ext's own op: a logit per query head, a sliding window (params.h).
   std::optional<at::Tensor> sinks = std::nullopt;
   int64_t window = 0;
+  double softcap = 0.0;  // 0, or Gemma-2's logit softcapping (params.h)
 };
 
 // Why the kernels cannot compute this call on its device, or nullopt when

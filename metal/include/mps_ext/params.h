@@ -297,8 +297,12 @@ struct AttentionParams {
   mps_ext_u32 key_first;
   mps_ext_u32 sinks;  // 1: a logit per query head (a key with value 0) in the softmax
   mps_ext_u32 lse;    // 1: the prefill kernel also writes each row's log-sum-exp (training)
+  // 0, or Gemma-2's logit softcapping: a scaled score s becomes
+  // softcap * tanh(s / softcap), before the mask is added
+  float softcap;
+  mps_ext_u32 padding;  // the struct's size a multiple of its 8-byte alignment on both sides
 };
-static_assert(sizeof(AttentionParams) == 168, "AttentionParams layout");
+static_assert(sizeof(AttentionParams) == 176, "AttentionParams layout");
 // Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
 // threadgroups, each reading that head's keys.
 enum : mps_ext_u32 { kAttentionMaxRows = 8 };
