@@ -89,6 +89,14 @@ inline float capped(constant AttentionParams& p, float score) {
   return p.softcap > 0.0f ? p.softcap * tanh(score / p.softcap) : score;
 }
 
+// The capped score's derivative in the scaled one, 1 - tanh^2 (1 without a
+// cap), at the product of a query and a key row.
+inline float cap_slope(constant AttentionParams& p, float dot) {
+  if (p.softcap <= 0.0f) return 1.0f;
+  const float t = tanh(dot * p.scale / p.softcap);
+  return 1.0f - t * t;
+}
+
 // grid: (splits, blocks of R rows, batch x KV heads); threadgroups of whole
 // SIMD groups. `mask` is bound to q when there is none (never read).
 template <typename T, uint E, uint R>
@@ -517,9 +525,10 @@ kernel void attention_backward_dq(device const T* q [[buffer(0)]], device const 
     MPS_EXT_UNROLL
     for (uint j = 0; j < per_lane; ++j) {
       const uint i = (lane / 4) * BK + first_col + j;
-      const float weight = attention_term(attention_score(p, mask, mask_row, row, k0 + first_col + j, keys.y,
-                                                          s_tile[i]), st.x);
-      s_tile[i] = weight * (g_tile[i] - st.y);
+      const float dot = s_tile[i];
+      const float weight = attention_term(attention_score(p, mask, mask_row, row, k0 + first_col + j, keys.y, dot),
+                                          st.x);
+      s_tile[i] = weight * (g_tile[i] - st.y) * cap_slope(p, dot);
     }
     load_tile<T, D>(tile, k_head, p.k_stride[2], k0, BK, keys.y, p.qk_dim, false, tid, threads);
     threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -595,11 +604,12 @@ kernel void attention_backward_dkv(device const T* q [[buffer(0)]], device const
       for (uint j = 0; j < per_lane; ++j) {
         const uint i = (lane / 4) * BQ + first_col + j, row = q0 + first_col + j;
         const float2 st = row_stats[first_col + j];
+        const float dot = p_tile[i];
         const float score = attention_score(p, mask, mask_head + ulong(row) * p.mask_stride[2], row, key, p.key_len,
-                                            p_tile[i]);
+                                            dot);
         const float weight = row < p.q_len ? attention_term(score, st.x) : 0.0f;
         p_tile[i] = weight;
-        g_tile[i] = weight * (g_tile[i] - st.y);
+        g_tile[i] = weight * (g_tile[i] - st.y) * cap_slope(p, dot);
       }
       load_tile<T, D>(tile, dout_head, p.v_dim, q0, BQ, p.q_len, p.v_dim, false, tid, threads);
       threadgroup_barrier(mem_flags::mem_threadgroup);

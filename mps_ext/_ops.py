@@ -611,7 +611,7 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     ``key_len - query_len + i`` (aligned to the end of the keys, as with a KV cache: the last row is the
     last key), the kernels skipping the others instead of reading a mask. ``softcap``: Gemma-2's logit
     softcapping, each scaled score ``s`` becoming ``softcap * tanh(s / softcap)`` before the mask is added
-    (training with it runs torch's math). All combine with ``attn_mask``, ``is_causal`` (torch's top-left
+    (its derivative in the backward kernels too). All combine with ``attn_mask``, ``is_causal`` (torch's top-left
     alignment) and GQA. Decode (up to 8 query rows) and prefill kernels for
     float32, float16 and bfloat16 and head dims up to 256; on ``mps`` tensors on the GPU, on CPU tensors in
     the simulator. Other cases, dropout and calls that need a derivative run torch's math for the same
@@ -630,13 +630,13 @@ def _attention_fake(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
 
 
 @torch.library.register_fake("mps_ext::_scaled_dot_product_attention_training")
-def _attention_training_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, window):
+def _attention_training_fake(query, key, value, attn_mask, is_causal, scale, enable_gqa, sinks, window, softcap):
     out = _attention_fake(query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa)
     return out, out.new_empty((out.numel() // max(out.size(-1), 1), 2), dtype=torch.float32)
 
 
 @torch.library.register_fake("mps_ext::_scaled_dot_product_attention_training_backward")
 def _attention_training_backward_fake(grad_out, query, key, value, out, stats, attn_mask, is_causal, scale,
-                                      enable_gqa, sinks, window):
+                                      enable_gqa, sinks, window, softcap):
     return (torch.empty_like(query), torch.empty_like(key), torch.empty_like(value),
             None if sinks is None else torch.empty_like(sinks))

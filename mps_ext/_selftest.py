@@ -523,9 +523,9 @@ def attention_cases() -> Iterator[Case]:
                 on = [t.to(device) for t in (q, k, v)]
                 s_on = None if sinks is None else sinks.to(device)
                 out, stats = torch.ops.mps_ext._scaled_dot_product_attention_training(
-                    *on, None, causal, None, True, s_on, window)
+                    *on, None, causal, None, True, s_on, window, 0.0)
                 grads = torch.ops.mps_ext._scaled_dot_product_attention_training_backward(
-                    dout.to(device), *on, out, stats, None, causal, None, True, s_on, window)
+                    dout.to(device), *on, out, stats, None, causal, None, True, s_on, window, 0.0)
                 wide = [t.double().requires_grad_() for t in (q, k, v)] + \
                     ([] if sinks is None else [sinks.double().requires_grad_()])
                 ref = _attention_reference(*wide[:3], None, causal, wide[3] if sinks is not None else None, window)

@@ -476,19 +476,25 @@ def test_op_argument_errors(case):
         mps_ext.scaled_dot_product_attention(q, k, v, **kwargs)
 
 
-@pytest.mark.fallback("^autograd: softcap$")
-def test_op_training_with_softcap_is_torchs_math():
-    q, k, v = (randn(1, 4, 5, 32, seed=s).requires_grad_() for s in range(3))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_op_training_with_softcap_runs_the_backward_kernels(device, dtype):
+    # The cap's derivative, 1 - tanh^2, in both backward kernels; GQA and a causal mask besides.
+    q, k, v = randn(1, 4, 13, 32, dtype=dtype) * 3, randn(1, 2, 13, 32, dtype=dtype, seed=1), \
+        randn(1, 2, 13, 32, dtype=dtype, seed=2)
+    dout = randn(1, 4, 13, 32, dtype=dtype, seed=3)
+    leaves = [t.to(device).requires_grad_() for t in (q, k, v)]
     with mps_ext.trace() as t:
-        grads = torch.autograd.grad(mps_ext.scaled_dot_product_attention(q, k, v, softcap=3.0).square().sum(),
-                                    (q, k, v))
-    assert not any(n.startswith("attention_") for n in t.names), t.names
-    qd, kd, vd = (x.detach().double().requires_grad_() for x in (q, k, v))
-    scores = torch.tanh(qd @ kd.mT / math.sqrt(32) / 3.0) * 3.0
-    want = torch.autograd.grad((scores.softmax(-1) @ vd).square().sum(), (qd, kd, vd))
-    for g, w in zip(grads, want):
-        assert_close(g, w.float())
-    assert mps_ext.overrides.stats()["mps_ext::scaled_dot_product_attention"]["reasons"] == {"autograd: softcap": 1}
+        out = mps_ext.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True, softcap=2.0)
+        got = [out, *torch.autograd.grad(out, leaves, dout.to(device))]
+    got = [g.detach().cpu() for g in got]
+    metal = {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
+    assert {f"attention_backward_dq_{metal}_d32", f"attention_backward_dkv_{metal}_d32"} <= set(t.names), t.names
+    qd, kd, vd = (x.double().requires_grad_() for x in (q, k, v))
+    scores = torch.tanh(qd @ kd.repeat_interleave(2, 1).mT / math.sqrt(32) / 2.0) * 2.0
+    scores = scores.masked_fill(~window_mask(13, 13, 13), -math.inf)
+    out = scores.softmax(-1) @ vd.repeat_interleave(2, 1)
+    want = [out.detach(), *torch.autograd.grad(out, (qd, kd, vd), dout.double())]
+    assert_close_gradients(got, want, dtype)
 
 
 def test_op_gradients_run_the_backward_kernels():
@@ -583,7 +589,7 @@ def test_transformers_models_decode_the_same_tokens_through_mps_ext(model, promp
 
 def test_op_training_ops_opcheck():
     q, k, v = randn(1, 4, 10, 32), randn(1, 2, 12, 32, seed=1), randn(1, 2, 12, 32, seed=2)
-    args = (q, k, v, None, True, None, True, randn(4, seed=3), 0)
+    args = (q, k, v, None, True, None, True, randn(4, seed=3), 0, 1.5)
     torch.library.opcheck(torch.ops.mps_ext._scaled_dot_product_attention_training.default, args,
                           test_utils=("test_schema", "test_faketensor"))
     out, stats = torch.ops.mps_ext._scaled_dot_product_attention_training(*args)

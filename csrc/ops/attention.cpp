@@ -343,7 +343,6 @@ std::optional<std::string> attention_training_unsupported(const AttentionArgs& a
   if (a.query.key_set().has(c10::DispatchKey::Python)) return std::string("tensor subclass or tracing");
   const Views w = std::get<Views>(views_of(a));
   if (std::max(w.q.size(-1), w.v.size(-1)) > kMaxBackwardHeadDim) return std::string("backward head dim > 128");
-  if (a.softcap) return std::string("softcap");
   Backend& backend = *backend_for(a.query.device());
   for (const char* stage : {"prefill", "backward_dq", "backward_dkv"})
     if (auto reason = backend.unavailable(prefill_kernel(w, stage), kPrefillThreads)) return reason;
@@ -419,8 +418,8 @@ using Optional = const std::optional<at::Tensor>&;
 std::tuple<at::Tensor, at::Tensor> training_forward(const at::Tensor& query, const at::Tensor& key,
                                                     const at::Tensor& value, Optional attn_mask, bool is_causal,
                                                     std::optional<double> scale, bool enable_gqa, Optional sinks,
-                                                    int64_t window) {
-  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window};
+                                                    int64_t window, double softcap) {
+  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window, softcap};
   if (auto why = attention_training_unsupported(a)) TORCH_CHECK(false, "mps_ext attention training: ", *why);
   return attention_training_forward(a);
 }
@@ -429,8 +428,8 @@ std::tuple<at::Tensor, at::Tensor> training_forward(const at::Tensor& query, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> training_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
     const at::Tensor& out, const at::Tensor& stats, Optional attn_mask, bool is_causal, std::optional<double> scale,
-    bool enable_gqa, Optional sinks, int64_t window) {
-  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window};
+    bool enable_gqa, Optional sinks, int64_t window, double softcap) {
+  const AttentionArgs a{query, key, value, attn_mask, 0.0, is_causal, scale, enable_gqa, sinks, window, softcap};
   if (auto why = attention_training_unsupported(a)) TORCH_CHECK(false, "mps_ext attention training: ", *why);
   AttentionGradients g = attention_training_backward(a, out, stats, grad_out);
   return {g.query, g.key, g.value, g.sinks};
@@ -456,14 +455,16 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
                             const at::Tensor& value, const std::optional<at::Tensor>& mask,
                             const std::optional<at::Tensor>& sinks, bool is_causal, std::optional<double> scale,
-                            bool enable_gqa, int64_t window, const std::string& op) {
-    auto [out, stats] = training_forward_op().call(query, key, value, mask, is_causal, scale, enable_gqa, sinks, window);
+                            bool enable_gqa, int64_t window, double softcap, const std::string& op) {
+    auto [out, stats] =
+        training_forward_op().call(query, key, value, mask, is_causal, scale, enable_gqa, sinks, window, softcap);
     overrides::hit(op.c_str());
     ctx->save_for_backward({query, key, value, mask.value_or(at::Tensor()), sinks.value_or(at::Tensor()), out, stats});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["enable_gqa"] = enable_gqa;
     ctx->saved_data["window"] = window;
+    ctx->saved_data["softcap"] = softcap;
     return out;
   }
 
@@ -477,8 +478,9 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
     auto [dq, dk, dv, dsinks] = training_backward_op().call(
         grad, saved[0], saved[1], saved[2], saved[5], saved[6], defined(saved[3]), ctx->saved_data["is_causal"].toBool(),
         ctx->saved_data["scale"].toOptional<double>(), ctx->saved_data["enable_gqa"].toBool(), defined(saved[4]),
-        ctx->saved_data["window"].toInt());
-    return {dq, dk, dv, at::Tensor(), dsinks, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+        ctx->saved_data["window"].toInt(), ctx->saved_data["softcap"].toDouble());
+    return {dq,          dk,          dv,          at::Tensor(), dsinks,     at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -486,7 +488,7 @@ struct AttentionFunction : public torch::autograd::Function<AttentionFunction> {
 
 at::Tensor attention_differentiable(const AttentionArgs& a, const char* op) {
   return AttentionFunction::apply(a.query, a.key, a.value, a.attn_mask, a.sinks, a.is_causal, a.scale, a.enable_gqa,
-                                  a.window, std::string(op));
+                                  a.window, a.softcap, std::string(op));
 }
 
 at::Tensor attention_reference(const AttentionArgs& a) {
@@ -604,10 +606,10 @@ TORCH_LIBRARY_FRAGMENT(mps_ext, m) {
         "float dropout_p=0.0, bool is_causal=False, float? scale=None, bool enable_gqa=False, *, "
         "Tensor? sinks=None, int window=0, float softcap=0.0) -> Tensor");
   m.def("_scaled_dot_product_attention_training(Tensor query, Tensor key, Tensor value, Tensor? attn_mask, "
-        "bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, int window) -> (Tensor, Tensor)");
+        "bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, int window, float softcap) -> (Tensor, Tensor)");
   m.def("_scaled_dot_product_attention_training_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
         "Tensor out, Tensor stats, Tensor? attn_mask, bool is_causal, float? scale, bool enable_gqa, Tensor? sinks, "
-        "int window) -> (Tensor, Tensor, Tensor, Tensor)");
+        "int window, float softcap) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(mps_ext, CPU, m) {
