@@ -21,6 +21,9 @@
 //   bytes (one kernel per element size serves every dtype torch's CPU kernel
 //   takes), 16 bytes per thread: a run of channels (channels last) or of a
 //   row (channels first), one load or gather and one store where aligned;
+//   where every dimension repeats each element a power of two times
+//   (upsample_repeat{,_pairs}_<type>_<n>d), a thread loads 16 bytes once
+//   and stores them wherever they are copied;
 //   linear and cubic sum their taps in float, nested as torch's
 //   kernel nests them (the last dimension's taps first, each sum then
 //   weighted by the dimension before).
@@ -234,6 +237,63 @@ kernel void upsample_nearest(device const T* src [[buffer(0)]], device T* out [[
   for (uint r = 0; r < count; ++r) out[s.dst + r * p.channel_dst_stride] = src[from + ulong(r) * p.channel_src_stride];
 }
 
+// Each element of x twice, x's first element first.
+template <uint Size>
+inline uint2 doubled(uint x);
+template <>
+inline uint2 doubled<1>(uint x) {
+  const uint lo = (x & 0xffffu) | (x & 0xffffu) << 8, hi = (x >> 16) | (x >> 16) << 8;
+  return uint2((lo & 0x00ff00ffu) * 0x101u, (hi & 0x00ff00ffu) * 0x101u);
+}
+template <>
+inline uint2 doubled<2>(uint x) {
+  return uint2((x & 0xffffu) * 0x10001u, (x >> 16) * 0x10001u);
+}
+template <>
+inline uint2 doubled<4>(uint x) {
+  return uint2(x, x);
+}
+
+// The 16 bytes a repeat thread stores: 16 bytes of src, or (Pairs) 8 bytes
+// with each element twice, as a row doubled in length reads them.
+template <typename T, bool Pairs>
+inline uint4 repeated(device const T* at) {
+  if (!Pairs) return *reinterpret_cast<device const uint4*>(at);
+  const uint2 v = *reinterpret_cast<device const uint2*>(at);
+  return uint4(doubled<sizeof(T)>(v.x), doubled<sizeof(T)>(v.y));
+}
+
+// Nearest where output index o reads o >> factor_shift along every
+// dimension (2x: the VAE decoders' and UNets' upsampling), the host's
+// aligned cases: each thread loads its 16 bytes of channels (channels last)
+// or of a row (channels first; Pairs: 8 bytes, a row twice as long) once and
+// stores them at every output position that copies them, so the input is
+// read once and the index arithmetic is done once per load, not per element.
+template <typename T, bool Pairs, uint Levels>
+kernel void upsample_repeat(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
+                            constant UpsampleParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
+  if (t >= p.threads) return;
+  const Site<Levels> s = site_of<Levels>(p, p.in_size, t);
+  ulong from = ulong(s.n) * p.batch_src_stride + ulong(s.c) * p.channel_src_stride;
+  uint to = s.n * p.batch_dst_stride + s.c * p.channel_dst_stride, copies_shift = 0;
+  uint shift[Levels];  // the copies along each dimension; a doubled row's are inside the 16 bytes
+  for (uint l = 0; l < Levels; ++l) {
+    from += ulong(s.o[l]) * p.src_stride[l];
+    to += (s.o[l] << p.factor_shift[l]) * p.dst_stride[l];
+    shift[l] = Pairs && l == Levels - 1 ? 0 : p.factor_shift[l];
+    copies_shift += shift[l];
+  }
+  const uint4 chunk = repeated<T, Pairs>(src + from);
+  for (uint k = 0; k < 1u << copies_shift; ++k) {  // the last dimension's copies fastest
+    uint at = to, rest = k;
+    for (uint l = Levels; l-- > 0;) {
+      at += (rest & ((1u << shift[l]) - 1)) * p.dst_stride[l];
+      rest >>= shift[l];
+    }
+    *reinterpret_cast<device uint4*>(out + at) = chunk;
+  }
+}
+
 // Linear and cubic: kUpsampleRepeat channels of one position per thread.
 template <typename T, uint Mode, uint Levels>
 kernel void upsample_forward(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
@@ -367,7 +427,7 @@ kernel void upsample_backward(device const T* grad_out [[buffer(0)]], device T* 
     if (r < channels) grad_in[s.dst + r * p.channel_dst_stride] = T(sum[r]);
 }
 
-// upsample_{nearest,nearest_exact}_<element type of that size>_<n>d,
+// upsample_{nearest,nearest_exact,repeat,repeat_pairs}_<element type of that size>_<n>d,
 // upsample_{linear,cubic}_<type>_<n>d, upsample_backward_<mode>_<type>_<n>d
 // (csrc/ops/upsample.cpp names them from the same parts).
 #define MPS_EXT_UPSAMPLE_KERNEL(kernel, mode, Mode, T, n)                                   \
@@ -381,7 +441,9 @@ kernel void upsample_backward(device const T* grad_out [[buffer(0)]], device T* 
 
 #define MPS_EXT_UPSAMPLE_NEAREST(T, n)                                                      \
   MPS_EXT_UPSAMPLE_KERNEL(upsample_nearest, nearest, mps_ext::kUpsampleNearest, T, n)       \
-  MPS_EXT_UPSAMPLE_KERNEL(upsample_nearest, nearest_exact, mps_ext::kUpsampleNearestExact, T, n)
+  MPS_EXT_UPSAMPLE_KERNEL(upsample_nearest, nearest_exact, mps_ext::kUpsampleNearestExact, T, n) \
+  MPS_EXT_UPSAMPLE_KERNEL(upsample_repeat, repeat, false, T, n)                            \
+  MPS_EXT_UPSAMPLE_KERNEL(upsample_repeat, repeat_pairs, true, T, n)
 
 #define MPS_EXT_UPSAMPLE_BYTES(n)  \
   MPS_EXT_UPSAMPLE_NEAREST(uchar, n) \

@@ -366,6 +366,24 @@ def upsample_cases() -> Iterator[Case]:
 
                 kernel = f"upsample_{mode.replace('-', '_')}_{bytes_type}_{dims}d"
                 yield Case(f"upsample {mode} {short[dtype]} {shape}", run, kernels=(kernel,))
+        # Each element copied 2^k times along every dimension, 16-byte runs aligned: the repeat kernels, rows
+        # doubled inside a run (pairs) where channels come first; the same size in 1-D (a copy), channels last
+        # (16 channels are whole runs in every element size) in 2-D and 3-D.
+        row, last = (*shape[:-1], 16), (shape[0], 16, *shape[2:])
+        repeats = [("pairs", row, 2.0), ("", row, 1.0) if dims == 1 else ("", last, 2.0)]
+        for kind, repeat_shape, factor in repeats:
+            for dtype, bytes_type in names.items():
+                def run(device, dtype=dtype, shape=repeat_shape, factor=factor, last=kind == "" and dims > 1):
+                    x = rand(shape, dtype, 5)
+                    if last:
+                        x = x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+                    with overrides.enabled(device):
+                        got = F.interpolate(x.to(device), scale_factor=factor, mode="nearest-exact")
+                    return _flat(got), _flat(F.interpolate(x, scale_factor=factor, mode="nearest-exact")), 1.0
+
+                kernel = f"upsample_repeat{'_' + kind if kind else ''}_{bytes_type}_{dims}d"
+                yield Case(f"upsample repeat{' ' + kind if kind else ''} {short[dtype]} {repeat_shape}", run,
+                           kernels=(kernel,))
         for mode in smooth[dims]:
             for dtype in (torch.float32, torch.float16, torch.bfloat16):
                 def run(device, mode=mode, dtype=dtype, shape=shape):

@@ -85,7 +85,7 @@ def test_a_vae_round_trip_past_the_frame_size_mpsgraph_corrupts_is_the_cpus(devi
         got = model(x.to(device)).sample.cpu()
     compare(got, want)
     assert_every_call_ran_the_kernels(calls, device)
-    assert {"pad_constant_uint", "upsample_nearest_exact_uint_2d"} <= set(t.names), set(t.names)
+    assert {"pad_constant_uint", "upsample_repeat_pairs_uint_2d"} <= set(t.names), set(t.names)
     assert any(n.startswith("attention_prefill_") for n in t.names), set(t.names)
 
 
@@ -163,5 +163,5 @@ def test_a_unet_block_trains_with_the_cpus_loss_curve(device):
     assert stats["aten::upsample_nearest2d"]["hits"] == 4, stats
     assert stats["aten::upsample_nearest2d_backward (backward)"]["hits"] == 4, stats
     assert stats["aten::native_dropout"]["hits"] == 4, stats
-    assert {"upsample_nearest_uint_2d", "upsample_backward_nearest_float_2d", "dropout_float",
+    assert {"upsample_repeat_pairs_uint_2d", "upsample_backward_nearest_float_2d", "dropout_float",
             "dropout_backward_float"} <= set(t.names), set(t.names)

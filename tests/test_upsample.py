@@ -7,6 +7,7 @@ disagree with the sizes), views, empty inputs, NaN and inf; backward against flo
 forward-mode AD; torch's errors for what torch rejects; opcheck and the meta kernels' shapes and strides; the 2x
 nearest-exact upsampling of diffusers' VAE decoders."""
 
+import contextlib
 import math
 import random
 from dataclasses import dataclass
@@ -63,6 +64,18 @@ class Op:
     def forward_kernel(self, dtype):
         element = BYTES[torch.empty(0, dtype=dtype).element_size()] if self.nearest else TYPE[dtype]
         return f"upsample_{self.family}_{element}_{self.dims}d"
+
+    def repeat_kernel(self, dtype, pairs):
+        """Nearest's kernel where each element is copied 2^k times along every dimension (channels first: `pairs`
+        where rows double)."""
+        element = BYTES[torch.empty(0, dtype=dtype).element_size()]
+        return f"upsample_repeat{'_pairs' if pairs else ''}_{element}_{self.dims}d"
+
+    def forward_kernels(self, dtype):
+        """The kernels a forward may run (test_nearest_repeats_... says which one where)."""
+        if not self.nearest:
+            return {self.forward_kernel(dtype)}
+        return {self.forward_kernel(dtype), self.repeat_kernel(dtype, False), self.repeat_kernel(dtype, True)}
 
     def backward_kernel(self, dtype):
         return f"upsample_backward_{self.family}_{TYPE[dtype]}_{self.dims}d"
@@ -189,7 +202,7 @@ def check_forward(device, op, x, size, scales, align_corners=False):
         ws = matrices(op, x.shape[2:], size, scales, align_corners)
         assert_close_dot(got, want.to(x.dtype), magnitude(op, x.nan_to_num(), ws), terms(op, ws))
     if want.numel():
-        assert names == [op.forward_kernel(x.dtype)], names
+        assert len(names) == 1 and names[0] in op.forward_kernels(x.dtype), names
     return got
 
 
@@ -217,7 +230,7 @@ def test_interpolate_and_upsample_modules_reach_the_kernels(device, op):
              (lambda v: torch.nn.Upsample(scale_factor=2, mode=op.mode, **kwargs)(v), [2.0] * op.dims)]
     for call, scales in calls:
         got, names = run_on(device, call, x)
-        assert names == [op.forward_kernel(x.dtype)], names
+        assert len(names) == 1 and names[0] in op.forward_kernels(x.dtype), names
         assert_same(got, check_forward(device, op, x, list(got.shape[2:]), scales))
 
 
@@ -316,6 +329,55 @@ def test_nearest_moves_16_byte_runs_where_aligned_and_element_by_element_elsewhe
                   one_in.view(shape), shifted_last):
             check_forward(device, op, x, size, None)
             check_forward(device, op, x, (*size[:-1], 31), None)
+
+
+def layout(x, name):
+    """x in a layout of REPEATS: contiguous, channels-last, or one element into its storage."""
+    if name == "last":
+        return x.contiguous(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    if name == "one in":
+        return values((x.numel() + 1,), x.dtype)[1:].view(x.shape)
+    return x
+
+
+# (op, dtype, input shape, layout, output size, scales, the kernel: "repeat", "pairs" or None for the elementwise
+# one). A repeat kernel runs where every dimension's output index o reads o >> k (a 2^-k scale, or nearest's
+# nearest_idx, which halves at twice the size whatever the scale, where torch indexes with it), channels-first rows
+# at most double, an element is stored at most 64 times, and the 16-byte runs are aligned.
+REPEATS = [
+    (Op("nearest-exact", 2), torch.bfloat16, (1, 8, 16, 32), "first", (32, 64), [2.0, 2.0], "pairs"),  # VAE decoder
+    (Op("nearest-exact", 2), torch.bfloat16, (2, 32, 5, 3), "last", (10, 6), [2.0, 2.0], "repeat"),
+    (Op("nearest", 2), torch.uint8, (1, 16, 3, 16), "last", (6, 32), None, "repeat"),
+    (Op("nearest", 2), torch.uint8, (2, 3, 3, 16), "first", (6, 32), None, "pairs"),
+    (Op("nearest", 1), torch.float32, (2, 4, 8), "first", (16,), [2.0], "pairs"),
+    (Op("nearest-exact", 1), torch.float16, (3, 1, 16), "first", (16,), None, "repeat"),  # the same size: a copy
+    (Op("nearest", 3), torch.float32, (1, 4, 2, 3, 8), "first", (4, 6, 16), None, "pairs"),
+    (Op("nearest-exact", 3), torch.float32, (1, 4, 2, 3, 2), "last", (8, 12, 8), None, "repeat"),  # 64 copies
+    (Op("nearest", 2), torch.float32, (1, 2, 4, 8), "first", (8, 8), [2.0, 1.0], "repeat"),  # heights only
+    (Op("nearest", 2), torch.float32, (1, 2, 3, 8), "first", (12, 16), None, "pairs"),  # 4x the height
+    (Op("nearest", 2), torch.float32, (1, 8, 3, 3), "last", (6, 6), [2.1, 2.1], "repeat"),  # nearest_idx halves
+    (Op("nearest", 2), torch.float32, (1, 2, 3, 8), "first", (6, 16), [2.1, 2.1], "pairs"),  # so does <= 128
+    (Op("nearest", 2), torch.float32, (1, 2, 3, 64), "first", (6, 128), [2.1, 2.1], None),  # floor(o / 2.1)
+    (Op("nearest-exact", 2), torch.float32, (1, 8, 3, 3), "last", (6, 6), [2.1, 2.1], None),
+    (Op("nearest", 2), torch.float32, (1, 2, 4, 8), "one in", (8, 16), None, None),  # misaligned
+    (Op("nearest", 2), torch.bfloat16, (1, 2, 4, 6), "first", (8, 12), None, None),  # a row of 6: not 4s
+    (Op("nearest", 2), torch.float32, (1, 8, 3, 5), "last", (9, 15), None, None),  # 3x
+    (Op("nearest", 2), torch.float32, (1, 2, 3, 8), "first", (6, 32), None, None),  # rows 4x
+    (Op("nearest", 3), torch.float32, (1, 4, 2, 3, 2), "last", (16, 12, 8), None, None),  # 128 copies
+    (Op("nearest", 2), torch.float32, (1, 6, 3, 3), "last", (6, 6), None, None),  # 6 channels: not 4s
+]
+
+
+@pytest.mark.parametrize("case", range(len(REPEATS)))
+def test_nearest_repeats_16_bytes_where_each_element_is_copied_a_power_of_two_times(device, case):
+    op, dtype, shape, where, size, scales, kind = REPEATS[case]
+    x = layout(values(shape, dtype, seed=case), where)
+    checks = mps_ext.sim.checked() if device == "cpu" else contextlib.nullcontext()
+    with checks:
+        got, names = run_on(device, lambda v: op(v, size, scales), x)
+    assert_same(got, op(x, size, scales))
+    want = op.forward_kernel(dtype) if kind is None else op.repeat_kernel(dtype, kind == "pairs")
+    assert names == [want], names
 
 
 @pytest.mark.parametrize("op", OPS, ids=str)
@@ -431,7 +493,8 @@ def check_backward(device, op, x, size, scales, align_corners, cotangent):
     float64 one within the rounding of its sums, ran the op's kernels, has the same bits every run, and the backward
     op lays it out as torch's does."""
     got, names = grad_of(device, op, x, size, scales, align_corners, cotangent)
-    assert names == [op.forward_kernel(x.dtype), op.backward_kernel(x.dtype)], names
+    assert len(names) == 2 and names[0] in op.forward_kernels(x.dtype), names
+    assert names[1] == op.backward_kernel(x.dtype), names
     ws = matrices(op, x.shape[2:], size, scales, align_corners)
     if op.family == "cubic" and list(x.shape[2:]) == list(size):
         ws = [torch.eye(n, dtype=torch.float64) for n in size]  # torch's bicubic backward copies, whatever the scales
@@ -599,7 +662,7 @@ def test_diffusers_vae_decoders_run_the_kernels(vae):
         got = model.decode(z).sample
         got.square().sum().backward()
     assert_close(got.detach(), want, scale=reduction_scale(torch.float32, 16))
-    assert {"upsample_nearest_exact_uint_2d", "upsample_backward_nearest_exact_float_2d", "attention_backward_dq_float_d32",
+    assert {"upsample_repeat_pairs_uint_2d", "upsample_backward_nearest_exact_float_2d", "attention_backward_dq_float_d32",
             "attention_backward_dkv_float_d32"} <= set(t.names), t.names
     stats = mps_ext.overrides.stats()
     assert stats["aten::_upsample_nearest_exact2d"]["hits"] >= 1

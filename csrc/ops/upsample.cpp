@@ -25,7 +25,9 @@
 #include <ATen/ops/upsample_trilinear3d_backward_meta_dispatch.h>
 #include <ATen/ops/upsample_trilinear3d_meta_dispatch.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 
 #include "backend.h"
@@ -186,14 +188,55 @@ bool upsample_vectorized(const at::Tensor& src, const at::Tensor& out, const Ups
   return out.size(fastest) % per == 0 && runs_aligned(out) && (!p.channels_inner || runs_aligned(src));
 }
 
+// The MSL type of a tensor's element size: nearest moves elements as their bytes.
+const char* element_bytes_type(const at::Tensor& t) {
+  const size_t es = t.element_size();
+  return es == 1 ? "uchar" : es == 2 ? "ushort" : "uint";
+}
+
+// The repeat kernels' plan (metal/upsample.metal): where every interpolated dimension's output index o reads
+// o >> k (torch's index arithmetic is exact there: the scale is 2^-k, or nearest_idx copies or halves), channels
+// first double a row at most, a load is stored at most 64 times, and every 16-byte run stored (and its half or
+// whole loaded) is aligned. Sets p's geometry to the input's positions and returns the kernel, else nullopt.
+std::optional<std::string> upsample_repeat_plan(const at::Tensor& src, const at::Tensor& out, UpsampleOp op,
+                                                UpsampleParams& p) {
+  const int64_t dims = op.dims, es = int64_t(out.element_size()), per = 16 / es;
+  uint32_t shifts[kUpsampleMaxInterpolated] = {}, copies_shift = 0;
+  for (int64_t l = 0; l < dims; ++l) {
+    const uint32_t in = p.in_size[l], factor = in ? p.out_size[l] / in : 0;
+    if (factor == 0 || p.out_size[l] != factor * in || (factor & (factor - 1)) != 0) return std::nullopt;
+    const bool halves = op.mode == kUpsampleNearest && p.nearest_idx && factor <= 2;
+    if (!halves && p.scale[l] != 1.0f / float(factor)) return std::nullopt;
+    while ((1u << shifts[l]) < factor) ++shifts[l];
+    copies_shift += shifts[l];
+  }
+  const uint32_t row_shift = p.channels_inner ? 0 : shifts[dims - 1];
+  if (row_shift > 1 || copies_shift - row_shift > 6) return std::nullopt;
+  const bool pairs = row_shift == 1;
+  const int64_t fastest = p.channels_inner ? 1 : dims + 1, loaded = pairs ? per / 2 : per;
+  auto runs_aligned = [&](const at::Tensor& t, int64_t run) {
+    if (t.stride(fastest) != 1 || t.size(fastest) % run != 0 || !aligned(t, uintptr_t(run * es))) return false;
+    for (int64_t d = 0; d < t.dim(); ++d)
+      if (d != fastest && t.size(d) > 1 && t.stride(d) % run != 0) return false;
+    return true;
+  };
+  if (!runs_aligned(src, loaded) || !runs_aligned(out, per)) return std::nullopt;
+  std::copy(std::begin(shifts), std::end(shifts), p.factor_shift);
+  p.repeat = uint32_t(p.channels_inner ? per : 1);
+  p.span = uint32_t(p.channels_inner ? 1 : loaded);
+  p.channel_groups = uint32_t(src.size(1) / p.repeat);
+  p.spans = uint32_t(src.size(dims + 1) / p.span);
+  int64_t threads = src.size(0) * p.channel_groups * p.spans;
+  for (int64_t d = 2; d < dims + 1; ++d) threads *= src.size(d);
+  p.threads = uint32_t(threads);
+  return std::string("upsample_repeat") + (pairs ? "_pairs_" : "_") + element_bytes_type(out) + "_" +
+         std::to_string(dims) + "d";
+}
+
 // The forward kernel: nearest moves elements as their bytes (the MSL type of that size), linear and cubic
 // compute in the tensor's type.
 std::string upsample_forward_kernel(UpsampleMode mode, const at::Tensor& self, int64_t dims) {
-  const int64_t es = int64_t(self.element_size());
-  const char* type = !upsample_nearest(mode) ? metal_type(self.scalar_type())
-                     : es == 1               ? "uchar"
-                     : es == 2               ? "ushort"
-                                             : "uint";
+  const char* type = upsample_nearest(mode) ? element_bytes_type(self) : metal_type(self.scalar_type());
   return std::string("upsample_") + upsample_mode_name(mode) + "_" + type + "_" + std::to_string(dims) + "d";
 }
 
@@ -245,7 +288,13 @@ at::Tensor upsample_kernels(const at::Tensor& self, UpsampleOp op, const Upsampl
   if (out.numel() == 0) return out;
   UpsampleParams p = *upsample_params(self.sizes(), out.sizes(), self, out, op, args,
                                       upsample_forward_uses_nearest_idx(self, out, op), true);
-  p.vectorized = upsample_nearest(op.mode) && upsample_vectorized(self, out, p);
+  if (upsample_nearest(op.mode)) {
+    if (const std::optional<std::string> kernel = upsample_repeat_plan(self, out, op, p)) {
+      upsample_dispatch(*kernel, self, out, p);
+      return out;
+    }
+    p.vectorized = upsample_vectorized(self, out, p);
+  }
   upsample_dispatch(upsample_forward_kernel(op.mode, self, op.dims), self, out, p);
   return out;
 }

@@ -791,6 +791,14 @@ def upsample_small():
                       for mode in ("nearest", "nearest-exact", *smooth[dims])]
         cases += [upsample_case((2, 5, 5, 7), (10, 14), "nearest-exact", dt, channels_last=True),
                   upsample_case((1, 6, 3, 5, 4), (5, 9, 7), "trilinear", dt, channels_last=True)]
+    # Each element copied 2^k times along every dimension, 16-byte runs aligned: the repeat kernels, a row doubled
+    # inside each run where channels come first (the same size in 1-D: a copy), 16 channels a run channels last.
+    for dt in (torch.uint8, BF16, F32):
+        cases += [upsample_case((2, 3, 16), (32,), "nearest-exact", dt), upsample_case((2, 3, 16), (16,), "nearest", dt),
+                  upsample_case((2, 3, 3, 16), (6, 32), "nearest", dt),
+                  upsample_case((2, 16, 3, 5), (6, 10), "nearest-exact", dt, channels_last=True),
+                  upsample_case((1, 3, 2, 3, 16), (4, 6, 32), "nearest-exact", dt),
+                  upsample_case((1, 16, 2, 3, 3), (8, 6, 6), "nearest", dt, channels_last=True)]
     return cases
 
 

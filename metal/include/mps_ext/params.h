@@ -235,9 +235,16 @@ struct UpsampleParams {
   // with nearest_idx or nearest_exact_idx (its channels-last forward kernels,
   // every backward), 0 where with its generic forward kernel's helpers.
   mps_ext_u32 nearest_idx;
-  mps_ext_u32 threads;  // batch * channel_groups * the written tensor's spatial sizes
+  // batch * channel_groups * the written tensor's spatial sizes (the repeat
+  // kernels: src's, with spans along its last)
+  mps_ext_u32 threads;
+  // nearest forward's repeat kernels: output index o of dimension l reads
+  // o >> factor_shift[l], so each input element is written 2^factor_shift[l]
+  // times along it; the threads take the input's positions (in_size)
+  mps_ext_u32 factor_shift[kUpsampleMaxInterpolated];
+  mps_ext_u32 padding;
 };
-static_assert(sizeof(UpsampleParams) == 136, "UpsampleParams layout");
+static_assert(sizeof(UpsampleParams) == 152, "UpsampleParams layout");
 
 // Dropout (metal/dropout.metal) over `numel` elements in memory order, four
 // per thread. Element i is kept iff word i % 4 of Philox4x32-10 at counter

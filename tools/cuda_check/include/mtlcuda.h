@@ -171,6 +171,9 @@ struct alignas(mtlcuda::vec_align(sizeof(T), N)) vec : mtlcuda::fields<T, N> {
   MTLCUDA_FN vec(T a, T b) { static_assert(N == 2); this->x = a; this->y = b; }
   MTLCUDA_FN vec(T a, T b, T c) { static_assert(N == 3); this->x = a; this->y = b; this->z = c; }
   MTLCUDA_FN vec(T a, T b, T c, T d) { static_assert(N == 4); this->x = a; this->y = b; this->z = c; this->w = d; }
+  // MSL's uint4(uint2, uint2): a vector from its two halves.
+  template <int M = N, std::enable_if_t<M == 4, int> = 0>
+  MTLCUDA_FN vec(const vec<T, 2>& lo, const vec<T, 2>& hi) { this->x = lo.x; this->y = lo.y; this->z = hi.x; this->w = hi.y; }
   template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
   MTLCUDA_FN explicit vec(const vec<U, N>& o) {
     const vec<U, N> whole(o);  // one access of o's width (vcopy), as Metal loads a vector, then converted
