@@ -5,12 +5,15 @@
 //
 // - forward (pad_<mode>_<bytes>): moves elements as their bytes, so one
 //   kernel per element size serves every dtype (bool and uint8 to
-//   complex128). Each thread writes 16 bytes of an output row: one 16-byte
-//   load and store where the chunk lies inside the input and both are
-//   aligned (a frame padded along time, a row padded on the left by a
-//   multiple of 16 bytes), element by element otherwise. Every output byte
-//   is written once, every input byte read once (twice or three times in
-//   reflected and replicated borders).
+//   complex128). Each thread writes 16 bytes of the output in memory order,
+//   one aligned store whatever the row length; where they lie inside one
+//   input row, it reads them with one 16-byte load, or two aligned loads
+//   shifted into place where the padding before the row is not a multiple
+//   of 16 bytes (a causal convolution's one-pixel border); element by
+//   element at the rows' ends and in the borders. Every output byte is
+//   written once, every input byte read once (twice or three times in
+//   reflected and replicated borders, and by the neighbouring thread's
+//   shifted load).
 // - backward (pad_backward_<mode>_<type>): one thread per element of the
 //   input's gradient gathers every output position that reads it (up to
 //   three ranges per dimension: itself, and its mirror images or the border
@@ -19,6 +22,7 @@
 #include <metal_stdlib>
 
 #include "mps_ext/params.h"
+#include "mps_ext/unroll.h"
 
 using namespace metal;
 using mps_ext::PadParams;
@@ -44,48 +48,156 @@ inline bool source_index(int o, int size, int before, thread int& i) {
   return true;
 }
 
+// Where an output row reads src: the offset of its input row, and (constant
+// mode) whether it has one, else it lies in the padding and holds the fill.
+struct RowSource {
+  ulong base;
+  bool inside;
+};
+
+template <uint Mode>
+inline RowSource row_source(constant PadParams& p, uint row) {
+  RowSource r = {0, true};
+  for (uint d = p.dims - 1; d-- > 0;) {
+    int i;
+    r.inside = source_index<Mode>(int(row % p.out_size[d]), int(p.in_size[d]), p.before[d], i) && r.inside;
+    r.base += ulong(i) * p.src_stride[d];
+    row /= p.out_size[d];
+  }
+  return r;
+}
+
+// Bytes [shift, shift + 16) of a followed by b (0 < shift < 16): a run that
+// starts between two aligned chunks.
+inline uint4 shifted(uint4 a, uint4 b, uint shift) {
+  const uint words = shift / 4, bits = shift % 4 * 8;
+  const uint4 lo = words == 0   ? a
+                   : words == 1 ? uint4(a.y, a.z, a.w, b.x)
+                   : words == 2 ? uint4(a.z, a.w, b.x, b.y)
+                                : uint4(a.w, b.x, b.y, b.z);
+  const uint4 hi = words == 0   ? uint4(a.y, a.z, a.w, b.x)
+                   : words == 1 ? uint4(a.z, a.w, b.x, b.y)
+                   : words == 2 ? uint4(a.w, b.x, b.y, b.z)
+                                : b;
+  return bits == 0 ? lo : lo >> bits | hi << (32 - bits);
+}
+
+// Elements [start, start + kPer) of a 16-byte aligned input row of `width`
+// (start >= 0, start + kPer <= width): one aligned load, or the two aligned
+// chunks around them where both lie inside the row; false where not.
+template <typename T>
+inline bool load_run(device const T* row, int start, int width, thread uint4& v) {
+  constexpr int kPer = 16 / sizeof(T);
+  const int lo = start & ~(kPer - 1);
+  device const uint4* at = reinterpret_cast<device const uint4*>(row + lo);
+  if (start == lo) {
+    v = at[0];
+    return true;
+  }
+  if (lo + 2 * kPer > width) return false;
+  v = shifted(at[0], at[1], uint(start - lo) * sizeof(T));
+  return true;
+}
+
+// Element k of a 16-byte chunk, by the elements' size, as bits: with k a
+// constant (the loops over a chunk unroll) the chunk stays in registers,
+// where a thread array of sub-word elements would not.
+template <uint Size>
+struct Chunk {  // 1 and 2 bytes: a part of a word
+  static constant constexpr uint kBits = Size * 8, kPerWord = 4 / Size;
+  template <typename T>
+  static void set(thread uint4& chunk, uint k, T v) {
+    const uint word = k / kPerWord, shift = k % kPerWord * kBits;
+    chunk[word] = (chunk[word] & ~(((1u << kBits) - 1) << shift)) | uint(v) << shift;
+  }
+  template <typename T>
+  static T get(uint4 chunk, uint k) {
+    return T(chunk[k / kPerWord] >> (k % kPerWord * kBits));
+  }
+};
+template <>
+struct Chunk<4> {
+  template <typename T>
+  static void set(thread uint4& chunk, uint k, T v) {
+    chunk[k] = as_type<uint>(v);
+  }
+  template <typename T>
+  static T get(uint4 chunk, uint k) {
+    return as_type<T>(chunk[k]);
+  }
+};
+template <>
+struct Chunk<8> {
+  template <typename T>
+  static void set(thread uint4& chunk, uint k, T v) {
+    const uint2 w = as_type<uint2>(v);
+    chunk[2 * k] = w.x;
+    chunk[2 * k + 1] = w.y;
+  }
+  template <typename T>
+  static T get(uint4 chunk, uint k) {
+    return as_type<T>(uint2(chunk[2 * k], chunk[2 * k + 1]));
+  }
+};
+template <>
+struct Chunk<16> {
+  template <typename T>
+  static void set(thread uint4& chunk, uint, T v) {
+    chunk = as_type<uint4>(v);
+  }
+  template <typename T>
+  static T get(uint4 chunk, uint) {
+    return as_type<T>(chunk);
+  }
+};
+
+// Each thread writes 16 bytes of the output in memory order (aligned where
+// the output is, whatever its row length), across rows where its chunk
+// does.
 template <typename T, uint Mode>
 kernel void pad_forward(device const T* src [[buffer(0)]], device T* out [[buffer(1)]],
                         constant PadParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
   constexpr uint kPer = 16 / sizeof(T);
   if (t >= p.threads) return;
-  const uint last = p.dims - 1, row = t / p.chunks, first = t % p.chunks * kPer;
-  // The row's offset in src; in constant mode, a row in the padding holds only the fill.
-  ulong base = 0;
-  bool inside = true;
-  for (uint d = last, r = row; d-- > 0;) {
-    int i;
-    inside = source_index<Mode>(int(r % p.out_size[d]), int(p.in_size[d]), p.before[d], i) && inside;
-    base += ulong(i) * p.src_stride[d];
-    r /= p.out_size[d];
+  const uint last = p.dims - 1, width_out = p.out_size[last];
+  const ulong first = ulong(t) * kPer;
+  const uint count = uint(min(ulong(kPer), p.out_numel - first));
+  // 64-bit division only where the output's offsets need it: it is many instructions on the GPU.
+  uint row, col;
+  if (p.out_numel <= ulong(0xffffffffu)) {
+    row = uint(first) / width_out;
+    col = uint(first) % width_out;
+  } else {
+    row = uint(first / width_out);
+    col = uint(first % width_out);
   }
-  const T fill = *reinterpret_cast<constant const T*>(p.fill);
-  const int width = int(p.in_size[last]), before = p.before[last];
-  const uint count = min(kPer, p.out_size[last] - first);
-  device T* dst = out + ulong(row) * p.out_size[last] + first;
-  const int start = int(first) - before;  // the input index of the chunk's first element, inside the input
-  if (p.src_vectorized && count == kPer && inside && start >= 0 && start + int(kPer) <= width) {
-    const uint4 v = *reinterpret_cast<device const uint4*>(src + base + uint(start));
-    if (p.out_vectorized) {
-      *reinterpret_cast<device uint4*>(dst) = v;
-      return;
+  RowSource r = row_source<Mode>(p, row);
+  const int width = int(p.in_size[last]), before = p.before[last], start = int(col) - before;
+  uint4 chunk = uint4(0);  // the elements, gathered where a 16-byte store can take them
+  bool loaded = p.src_vectorized && count == kPer && col + kPer <= width_out && r.inside && start >= 0 &&
+                start + int(kPer) <= width;
+  if (loaded) loaded = load_run(src + r.base, start, width, chunk);
+  if (!loaded) {
+    const T fill = *reinterpret_cast<constant const T*>(p.fill);
+    MPS_EXT_UNROLL
+    for (uint k = 0; k < kPer; ++k, ++col) {
+      if (k < count && col == width_out) {
+        col = 0;
+        r = row_source<Mode>(p, ++row);
+      }
+      int i;
+      const bool has = k < count && r.inside && source_index<Mode>(int(col), width, before, i);
+      Chunk<sizeof(T)>::set(chunk, k, has ? src[r.base + ulong(i) * p.src_stride[last]] : fill);
     }
-    const thread T* e = reinterpret_cast<const thread T*>(&v);
-    for (uint k = 0; k < kPer; ++k) dst[k] = e[k];
-    return;
   }
-  uint4 chunk;  // the elements, gathered where a 16-byte store can take them
-  thread T* values = reinterpret_cast<thread T*>(&chunk);
-  for (uint k = 0; k < kPer; ++k) {
-    int i;
-    const bool has = k < count && inside && source_index<Mode>(int(first + k), width, before, i);
-    values[k] = has ? src[base + ulong(i) * p.src_stride[last]] : fill;
-  }
+  device T* dst = out + first;
   if (p.out_vectorized && count == kPer) {
     *reinterpret_cast<device uint4*>(dst) = chunk;
     return;
   }
-  for (uint k = 0; k < count; ++k) dst[k] = values[k];
+  MPS_EXT_UNROLL
+  for (uint k = 0; k < kPer; ++k)
+    if (k < count) dst[k] = Chunk<sizeof(T)>::template get<T>(chunk, k);
 }
 
 // The output positions [start, start + count) along a dimension that read

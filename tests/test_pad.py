@@ -4,6 +4,7 @@ layout, over views, negative pads, empty inputs and the 5-D shapes MPSGraph corr
 backward within the dtype's tolerance and the same bits every run; torch's errors for what torch rejects; opcheck
 and the meta kernels' shapes and strides."""
 
+import contextlib
 import random
 import threading
 
@@ -155,12 +156,26 @@ def test_the_5d_frames_mpsgraph_overwrites(device, mode, dtype):
     check_forward(device, x, pad, mode)
 
 
-def test_rows_vectorized_or_not(device):
-    # 16-byte chunks where a row's padding keeps them aligned (4 floats before), element by element where it
-    # does not (1 before), rows of odd length, and a chunk that straddles the input's end.
-    for before, width in [(4, 64), (1, 64), (4, 61), (0, 13), (8, 7)]:
-        check_forward(device, values((3, width), torch.float32), (before, 5))
-        check_forward(device, values((3, width), torch.float16), (before * 2, 3), "replicate")
+def test_rows_of_any_length_and_padding(device):
+    # Each thread writes 16 bytes of the output in memory order, whatever the rows' length (shorter than 16 bytes
+    # too: a chunk then spans rows). It reads them with one aligned load, or two shifted into place where the
+    # padding before a row is not a multiple of 16 bytes, element by element at the rows' ends, in the borders and
+    # where the input is not aligned; in the simulator's checked mode, so no load strays past its row.
+    checks = mps_ext.sim.checked() if device == "cpu" else contextlib.nullcontext()
+    with checks:
+        for dtype in (torch.uint8, torch.float16, torch.float32, torch.float64):
+            per = 16 // dtype.itemsize
+            for before in range(per + 1):
+                for width in (4 * per, 4 * per + 3, 3):
+                    x = values((3, width), dtype, seed=before)
+                    check_forward(device, x, (before, 5))
+                    check_forward(device, x, (before, 2), "replicate")
+            one_in = values((3 * 4 * per + 1,), dtype)[1:].view(3, 4 * per)
+            check_forward(device, one_in, (1, 1))
+            check_forward(device, one_in, (per, 0))
+        # A causal 3-D convolution's border: one pixel around each frame, two frames before.
+        check_forward(device, values((1, 2, 3, 8, 24), torch.bfloat16), (1, 1, 1, 1, 2, 0))
+        check_forward(device, values((1, 2, 3, 8, 24), torch.bfloat16), (1, 1, 1, 1, 2, 0), "replicate")
 
 
 @pytest.mark.parametrize("mode", list(SHAPES))

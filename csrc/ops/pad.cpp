@@ -123,13 +123,13 @@ PadParams params_of(const KernelDims& k) {
   return p;
 }
 
-// The forward kernel's threads (rows x 16-byte chunks of each), or 0 past what a 32-bit grid holds.
-uint32_t forward_threads(const KernelDims& k, int64_t element_size, uint32_t* chunks) {
-  const int64_t per = 16 / element_size, last = k.out.back();
-  const int64_t rows = std::accumulate(k.out.begin(), k.out.end() - 1, int64_t(1), std::multiplies<int64_t>());
-  *chunks = uint32_t((last + per - 1) / per);
-  const int64_t threads = rows * *chunks;
-  return threads > int64_t(std::numeric_limits<uint32_t>::max()) - kPadThreadsPerGroup ? 0 : uint32_t(threads);
+// The forward kernel's threads (the output's 16-byte chunks), or 0 past what a 32-bit grid, and its 32-bit row
+// index, hold.
+uint32_t forward_threads(const KernelDims& k, int64_t element_size) {
+  const int64_t per = 16 / element_size;
+  const int64_t numel = std::accumulate(k.out.begin(), k.out.end(), int64_t(1), std::multiplies<int64_t>());
+  const int64_t threads = (numel + per - 1) / per, limit = int64_t(std::numeric_limits<uint32_t>::max());
+  return threads > limit - kPadThreadsPerGroup || numel / k.out.back() > limit ? 0 : uint32_t(threads);
 }
 
 // A kernel's name for an element size: the MSL type of that size (the kernels move bytes).
@@ -162,8 +162,7 @@ std::optional<std::string> pad_unsupported(const at::Tensor& self, c10::IntArray
   if (like.numel() == 0) return std::nullopt;  // nothing to launch
   const std::optional<KernelDims> k = kernel_dims(self, *s, self, like);
   if (!k) return std::string("more than ") + std::to_string(kPadMaxDims) + " dimensions or sizes past 2^31";
-  uint32_t chunks = 0;
-  if (!forward_threads(*k, es, &chunks)) return std::string("more than 2^32 chunks");
+  if (!forward_threads(*k, es)) return std::string("more than 2^32 chunks");
   return std::nullopt;
 }
 
@@ -177,11 +176,12 @@ at::Tensor pad_kernels(const at::Tensor& self, c10::IntArrayRef pad, PadOp op, c
   PadParams p = params_of(k);
   std::memcpy(p.fill, fill.data_ptr(), size_t(fill.element_size()));
   const int64_t es = int64_t(self.element_size()), per = 16 / es;
-  p.threads = forward_threads(k, es, &p.chunks);
-  bool strides16 = k.src_stride.back() == 1 && k.before.back() % per == 0;
+  p.out_numel = uint64_t(out.numel());
+  p.threads = forward_threads(k, es);
+  bool strides16 = k.src_stride.back() == 1;
   for (size_t d = 0; d + 1 < k.in.size(); ++d) strides16 = strides16 && k.src_stride[d] % per == 0;
   p.src_vectorized = self.numel() && strides16 && aligned16(self);
-  p.out_vectorized = k.out.back() % per == 0 && aligned16(out);
+  p.out_vectorized = aligned16(out);
   // An empty input is never read (every output element is the fill): the output stands in for it.
   dispatch(Launch{forward_kernel(op.mode, es), {}, {ceil_div(p.threads, kPadThreadsPerGroup)}, {kPadThreadsPerGroup}}
                .tensor(self.numel() ? self : out)

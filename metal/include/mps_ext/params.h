@@ -175,14 +175,14 @@ enum PadMode : mps_ext_u32 { kPadConstant = 0, kPadReflect = 1, kPadReplicate = 
 struct PadParams {
   mps_ext_u64 src_stride[kPadMaxDims];
   mps_ext_u64 fill[2];  // constant: the value's bytes, cast to the element type as torch fills
+  mps_ext_u64 out_numel;  // forward: the output's elements
   mps_ext_u32 in_size[kPadMaxDims];
   mps_ext_u32 out_size[kPadMaxDims];
   mps_ext_i32 before[kPadMaxDims];
   mps_ext_u32 dims;
-  mps_ext_u32 threads;  // forward: rows x chunks of 16 bytes of each; backward: elements of the gradient
-  mps_ext_u32 chunks;   // forward: 16-byte chunks of an output row (the last dimension)
-  mps_ext_u32 src_vectorized;  // forward: src's rows (last dimension contiguous) and chunks 16-byte aligned
-  mps_ext_u32 out_vectorized;  // forward: the output's rows 16-byte aligned
+  mps_ext_u32 threads;  // forward: the output's 16-byte chunks; backward: elements of the gradient
+  mps_ext_u32 src_vectorized;  // forward: src's rows (last dimension contiguous) 16-byte aligned
+  mps_ext_u32 out_vectorized;  // forward: the output 16-byte aligned
 };
 static_assert(sizeof(PadParams) == 160, "PadParams layout");
 
