@@ -16,19 +16,10 @@ import torch
 import torch.nn.functional as F
 
 import mps_ext
+from _attention_cases import DECODE, MODELS, PREFILL, TRAINING
 from _common import TIMING, Column, compare, main, peak_gbps
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-# (model, query heads, KV heads, head dim, value head dim, sinks)
-MODELS = [("llama-3-8b", 32, 8, 128, 128, False), ("qwen3-8b", 32, 8, 128, 128, False),
-          ("mistral-7b", 32, 8, 128, 128, False), ("gemma-2-9b", 16, 8, 256, 256, False),
-          ("phi-3-mini", 32, 32, 96, 96, False), ("gpt-oss-20b", 64, 8, 64, 64, True),
-          ("mla 192/128", 16, 16, 192, 128, False)]
-# (batch, query rows, keys)
-DECODE = [(1, 1, 512), (1, 1, 4096), (1, 1, 32768), (4, 1, 4096), (1, 4, 4096)]
-PREFILL = [512, 4096]
-TRAINING = [("llama-3-8b", 2048)]
-
 TITLE = "attention as LLMs and their training call it"
 COLUMNS = [Column("case", "case", "", 34), Column("dtype", "dtype", "", 5), *TIMING]
 

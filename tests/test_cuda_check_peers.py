@@ -52,8 +52,18 @@ def _small(case):
             "softmax": lambda rows, cols: (min(rows, 3), cols),
             "pad": lambda shape, pad, mode: (_shrunk(shape), tuple(min(p, 3) for p in pad), mode),
             "upsample": lambda shape, size, mode, cl: (_shrunk(shape), _shrunk(size, shape), mode, cl),
-            "dropout": lambda shape, p, call: (_shrunk(shape), p, call)}[case.family](*case.dims)
+            "dropout": lambda shape, p, call: (_shrunk(shape), p, call),
+            "attention": _small_attention}[case.family](*case.dims)
     return dataclasses.replace(case, dims=dims)
+
+
+def _small_attention(heads, kv_heads, dim, v_dim, sinks, batch, rows, keys, causal):
+    """Attention keeping what the hosts route by: the GQA factor, head dims, sinks, batch, query rows, and the
+    decode's key length (MLX's passes and blocks, ggml's SIMD groups); one or two KV heads, prefill 64 long."""
+    kv = min(kv_heads, 2)
+    if rows > 8:
+        rows = keys = 64
+    return heads // kv_heads * kv, kv, dim, v_dim, sinks, batch, rows, keys, causal
 
 
 def _shrunk(dims, like=None):
@@ -70,9 +80,10 @@ def test_case_list_is_the_reports(tool):
     cases = peer_cases.cases()
     counts = {f: sum(c.family == f for c in cases) for f in peer_report.TABLES}
     # 4 Llama-3-8B shapes x m=1,4 (x bf16, fp16 for GEMV); 2 expert shapes x 5 token counts; 6 gpt-oss cases;
-    # 5 softmax shapes x fp32, bf16; 6 pad and 6 interpolation cases; 3 dropout shapes, forward and backward.
+    # 5 softmax shapes x fp32, bf16; 6 pad and 6 interpolation cases; 3 dropout shapes, forward and backward;
+    # attention: 5 shapes (Llama-3-8B, Qwen3-8B and Mistral-7B share one) x 5 decode cases, 2 prefill models x 2.
     assert counts == {"gemv": 16, "fp8": 8, "moe": 10, "moe_fp8": 10, "moe_kn": 6, "softmax": 10, "pad": 6,
-                      "upsample": 6, "dropout": 6}
+                      "upsample": 6, "dropout": 6, "attention": 29}
     assert len({(c.family, c.name) for c in cases}) == len(cases)
 
 
@@ -96,7 +107,7 @@ def _build_all(peer_cases, monkeypatch):
     monkeypatch.setattr(peer_cases, "our_plan", recorded)
     built = {}
     for case in peer_cases.cases():
-        if case.family in ("gemv", "moe", "softmax") and not (PEERS / "ggml").is_dir():
+        if case.family in ("gemv", "moe", "softmax", "attention") and not (PEERS / "ggml").is_dir():
             continue  # ggml's argument structs come from its sources
         planned.clear()
         built[case.family, case.name] = (peer_cases.implementations(_small(case), ggml, rotate=1 << 16),
@@ -112,7 +123,8 @@ def test_ours_come_from_our_plan(built):
         ours = [i for i in impls if i.name in ("ours", "bf16")]
         assert [launches for i in ours for launches in i.runs] == [launches for launches, _ in planned], name
         kernels = {l.kernel.split("_")[0] for i in ours for l in i.runs[0]}
-        assert kernels <= {"gemv", "fp8", "grouped", "softmax", "pad", "upsample", "dropout"}, (name, kernels)
+        assert kernels <= {"gemv", "fp8", "grouped", "softmax", "pad", "upsample", "dropout", "attention"}, \
+            (name, kernels)
 
 
 def test_our_plan_is_the_hosts_bound_to_the_cases_own_tensors(tool):
@@ -139,7 +151,7 @@ def test_peer_kernels_are_built(built, tmp_path):
     used = set()
     for (family, name), (impls, _) in built.items():
         for impl in impls:
-            if impl.name in ("ggml", "mlx"):
+            if impl.name in ("ggml", "mlx") and not impl.not_applicable:
                 for l in impl.runs[0]:
                     module, host = l.kernel.split("/")
                     assert host in hosts[module], (name, l.kernel)
@@ -152,7 +164,7 @@ def test_references_are_what_torch_computes(built):
     # against, in the reference's row order (MoE rows sorted by expert are put back).
     for (family, name), (impls, _) in built.items():
         for impl in impls:
-            if impl.name == "torch":
+            if impl.name == "torch" and not impl.not_applicable:
                 impl.runs[0]()
                 out = impl.output()
                 assert out.shape == impl.ref.shape, name
@@ -218,3 +230,68 @@ def test_nvcc_compiles_peer_translation(tmp_path):
     built = _tool("cuda").build(modules, tmp_path, log=lambda *_: None, check_only=True)
     assert sorted(built) == sorted(m.name for m in modules)
     assert all(p.stat().st_size > 0 for p in built.values())
+
+
+def test_attention_cases_are_the_benchmarks(tool):
+    # One list for both: bench_attention.py (torch's MPS SDPA on a Mac) and the peers tool.
+    peer_cases = tool[0]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import _attention_cases
+    import bench_attention
+
+    assert (bench_attention.MODELS, bench_attention.DECODE, bench_attention.PREFILL) == \
+        (_attention_cases.MODELS, _attention_cases.DECODE, _attention_cases.PREFILL)
+    attention = [c for c in peer_cases.cases() if c.family == "attention"]
+    assert attention == _attention_cases.cases()
+    shapes = {c.dims[:5] for c in attention}
+    assert {m[1:] for m in _attention_cases.MODELS} == shapes  # every model's shape, each once
+    assert all(c.dtype == torch.bfloat16 for c in attention)
+
+
+def test_attention_routing_is_each_hosts(tool):
+    plans = _tool("peer_plans")
+    # MLX on an Ultra-class GPU: one pass below 1024 keys, else two with blocks by keys and query SIMD groups
+    # (GQA factor x query rows); steel_attention for prefill (BK 16 from head dim 128), its ops past d 192.
+    route = plans.mlx_attention_route
+    assert route(32, 8, 128, 128, 1, 512) == ("vector",)
+    assert route(32, 8, 128, 128, 1, 4096) == ("2pass", 128) == route(32, 8, 128, 128, 4, 4096)
+    assert route(32, 32, 96, 96, 1, 32768) == ("2pass", 256)  # 1 SIMD group per KV head
+    assert route(64, 8, 64, 64, 1, 32768) == ("2pass", 512)  # 8
+    assert route(16, 16, 192, 128, 1, 32768) == ("2pass", 256)
+    assert route(32, 8, 128, 128, 512, 512) == ("steel", 16) and route(64, 8, 64, 64, 4096, 4096) == ("steel", 32)
+    assert route(16, 8, 256, 256, 512, 512)[0] == "unfused"
+    # ggml: vec below 20 queries, SIMD groups doubled with the keys; bf16 has no tuned rows (one query per
+    # threadgroup, the baseline NE).
+    assert [plans.ggml_fa_vec_nsg(n) for n in (512, 4096, 32768)] == [1, 2, 4]
+    assert plans.ggml_fa_use_vec(128, 4) and not plans.ggml_fa_use_vec(128, 512)
+    assert plans.ggml_attention_unsupported(128, 128, 512) == plans.GGML_PREFILL_NOT
+
+
+def test_attention_peers_not_applicable_are_reported(built):
+    # Where a peer cannot express a case it is said so (never dropped): torch has no sinks; the prefill peers'
+    # simdgroup-matrix kernels are not on the proxy yet. Every decode case runs all three code bases.
+    for (family, name), (impls, _) in built.items():
+        if family != "attention":
+            continue
+        na = {i.name: i.not_applicable for i in impls if i.not_applicable}
+        assert {i.name for i in impls} == {"ours", "ggml", "mlx", "torch"}, name
+        assert ("torch" in na) == name.startswith("gpt-oss"), name
+        assert set(na) - {"torch"} == (set() if "decode" in name else {"ggml", "mlx"}), name
+
+
+def test_attention_table_names_what_is_not_applicable(tool):
+    peer_cases, peers, peer_report = tool
+    case = next(c for c in peer_cases.cases() if c.name == "gpt-oss-20b decode b1 q1 kv512")
+    Impl = peer_cases.Impl
+
+    def implementations(case):
+        return [Impl(n, [lambda: None], None, None, torch.bfloat16, 1_000_000) for n in ("ours", "ggml", "mlx")] + \
+            [peer_cases.not_applicable("torch", "no sinks")]
+
+    times, pass2 = {"ours": 4.0, "ggml": 8.0, "mlx": 5.0}, {"ours": 1.0, "ggml": 1.0, "mlx": 1.0}
+    rows = peers.run_passes([case], implementations, _fake_measure(times, set(), 3, pass2), log=lambda *a: None)
+    md = peer_report.render({"info": {"device": "H100", "sms": 132, "torch": "2.11", "cuda": "13.0",
+                                      "copy_gbs": 3000.0}, "cases": rows})
+    row = _row(md, "Attention", case.name)
+    assert row[4] == "n/a" and row[5] == "0.80 (MLX)"
+    assert f"- torch CUDA: no sinks ({case.name})" in md

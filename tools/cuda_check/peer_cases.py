@@ -1,5 +1,5 @@
-"""The cases of tools/cuda_check/peers.py (benchmarks/_decode_cases.py and _media_cases.py, the lists the Mac
-benchmarks time too) and, for each, its implementations: ours (our host's plan), the peers' (peer_plans.py), torch CUDA's, each
+"""The cases of tools/cuda_check/peers.py (benchmarks/_decode_cases.py, _media_cases.py and _attention_cases.py,
+the lists the Mac benchmarks time too) and, for each, its implementations: ours (our host's plan), the peers' (peer_plans.py), torch CUDA's, each
 with its inputs, a float64 reference and the bytes it must move.
 
 Inputs rotate: an implementation holds several input sets, enough to exceed ROTATE_BYTES (4x an H200's L2),
@@ -22,6 +22,7 @@ import replay
 from translate_cuda import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import _attention_cases  # noqa: E402
 import _decode_cases  # noqa: E402
 import _media_cases  # noqa: E402
 from _decode_cases import BF16, F32, Case  # noqa: E402
@@ -32,7 +33,7 @@ ROTATE_BYTES, MAX_SETS = 256 << 20, 16
 
 def cases() -> list[Case]:
     """docs/performance.md's cases, in its tables' order."""
-    return _decode_cases.cases() + _media_cases.cases()
+    return _decode_cases.cases() + _media_cases.cases() + _attention_cases.cases()
 
 
 def our_plan(op: Callable, *args):
@@ -60,6 +61,12 @@ class Impl:
     bytes: int
     note: str = ""
     poison: list = dataclasses.field(default_factory=list)
+    not_applicable: str = ""  # why this implementation cannot express the case (nothing runs)
+
+
+def not_applicable(name: str, why: str) -> Impl:
+    """A peer that cannot express a case: reported as such, never timed."""
+    return Impl(name, [], lambda: None, None, None, 0, not_applicable=why)
 
 
 def kernel_impl(name, planned: list[tuple], ref, nbytes, note="", order=None) -> Impl:
@@ -298,8 +305,117 @@ def dropout(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     return [ours, theirs]
 
 
+def attention_reference(q, k, v, sinks, causal: bool) -> torch.Tensor:
+    """float64 attention of (B, H, L, D) q over (B, KV, S, D) k, v (GQA: query head h reads KV head h // (H /
+    KV)), causal with torch's top-left alignment, sinks (gpt-oss's: one logit per query head, a key of value 0);
+    eight query heads at a time, so that a long prefill's scores fit."""
+    heads, rows, keys = q.shape[1], q.shape[2], k.shape[2]
+    group = heads // k.shape[1]
+    out = torch.empty(*q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
+    for h0 in range(0, heads, 8):
+        hs = slice(h0, min(h0 + 8, heads))
+        kv = torch.arange(hs.start, hs.stop, device=q.device) // group
+        scores = q[:, hs].double() @ k[:, kv].double().transpose(-2, -1) * q.shape[-1] ** -0.5
+        if causal:
+            scores.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+        if sinks is not None:
+            column = sinks[hs].double().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+            scores = torch.cat([scores, column], -1)
+        out[:, hs] = torch.softmax(scores, -1)[..., :keys] @ v[:, kv].double()
+    return out
+
+
+def attended(q, k, v, sinks, causal):
+    """The mps_ext op as transformers calls it (sinks: gpt-oss's)."""
+    return mps_ext.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.size(1) != k.size(1),
+                                                sinks=sinks)
+
+
+def torch_attention(q, k, v, causal):
+    """torch's F.scaled_dot_product_attention on its flash kernel (memory-efficient where the value head dim
+    differs, which flash does not take); on the CPU (tests) whichever backend torch picks."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    gqa = q.size(1) != k.size(1)
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+    backend = SDPBackend.FLASH_ATTENTION if q.size(-1) == v.size(-1) else SDPBackend.EFFICIENT_ATTENTION
+    with sdpa_kernel([backend]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
+
+def causal_mask16(rows: int, keys: int) -> torch.Tensor:
+    """llama.cpp's KQ mask for causal attention: float16, 0 where a row attends a key, -inf past it."""
+    mask = torch.zeros(rows, keys, dtype=torch.float16, device=cuda.DEV)
+    return mask.masked_fill_(torch.ones(rows, keys, dtype=torch.bool, device=cuda.DEV).triu(1), float("-inf"))
+
+
+def attention(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
+    """Scaled dot-product attention, bf16: decode (1 or 4 query rows over a KV cache) or causal prefill; GQA
+    where the KV heads are fewer; gpt-oss's sinks. Bytes: q, k, v and the output once."""
+    heads, kv_heads, dim, v_dim, sinks, b, q_len, keys, causal = case.dims
+    dtype = case.dtype
+    kv_bytes = b * kv_heads * keys * (dim + v_dim) * dtype.itemsize
+    sets = input_sets(kv_bytes + b * heads * q_len * dim * dtype.itemsize, rotate)
+    Q = [randn(b, heads, q_len, dim, dtype=dtype) for _ in sets]
+    K = [randn(b, kv_heads, keys, dim, dtype=dtype) for _ in sets]
+    V = [randn(b, kv_heads, keys, v_dim, dtype=dtype) for _ in sets]
+    S32 = randn(heads, scale=2.0, dtype=dtype).float() if sinks else None  # the same values for every peer
+    ref = attention_reference(Q[0], K[0], V[0], S32, causal)
+    out_bytes = b * heads * q_len * v_dim * dtype.itemsize
+    nbytes = kv_bytes + Q[0].numel() * dtype.itemsize + out_bytes
+    impls = [kernel_impl("ours", [our_plan(attended, Q[s], K[s], V[s], S32, causal) for s in sets], ref, nbytes,
+                         "decode" if q_len <= 8 else "prefill")]
+    impls.append(ggml_attention(ggml, Q, K, V, S32, causal, ref, nbytes + (Q[0].numel() + ref.numel()) * 2))
+    impls.append(mlx_attention(Q, K, V, S32, ref, nbytes))
+    if sinks:
+        impls.append(not_applicable("torch", "F.scaled_dot_product_attention has no sinks"))
+    else:
+        note = "flash" if dim == v_dim else "memory-efficient (flash needs equal head dims)"
+        impls.append(torch_impl([lambda s=s: torch_attention(Q[s], K[s], V[s], causal) for s in sets], ref, dtype,
+                                nbytes, f"F.scaled_dot_product_attention, {note}"))
+    return impls
+
+
+def ggml_attention(ggml, Q, K, V, S32, causal, ref, nbytes) -> Impl:
+    """ggml's flash_attn_ext (vec below 20 query rows): float32 queries and output, the output in ggml's (B, L,
+    H, V) order; causality as llama.cpp gives it, a float16 mask."""
+    (b, heads, q_len, dim), v_dim, keys = Q[0].shape, V[0].shape[-1], K[0].shape[2]
+    why = peer_plans.ggml_attention_unsupported(dim, v_dim, q_len)
+    if why:
+        return not_applicable("ggml", why)
+    mask = causal_mask16(q_len, keys) if causal else None
+    Q32 = [q.float() for q in Q]
+    O = [torch.empty(b, q_len, heads, v_dim, device=cuda.DEV) for _ in Q]
+    scratch = [torch.empty(ggml.scratch_bytes(b, heads, q_len, keys, dim, v_dim), dtype=torch.uint8, device=cuda.DEV)
+               for _ in Q]
+    runs = [ggml.flash_attn(Q32[s], K[s], V[s], O[s], S32, mask, scratch[s]) for s in range(len(Q))]
+    note = ("flash_attn_ext_vec" if peer_plans.ggml_fa_use_vec(dim, q_len) else "flash_attn_ext, a causal f16 mask") \
+        + "; f32 queries and output"
+    return Impl("ggml", runs, lambda: O[0].transpose(1, 2), ref, BF16, nbytes, note, [O[0]])
+
+
+def mlx_attention(Q, K, V, S32, ref, nbytes) -> Impl:
+    """MLX's sdpa_vector (1- or 2-pass, as its host routes) or steel_attention (prefill, the output in MLX's (B,
+    L, H, V) layout)."""
+    (b, heads, q_len, dim), (kv_heads, keys), v_dim = Q[0].shape, K[0].shape[1:3], V[0].shape[-1]
+    route = peer_plans.mlx_attention_route(heads, kv_heads, dim, v_dim, q_len, keys)
+    if route[0] not in peer_plans.MLX_TRANSLATED:
+        return not_applicable("mlx", route[1] if route[0] == "unfused" else peer_plans.MLX_TRANSLATED_NOT[route[0]])
+    sinks = S32.to(Q[0].dtype) if S32 is not None else None  # MLX takes the sinks in q's dtype
+    if route[0] == "steel":
+        O = [torch.empty(b, q_len, heads, v_dim, dtype=Q[0].dtype, device=cuda.DEV).transpose(1, 2) for _ in Q]
+    else:
+        O = [torch.empty(b, heads, q_len, v_dim, dtype=Q[0].dtype, device=cuda.DEV) for _ in Q]
+    scratch = peer_plans.mlx_scratch(Q[0], v_dim, route[1], len(Q)) if route[0] == "2pass" else [None] * len(Q)
+    runs = [peer_plans.mlx_attention(Q[s], K[s], V[s], O[s], sinks, scratch[s]) for s in range(len(Q))]
+    note = {"vector": "sdpa_vector (1 pass)", "steel": "steel_attention"}.get(
+        route[0], f"sdpa_vector_2pass, {route[-1]} blocks")
+    return Impl("mlx", runs, lambda: O[0], ref, Q[0].dtype, nbytes, note, [O[0]])
+
+
 IMPLEMENTATIONS = {"gemv": gemv, "fp8": fp8, "moe": moe, "moe_fp8": moe_fp8, "moe_kn": moe_kn, "softmax": softmax,
-                   "pad": pad, "upsample": upsample, "dropout": dropout}
+                   "pad": pad, "upsample": upsample, "dropout": dropout, "attention": attention}
 
 
 def implementations(case: Case, ggml: peer_plans.Ggml, rotate: int = ROTATE_BYTES) -> list[Impl]:

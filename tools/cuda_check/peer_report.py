@@ -45,6 +45,14 @@ TABLES = {
                 "backward (the gradient and the mask read, the gradient written). Ours and torch's draw different "
                 "masks: each is checked on its own mask and for a plausible share kept.",
                 [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
+    "attention": ("Attention (`F.scaled_dot_product_attention`, bf16)",
+                  "Decode (1 or 4 query rows over a KV cache, no mask, GQA where the KV heads are fewer) and causal "
+                  "prefill; gpt-oss with its sinks. Llama-3-8B, Qwen3-8B and Mistral-7B attend alike (32 query heads "
+                  "over 8 KV heads of 128) and share their rows. GB/s counts q, k, v and the output once (ggml: f32 "
+                  "queries and output). Each implementation runs its own host's routing: MLX as on an Ultra-class "
+                  "GPU (1 pass below 1024 keys, else 2 passes with its block counts), ggml's vec kernel with the "
+                  "workgroups and SIMD groups its host sets for bf16.",
+                  [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
 }
 
 
@@ -55,7 +63,7 @@ def _first(rec) -> float | None:
 
 def cell(rec, copy_gbs: float) -> str:
     """`µs (% copy)` of pass 1, or why there is none."""
-    if rec is None:
+    if rec is None or "na" in rec:
         return "n/a"
     if "error" in rec:
         return "error"
@@ -89,7 +97,21 @@ def table(rows: list[dict], family: str, copy_gbs: float) -> list[str]:
         second = f"{second[1]:.1f}" if len(second) > 1 and second[1] else "n/a"
         lines.append("| " + " | ".join([r["name"], *(cell(impls.get(name), copy_gbs) for name, _ in columns),
                                          ratio(impls, over, titles), second]) + " |")
-    return lines + [""]
+    lines.append("")
+    return lines + not_applicable(rows, titles)
+
+
+def not_applicable(rows: list[dict], titles: dict) -> list[str]:
+    """The implementations a table shows as n/a and why, each reason once with the cases it covers."""
+    why: dict[tuple, list[str]] = {}
+    for r in rows:
+        for name, rec in r["impls"].items():
+            if "na" in rec:
+                why.setdefault((titles.get(name, name), rec["na"]), []).append(r["name"])
+    if not why:
+        return []
+    return ["Not applicable:", ""] + [f"- {title}: {reason} ({', '.join(cases)})"
+                                      for (title, reason), cases in why.items()] + [""]
 
 
 def spread(rows: list[dict], names=("ours",)) -> tuple[float, float] | None:

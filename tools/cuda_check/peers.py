@@ -95,7 +95,8 @@ def measure_on(launcher, reps: int, target_ms: float):
 
 def run_passes(cases, implementations, measure, passes=PASSES, log=log) -> list[dict]:
     """Every case's implementations, checked and timed in each of `passes` whole passes over the cases:
-    [{family, name, impls: {name: {bytes, note, kernels, threadgroups, ok, rel_err: [per pass], us: [...]}}}]."""
+    [{family, name, impls: {name: {bytes, note, kernels, threadgroups, ok, rel_err: [per pass], us: [...]}}}];
+    an implementation that cannot express its case: {na: why}."""
     rows = [{"family": c.family, "name": c.name, "impls": {}} for c in cases]
     for p in range(passes):
         log(f"pass {p + 1}:")
@@ -107,6 +108,9 @@ def run_passes(cases, implementations, measure, passes=PASSES, log=log) -> list[
                 row["error"] = f"{type(e).__name__}: {e}"
                 continue
             for impl in impls:
+                if impl.not_applicable:  # a peer that cannot express the case: said so, nothing runs
+                    row["impls"].setdefault(impl.name, {"na": impl.not_applicable, "ok": False, "us": []})
+                    continue
                 rec = row["impls"].setdefault(impl.name, {
                     "bytes": impl.bytes, "note": impl.note, "ok": True, "rel_err": [], "us": [],
                     "kernels": [l.kernel for l in impl.runs[0]] if not callable(impl.runs[0]) else [],

@@ -9,7 +9,11 @@
 //   declare (matrix, packed_char4) but these kernels never use.
 #pragma once
 
+#include <cfloat>
 #include <limits>
+
+// <metal_stdlib>'s largest finite half (ggml's attention kernels start running maxima from -MAXHALF).
+#define MAXHALF 65504.0f
 
 namespace metal {
 
@@ -46,6 +50,10 @@ MTLCUDA_FN vec<T, N> fmax(vec<T, N> a, vec<T, N> b) {  // by value, as mtlcuda.h
   return r;
 }
 
+namespace precise {
+MTLCUDA_FN float tanh(float x) { return ::tanhf(x); }
+}  // namespace precise
+
 namespace fast {
 MTLCUDA_FN float exp(float x) { return __expf(x); }
 template <class T, int N>
@@ -71,6 +79,13 @@ struct matrix {
 };
 
 }  // namespace metal
+
+// max and min of two halves or bfloats (simd_max over half scores): an exact match, found by argument-dependent
+// lookup, where float's overloads and CUDA's global ones would be ambiguous.
+template <class Tag>
+MTLCUDA_FN mtl_small_float<Tag> max(mtl_small_float<Tag> a, mtl_small_float<Tag> b) { return a < b ? b : a; }
+template <class Tag>
+MTLCUDA_FN mtl_small_float<Tag> min(mtl_small_float<Tag> a, mtl_small_float<Tag> b) { return b < a ? b : a; }
 
 typedef metal::vec<long, 2> mtl_long2;
 typedef metal::vec<long, 3> mtl_long3;
