@@ -51,7 +51,7 @@ SoftmaxPlan plan(const at::Tensor& input, int64_t dim, at::ScalarType out_dtype,
   const int64_t cols = input.dim() ? input.size(p.dim) : 1;
   int64_t inner = 1;
   for (int64_t k = p.dim + 1; k < input.dim(); ++k) inner *= input.size(k);
-  const int64_t outer = cols * inner ? input.numel() / (cols * inner) : 0;
+  const int64_t outer = cols * inner != 0 ? input.numel() / (cols * inner) : 0;
   p.move_dim_last = inner != 1 && outer * inner < kMinStridedColumns;
   if (p.move_dim_last) inner = 1;
   if (input.numel() == 0) return p;
