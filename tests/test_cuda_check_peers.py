@@ -8,6 +8,7 @@ import dataclasses
 import importlib
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -264,19 +265,97 @@ def test_attention_routing_is_each_hosts(tool):
     # threadgroup, the baseline NE).
     assert [plans.ggml_fa_vec_nsg(n) for n in (512, 4096, 32768)] == [1, 2, 4]
     assert plans.ggml_fa_use_vec(128, 4) and not plans.ggml_fa_use_vec(128, 512)
-    assert plans.ggml_attention_unsupported(128, 128, 512) == plans.GGML_PREFILL_NOT
+    # Prefill: the simdgroup-matrix kernel, for the head dims fa_f16.metal instantiates.
+    assert plans.ggml_attention_unsupported(128, 128, 512) is None is plans.ggml_attention_unsupported(64, 64, 4096)
+    assert "160/160" in plans.ggml_attention_unsupported(160, 160, 512)
+    assert {"vector", "2pass", "steel"} <= set(plans.MLX_TRANSLATED)
 
 
 def test_attention_peers_not_applicable_are_reported(built):
-    # Where a peer cannot express a case it is said so (never dropped): torch has no sinks; the prefill peers'
-    # simdgroup-matrix kernels are not on the proxy yet. Every decode case runs all three code bases.
+    # Where a peer cannot express a case it is said so (never dropped): torch has no sinks. Every case, decode
+    # and prefill, runs all three code bases.
     for (family, name), (impls, _) in built.items():
         if family != "attention":
             continue
         na = {i.name: i.not_applicable for i in impls if i.not_applicable}
         assert {i.name for i in impls} == {"ours", "ggml", "mlx", "torch"}, name
         assert ("torch" in na) == name.startswith("gpt-oss"), name
-        assert set(na) - {"torch"} == (set() if "decode" in name else {"ggml", "mlx"}), name
+        assert set(na) - {"torch"} == set(), (name, na)
+
+
+@needs_peers
+def test_attention_prefill_plans_are_the_hosts(built):
+    # The prefill peers as their hosts launch them (the small cases: 64 queries over 64 keys, causal).
+    # MLX (sdpa_full_self_attention_metal): steel_attention, BQ 32, BK 32 below head dim 128 else 16, WM 4 x WN 1
+    # SIMD groups, a threadgroup per 32 queries of each head; AttnParams with the output's (B, L, H, V) strides.
+    # ggml (ggml_metal_op_flash_attn_ext): the mask's block map (a threadgroup per 8 queries x 64 keys), then the
+    # kernel (8 queries a threadgroup, 4 SIMD groups below head dim 512, Q*(DK + 2*PAD(DV, 64) + 4*64) halfs of
+    # threadgroup memory).
+    import struct
+
+    seen = set()
+    for (family, name), (impls, _) in built.items():
+        if family != "attention" or "prefill" not in name:
+            continue
+        by = {i.name: i for i in impls}
+        mlx, ggml = by["mlx"].runs[0], by["ggml"].runs[0]
+        out = by["mlx"].output()
+        heads, rows, dim = out.shape[1], out.shape[2], out.shape[3]
+        bk = 32 if dim < 128 else 16
+        assert len(mlx) == 1 and mlx[0].kernel.endswith(f"steel_attention_bfloat16_bq32_bk{bk}_bd{dim}_wm4_wn1_maskbfloat16")
+        assert (mlx[0].grid, mlx[0].threads) == ((rows // 32, heads, 1), (32, 4, 1)), name
+        params = mlx[0].buffers[4].cpu().numpy().tobytes()
+        b, h, d, ql, kl, gqa, scale, nq, nk, nqa, nka, qrem, krem, qoff = struct.unpack("<6if7i", params[:56])
+        assert (b, h, d, ql, kl, nq, nk, nqa, nka, qrem, krem, qoff) == (1, heads, dim, rows, rows, rows // 32,
+                                                                             rows // bk, rows // 32, rows // bk, 0, 0, 0)
+        assert struct.unpack("<3q", params[56 + 72:56 + 96]) == out.stride()[:3] == (rows * heads * dim, dim, heads * dim)
+        blk, fa = ggml
+        assert blk.kernel.endswith("/kernel_flash_attn_ext_blk") and fa.kernel.endswith(f"_bf16_dk{dim}_dv{dim}")
+        assert (blk.grid, blk.threads) == ((rows // 64, rows // 8, 1), (32, 1, 1))
+        assert (fa.grid, fa.threads, fa.smem) == ((rows // 8, heads, 1), (32, 4, 1), 8 * (dim + 2 * -(-dim // 64) * 64 + 256) * 2)
+        seen.add(dim)
+    assert seen == {64, 128}
+
+
+def test_prefill_source_forms():
+    # The forms of ggml's prefill kernel and MLX's steel headers that nvcc does not take, as their equivalents.
+    forms = _tool("peer_sources").PeerTranslator.source_forms
+    assert forms("float M[NQ] = { [0 ... NQ-1] = -FLT_MAX/2 };") == \
+        "float M[NQ]; for (int mtlcuda_i = 0; mtlcuda_i < NQ; ++mtlcuda_i) M[mtlcuda_i] = -FLT_MAX/2;"
+    assert forms("float S[NQ] = { [0 ... NQ-1] = 0.0f };") == "float S[NQ] = {};"
+    assert forms("#pragma unroll (MIN(DK8/2, 4*NSG))") == "#pragma unroll (((DK8/2) < ( 4*NSG) ? (DK8/2) : ( 4*NSG)))"
+    spaces = ("template <typename T> struct pointer_element<thread T*> { using type = T; };\n"
+              "template <typename T> struct pointer_element<device T*> { using type = T; };")
+    assert forms(spaces).strip() == spaces.splitlines()[0]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
+@pytest.mark.parametrize("apple", [True, False])
+def test_simdgroup_matrix_lanes(tmp_path, apple):
+    # include/mtlcuda.h's placement of 8x8 matrix elements: Apple's (MLX's BaseMMAFrag::get_coord) where the peers
+    # ask for it, each lane's (row, column pair) once, and the source lanes of a product (the reader's lane bits
+    # masked, or'ed with a constant of k) the lanes that hold those elements.
+    src = tmp_path / "lanes.cu"
+    src.write_text(("#define MTLCUDA_APPLE_MATRIX_LANES 1\n" if apple else "") + '''#include "mtlcuda.h"
+using namespace metal::matrix_lanes;
+constexpr bool placed() {
+  unsigned seen = 0;
+  for (uint l = 0; l < 32; ++l) {
+    const uint r = row(l), c = col(l), qid = l / 4;
+    if (APPLE && (r != (qid & 4) + (l / 2) % 4 || c != (qid & 2) * 2 + (l % 2) * 2)) return false;
+    if (c % 2 || lane_of(r, c / 2) != l) return false;
+    seen |= 1u << lane_of(r, c / 2);
+    for (uint k = 0; k < 8; ++k)
+      if (((l & kRowBits) | lane_of(0, k / 2)) != lane_of(r, k / 2) ||
+          (lane_of(k, 0) | (l & kColBits)) != lane_of(k, c / 2)) return false;
+  }
+  return seen == 0xffffffffu;
+}
+static_assert(placed(), "simdgroup matrix lanes");
+'''.replace("APPLE", "true" if apple else "false"))
+    proc = subprocess.run(["nvcc", "-ptx", "-arch=sm_90", "-std=c++17", "-I", str(TOOL / "include"), "-o",
+                           str(tmp_path / "lanes.ptx"), str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def test_attention_table_names_what_is_not_applicable(tool):

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import mps_ext
 import peer_plans
+import peer_torch
 import cuda
 import replay
 from translate_cuda import ROOT
@@ -117,7 +118,8 @@ def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
                         n * k * 2 + (m * k + m * n) * 4, "f32 activations and output"),
             kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets], ref, nbytes,
                         "gemv" if m == 1 else "gemv_wide (2-5 rows on M3 and later)"),
-            torch_impl([lambda s=s: F.linear(X[s], W[s]) for s in sets], ref, dtype, nbytes, "F.linear")]
+            torch_impl([lambda s=s: F.linear(X[s], W[s]) for s in sets], ref, dtype, nbytes, "F.linear"),
+            not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["gemv" if m == 1 else "gemv_rows"])]
 
 
 def fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
@@ -136,7 +138,8 @@ def fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
             kernel_impl("bf16", [our_plan(mps_ext.linear, X[s], Wd[s]) for s in sets], ref, bf16_bytes,
                         "our bf16 GEMV on the dequantized weights"),
             torch_impl([lambda s=s: F.linear(X[s], Wd[s]) for s in sets], ref, BF16, bf16_bytes,
-                       "F.linear on the dequantized weights")]
+                       "F.linear on the dequantized weights"),
+            not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["fp8"])]
 
 
 ROUTINGS = 8  # MoE: the expert weights stay; what rotates is the routing and the activations
@@ -183,7 +186,8 @@ def moe(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
                                 for s in range(ROUTINGS)], ref, weights + (vectors[0].numel() + rows * n) * 2,
                         "gemv_gather"),
             torch_impl([lambda s=s: torch._grouped_mm(A[s], W.transpose(-2, -1), offs=offs[s])
-                        for s in range(ROUTINGS)], ref, dtype, nbytes, "torch._grouped_mm", order[0])]
+                        for s in range(ROUTINGS)], ref, dtype, nbytes, "torch._grouped_mm", order[0]),
+            not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["moe"])]
 
 
 def moe_fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
@@ -239,9 +243,19 @@ def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
         impls.append(kernel_impl("ggml", [(ggml.softmax(X[s], Yg[s]), Yg[s]) for s in sets], ref, nbytes))
     impls.append(kernel_impl("mlx", [(peer_plans.mlx_softmax(X[s], Y[s]), Y[s]) for s in sets], ref, nbytes,
                              "" if dtype == F32 else "precise (float accumulation)"))
+    impls.append(torch_mps_softmax(X, sets, ref, nbytes))
     impls.append(torch_impl([lambda s=s: torch.softmax(X[s], -1) for s in sets], ref, dtype, nbytes,
                             "torch.softmax"))
     return impls
+
+
+def torch_mps_softmax(X, sets, ref, nbytes) -> Impl:
+    """torch 2.15's own softmax kernels, as its host routes the shape (peer_torch.softmax_route)."""
+    if peer_torch.SOURCES is None:
+        return not_applicable(peer_torch.NAME, peer_torch.NO_SOURCES)
+    Y = [torch.empty_like(x) for x in X]
+    planned = [(peer_torch.softmax(X[s], Y[s], peer_torch.softmax_partials_buffer(X[s])), Y[s]) for s in sets]
+    return kernel_impl(peer_torch.NAME, planned, ref, nbytes, peer_torch.softmax_note(*X[0].shape))
 
 
 def moved(*ts) -> int:

@@ -208,14 +208,14 @@ def mlx_softmax(x: torch.Tensor, y: torch.Tensor) -> list[Launch]:
 # GPUs (60 to 80 cores), the nearest to a GPU of 132 SMs. On it MLX runs no NAX kernels (those need M5's
 # neural accelerators), so prefill is steel_attention.
 MLX_DEVICE_CLASS = "d"
-# The kernels of these routes translate and run on the proxy; the simdgroup-matrix prefill kernels need what
-# include/mtlcuda.h does not give yet (MLX_TRANSLATED_NOT, ggml_attention_unsupported).
-MLX_TRANSLATED = ("vector", "2pass")
-MLX_TRANSLATED_NOT = {"steel": "steel_attention is not on the proxy yet: its MMA tiles read simdgroup matrices "
-                               "element-wise in Apple's fragment layout (thread_elements) and use Metal's type "
-                               "traits, which the shim lacks"}
-GGML_PREFILL_NOT = ("flash_attn_ext (prefill) is not on the proxy yet: it multiplies half and bfloat simdgroup "
-                    "matrices into float ones and loads 4x4 matrix types, which the shim lacks")
+# The routes whose kernels translate and run on the proxy (every route MLX takes for these cases: steel_attention's
+# MMA tiles read simdgroup matrices element-wise, laid out in the peers' translations as Apple's GPUs do);
+# MLX_TRANSLATED_NOT says why for a route that does not.
+MLX_TRANSLATED = ("vector", "2pass", "steel")
+MLX_TRANSLATED_NOT: dict[str, str] = {}
+# The head dims (K, V) of ggml's bf16 simdgroup-matrix kernel (fa_f16.metal's kernel_flash_attn_ext_bf16_*).
+GGML_FA_DIMS = {(32, 32), (40, 40), (48, 48), (64, 64), (72, 72), (80, 80), (96, 96), (96, 64), (112, 112),
+                (128, 128), (192, 192), (192, 128), (256, 256), (320, 256), (512, 512), (576, 512)}
 # ggml's FA tuning table holds no bf16 rows: bf16 KV takes the baseline (one query per threadgroup) on every
 # GPU family, so the family does not matter here.
 GGML_FA_VEC_NE = {(32, 32): 4, (64, 64): 2, (96, 96): 4, (96, 64): 4, (128, 128): 1, (192, 192): 2,
@@ -335,10 +335,10 @@ def ggml_fa_module(dim: int, v_dim: int, sinks: bool, keys: int, vec: bool) -> s
 
 
 def ggml_attention_unsupported(dim: int, v_dim: int, q_len: int) -> str | None:
-    """Why ggml's kernels cannot run a bf16 call here, or None: its bf16 vec instantiations (fa_vec_f16.metal)
-    and the proxy's reach."""
+    """Why ggml's kernels cannot run a bf16 call here, or None: its bf16 instantiations (fa_vec_f16.metal for
+    decode, fa_f16.metal for prefill)."""
     if not ggml_fa_use_vec(dim, q_len):
-        return GGML_PREFILL_NOT
+        return None if (dim, v_dim) in GGML_FA_DIMS else f"no flash_attn_ext kernel for head dims {dim}/{v_dim}"
     if (dim, v_dim) not in GGML_FA_VEC_NE:
         return f"no vec kernel for head dims {dim}/{v_dim}"
     return None

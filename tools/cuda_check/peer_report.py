@@ -8,20 +8,23 @@ from __future__ import annotations
 import statistics
 
 PEERS = [("ggml", "ggml"), ("mlx", "MLX")]
+# torch 2.15's own Metal kernels (peer_torch.py; n/a without peers.py --torch-mps DIR).
+TORCH_MPS = ("torch_mps", "torch-mps 2.15")
+METAL_PEERS = ["ggml", "mlx", TORCH_MPS[0]]
 # family: (heading, what the table holds, columns (implementation, title), the ratio's title and its
 # denominators; ours over the fastest of them)
 TABLES = {
     "gemv": ("Decode GEMV (Llama-3-8B shapes)", "",
-             [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+             [("ours", "ours"), *PEERS, TORCH_MPS, ("torch", "torch CUDA")], ("÷ best peer", METAL_PEERS)),
     "fp8": ("FP8 decode (`fp8_linear`, Llama-3-8B shapes)",
             "e4m3fn weights with one scale per output row, bf16 activations and output, beside our bf16 GEMV "
             "and cuBLAS on the same weights dequantized; GB/s counts one byte per weight. ggml-metal and MLX "
             "have no e4m3 GEMV to compare with.",
-            [("ours", "fp8_linear"), ("bf16", "bf16 GEMV"), ("torch", "torch CUDA bf16")],
+            [("ours", "fp8_linear"), ("bf16", "bf16 GEMV"), TORCH_MPS, ("torch", "torch CUDA bf16")],
             ("÷ bf16 GEMV", ["bf16"])),
     "moe": ("MoE decode (Qwen3-30B-A3B experts: 128, top-8, bf16)",
             "T tokens route T × 8 rows; GB/s counts the distinct active experts' weights once.",
-            [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+            [("ours", "ours"), *PEERS, TORCH_MPS, ("torch", "torch CUDA")], ("÷ best peer", METAL_PEERS)),
     "moe_fp8": ("FP8 MoE decode (`fp8_grouped_mm`, the same experts in e4m3fn)",
                 "One scale per row, bf16 activations, beside our bf16 decode on the same routing.",
                 [("ours", "fp8_grouped_mm"), ("bf16", "bf16 decode")], ("÷ bf16", ["bf16"])),
@@ -30,7 +33,7 @@ TABLES = {
                "peer runs this layout (llama.cpp converts the experts to (E, N, K) when it writes a GGUF).",
                [("ours", "ours"), ("torch", "torch CUDA")], ("÷ torch", ["torch"])),
     "softmax": ("Softmax", "ggml's softmax takes float32 only.",
-                [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+                [("ours", "ours"), *PEERS, TORCH_MPS, ("torch", "torch CUDA")], ("÷ best peer", METAL_PEERS)),
     "pad": ("Padding (`F.pad`, bf16)",
             "Wan2.2's and Qwen-Image's VAE tensors, a UNet's feature map, an audio batch. Neither ggml-metal nor MLX "
             "has a pad kernel of its own to compare with (MLX pads by a copy into a filled array); torch CUDA's "
@@ -84,9 +87,17 @@ def ratio(impls: dict, over: list[str], titles: dict) -> str:
     return f"{ours / times[best]:.2f}" + (f" ({titles[best]})" if len(over) > 1 else "")
 
 
+def shown(columns: list[tuple], rows: list[dict]) -> list[tuple]:
+    """The table's columns, torch-mps's only where some row has a cell for it (a peers.json from before the column
+    has none)."""
+    has = any(TORCH_MPS[0] in r["impls"] for r in rows)
+    return [c for c in columns if c != TORCH_MPS or has]
+
+
 def table(rows: list[dict], family: str, copy_gbs: float) -> list[str]:
     """One family's heading, note and table, as lines."""
     heading, text, columns, (ratio_title, over) = TABLES[family]
+    columns = shown(columns, rows)
     titles = dict(columns)
     lines = [f"### {heading}", ""] + ([text, ""] if text else [])
     head = ["case", *(f"{t} µs (% copy)" for _, t in columns), ratio_title, f"{titles['ours']}, pass 2"]

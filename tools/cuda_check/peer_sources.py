@@ -11,9 +11,11 @@ copied into this repository). Their kernel code is used verbatim:
   github.com/ml-explore/mlx) for the variants its host picks for these shapes.
 
 - Attention: ggml's bf16 flash_attn_ext_vec with its reduction (excerpts of fa_vec_f16.metal, fa_aux.metal,
-  fa_vec_common.metal whole), MLX's sdpa_vector.h whole with the instantiations of its
-  scaled_dot_product_attention.metal; one module per set of function constants the hosts choose for the cases
-  of benchmarks/_attention_cases.py (attention_modules).
+  fa_vec_common.metal whole) and, for prefill, its simdgroup-matrix flash_attn_ext with the mask's block map
+  (excerpts of fa_f16.metal, fa_aux.metal, fa_common.metal whole); MLX's sdpa_vector.h and, for prefill,
+  steel_attention.h whole, with the instantiations of its scaled_dot_product_attention.metal and
+  steel_attention.metal; one module per set of function constants the hosts choose for the cases of
+  benchmarks/_attention_cases.py (attention_modules).
 
 All of it goes through the project's translator and shim (translate_cuda.py, include/mtlcuda.h), plus
 include/peer_ext.h for what only the peers use.
@@ -160,7 +162,7 @@ def attention_modules(peers: Path, gen: Path, ggml_inc: list[Path], mlx_inc: lis
     for case in _attention_cases.cases():
         heads, kv_heads, dim, v_dim, sinks, _, q_len, keys, causal = case.dims
         route = peer_plans.mlx_attention_route(heads, kv_heads, dim, v_dim, q_len, keys)
-        if route[0] in ("vector", "2pass"):  # MLX_TRANSLATED
+        if route[0] in ("vector", "2pass"):
             blocks = route[1] if route[0] == "2pass" else peer_plans.mlx_sdpa_blocks(1, 0)
             constants = {"has_mask": False, "query_transposed": False, "do_causal": causal and q_len > 1,
                          "bool_mask": False, "float_mask": False, "has_sinks": sinks, "blocks": blocks}
@@ -233,8 +235,20 @@ LAUNCH_BOUNDS = [
 # Forms Apple's clang accepts and nvcc does not, as equivalents: a GNU range designator that zeroes a whole
 # array (ggml: `float sumf[r1ptg] = { [ 0 ... r1ptg - 1 ] = 0.0f };`) is value-initialization; MLX's
 # attribute spelling of the kernel qualifier (`[[kernel]]`, `[[kernel, max_total_threads_per_threadgroup(n)]]`)
-# becomes the keyword.
+# becomes the keyword. One that fills a whole array with another value (ggml's prefill attention: `float M[NQ] =
+# { [0 ... NQ-1] = -FLT_MAX/2 };`) is the declaration and a loop storing the value. A function-like macro in an
+# unroll count (ggml: `#pragma unroll (MIN(DK8/2, 4*NSG))`, which Apple's clang expands and nvcc does not)
+# becomes MIN's expansion (common.h's). Specializations of a template on each address space of a pointer (MLX's
+# pointer_element<device T*>, <threadgroup T*>, ...) are one type once the spaces are erased: the thread one
+# stays.
 SOURCE_FORMS = [(re.compile(r"\{\s*\[\s*0\s*\.\.\.\s*[^\]]+\]\s*=\s*0(?:\.0*)?f?\s*\}"), "{}"),
+                (re.compile(r"(\w+)\s+(\w+)\s*\[\s*(\w+)\s*\]\s*=\s*\{\s*\[\s*0\s*\.\.\.\s*\3\s*-\s*1\s*\]\s*=\s*"
+                            r"([^{};]+?)\s*\}\s*;"),
+                 r"\1 \2[\3]; for (int mtlcuda_i = 0; mtlcuda_i < \3; ++mtlcuda_i) \2[mtlcuda_i] = \4;"),
+                (re.compile(r"^(#pragma\s+unroll\s*\()\s*MIN\s*\(([^,()]+),([^()]+)\)\s*\)", re.M),
+                 r"\1((\2) < (\3) ? (\2) : (\3)))"),
+                (re.compile(r"template\s*<\s*typename\s+(\w+)\s*>\s*struct\s+\w+\s*<\s*(?:device|constant|threadgroup)\s+"
+                            r"(?:const\s+)?\1\s*\*\s*>\s*\{[^{}]*\}\s*;"), ""),
                 (re.compile(r"\[\[\s*kernel\s*\]\]"), "kernel"),
                 (re.compile(r"\[\[\s*kernel\s*,\s*"), "kernel [[")]
 
@@ -251,6 +265,12 @@ class PeerTranslator(CudaTranslator):
         for pattern, replacement in SOURCE_FORMS:
             text = pattern.sub(replacement, text)
         return text
+
+    def emit_cuda(self) -> str:
+        # Apple's placement of simdgroup-matrix elements over the lanes (include/mtlcuda.h): MLX's MMA tiles read
+        # and write them through thread_elements().
+        first, rest = super().emit_cuda().split("\n", 1)
+        return f"{first}\n#define MTLCUDA_APPLE_MATRIX_LANES 1\n{rest}"
 
     @staticmethod
     def launch_bound(host: str) -> int:

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import peer_cases  # noqa: E402
 import peer_report  # noqa: E402
 import peer_sources  # noqa: E402
+import peer_torch  # noqa: E402
 from cases import TOL, rel_err  # noqa: E402
 from cuda import Launcher, build  # noqa: E402
 from peer_plans import Ggml  # noqa: E402
@@ -147,6 +148,8 @@ def load(build_dir: Path, peers: Path):
     modules."""
     driver, _, _ = load_all(build_dir)
     modules = peer_sources.modules(peers, build_dir / "peers")
+    if peer_torch.SOURCES is not None:  # torch's own kernels (--torch-mps DIR)
+        modules += peer_torch.modules(peer_torch.SOURCES)
     for module, cubin in zip(modules, build(modules, build_dir, log=log).values()):
         driver.load(module.name, cubin, module.hosts(), prefix=module.name + "/")
     return driver
@@ -155,6 +158,8 @@ def load(build_dir: Path, peers: Path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peers", type=Path, required=True, help="the peers' sources: DIR/ggml, DIR/mlx")
+    ap.add_argument("--torch-mps", type=Path, help="torch's Metal sources (peer_torch.py extract): its own "
+                    "kernels as a peer; without it their cells are n/a")
     ap.add_argument("--out", type=Path, default=Path("peers_out"), help="for peers.json and peers.md")
     ap.add_argument("--build", type=Path, default=Path("/tmp/cuda_check_build"),
                     help="translations and cubins (reused while they are the same)")
@@ -163,6 +168,7 @@ def main():
     ap.add_argument("--reps", type=int, default=25, help="timed replays of each graph")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    peer_torch.SOURCES = args.torch_mps
     t0 = time.time()
     launcher = Launcher(load(args.build, args.peers))
     props = torch.cuda.get_device_properties(0)

@@ -168,19 +168,32 @@ class CudaTranslator(T._Translator):
         self.mark_device_functions()
 
     def mark_device_functions(self):
-        """`__device__` before every function definition at namespace or class scope."""
-        scopes = []  # "ns", "class", "fn"
-        stmt_start = 0
+        """`__device__` before every function definition at namespace or class scope, a member qualified after its
+        parameters (`void clear() thread {`, `operator T() const thread noexcept {`) included; braces inside
+        parentheses (a default argument `OffY off_y = Int<0>{}`) are not a statement's end."""
+        qualifiers = {"const", "thread", "device", "threadgroup", "constant", "noexcept", "volatile", "override",
+                      "final", "&", "&&"}
+        scopes = []  # "ns", "class", "fn", "init" (braces inside parentheses)
+        stmt_start, paren = 0, 0
         for i, tok in enumerate(self.t):
             s = tok.text
-            if s == "{":
+            if s == "(":
+                paren += 1
+            elif s == ")":
+                paren -= 1
+            elif s == "{":
                 outer = scopes[-1] if scopes else "ns"
                 stmt = [t.text for t in self.t[stmt_start:i]]
-                if outer == "fn":
-                    kind = "fn"
+                j = i - 1
+                while j > stmt_start and self.text(j) in qualifiers:
+                    j -= 1
+                if outer in ("fn", "init"):
+                    kind = outer
+                elif paren > 0:
+                    kind = "init"
                 elif "namespace" in stmt:
                     kind = "ns"
-                elif self.text(i - 1) == ")" or (self.text(i - 1) == "const" and self.text(i - 2) == ")"):
+                elif self.text(j) == ")":
                     kind = "fn"
                     if "kernel" not in stmt:
                         self.insert_device(stmt_start, i)
@@ -189,11 +202,11 @@ class CudaTranslator(T._Translator):
                 else:
                     kind = "fn"  # an initializer: nothing inside is a definition
                 scopes.append(kind)
-                stmt_start = i + 1
+                if kind != "init":
+                    stmt_start = i + 1
             elif s == "}":
-                if scopes:
-                    scopes.pop()
-                stmt_start = i + 1
+                if (scopes.pop() if scopes else None) != "init":
+                    stmt_start = i + 1
             elif s == ";" or (s == ":" and scopes and scopes[-1] == "class" and self.text(i - 1) in (
                     "public", "private", "protected")):
                 stmt_start = i + 1

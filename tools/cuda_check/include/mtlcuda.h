@@ -19,8 +19,10 @@
 // - SIMD-group functions: 32-lane warp shuffles when the whole warp is
 //   active; otherwise an exact path over the active lanes only, combining
 //   in the simulator's order.
-// - simdgroup_matrix 8x8: two elements per lane, multiplied through shuffles
-//   (correct, not a model of Apple's matrix hardware).
+// - simdgroup_matrix 8x8: two elements per lane (in Apple's placement, with
+//   thread_elements(), where MTLCUDA_APPLE_MATRIX_LANES is defined), of any
+//   element type, multiplied through shuffles in float (correct, not a model
+//   of Apple's matrix hardware).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -452,49 +454,106 @@ template <class T> MTLCUDA_FN T simd_min(T v) { return simd_reduce(v, MinFn()); 
 
 // ------------------------------------------------------------------ simdgroup matrices
 
-// Lane l holds row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1.
-template <class T, int R, int C>
+// Where a lane's two elements of an 8x8 matrix lie: adjacent columns of one row, at a placement MSL leaves to the
+// GPU and shows only through thread_elements(). Code that reads or writes thread_elements() depends on Apple's
+// (MLX's MMA tiles): lane l holds row (l / 16) * 4 + (l / 2) % 4, columns c and c + 1 for c = ((l / 8) % 2) * 4
+// + (l % 2) * 2 (MLX's BaseMMAFrag::get_coord). A translation that defines MTLCUDA_APPLE_MATRIX_LANES (the
+// peers', tools/cuda_check/peer_sources.py) gets that placement and thread_elements(); any other gets lane l on
+// row l / 4, columns 2 * (l % 4) and 2 * (l % 4) + 1, and no thread_elements(), so nothing can see a placement
+// that is not Apple's. Loads, stores and products cost the same under both (two accesses; 24 shuffles, the
+// source lanes a mask of the reader's lane bits or'ed with a constant of the unrolled k), but mps_ext's kernels
+// stage matrices through threadgroup memory in rows, lane l at elements 2l and 2l + 1, which are the row-major
+// placement's own addresses: under Apple's their prefill attention takes up to 29 more registers, and spills
+// more at head dims 160 and 192 (ptxas -v, sm_90).
+namespace matrix_lanes {
+#ifdef MTLCUDA_APPLE_MATRIX_LANES
+__host__ __device__ constexpr uint row(uint lane) { return (lane >> 4) * 4 + ((lane >> 1) & 3); }
+__host__ __device__ constexpr uint col(uint lane) { return ((lane >> 3) & 1) * 4 + (lane & 1) * 2; }
+// The lane that holds row r, columns 2p and 2p + 1.
+__host__ __device__ constexpr uint lane_of(uint r, uint p) {
+  return (r >> 2) << 4 | (p >> 1) << 3 | (r & 3) << 1 | (p & 1);
+}
+constexpr uint kRowBits = 0x16u, kColBits = 0x09u;  // the lane bits lane_of takes from r, p
+#else
+__host__ __device__ constexpr uint row(uint lane) { return lane / 4; }
+__host__ __device__ constexpr uint col(uint lane) { return 2 * (lane % 4); }
+__host__ __device__ constexpr uint lane_of(uint r, uint p) { return r * 4 + p; }
+constexpr uint kRowBits = 0x1cu, kColBits = 0x03u;
+#endif
+}  // namespace matrix_lanes
+
+template <class T, int Cols, int Rows = Cols>
 struct simdgroup_matrix {
-  static_assert(R == 8 && C == 8, "only 8x8 simdgroup matrices");
-  T e[2];
+  static_assert(Cols == 8 && Rows == 8, "only 8x8 simdgroup matrices");
+  alignas(2 * sizeof(T)) T e[2];  // this lane's elements: (matrix_lanes::row, col) and the one to its right
+#ifdef MTLCUDA_APPLE_MATRIX_LANES
+  MTLCUDA_FN vec<T, 2>& thread_elements() { return *reinterpret_cast<vec<T, 2>*>(e); }
+  MTLCUDA_FN const vec<T, 2>& thread_elements() const { return *reinterpret_cast<const vec<T, 2>*>(e); }
+#endif
 };
 typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<mtl_half, 8, 8> simdgroup_half8x8;
+typedef simdgroup_matrix<mtl_bfloat, 8, 8> simdgroup_bfloat8x8;
 
-template <class T, int R, int C>
-MTLCUDA_FN simdgroup_matrix<T, R, C> make_filled_simdgroup_matrix(T v) {
-  simdgroup_matrix<T, R, C> m;
+template <class T, int Cols, int Rows = Cols>
+MTLCUDA_FN simdgroup_matrix<T, Cols, Rows> make_filled_simdgroup_matrix(T v) {
+  simdgroup_matrix<T, Cols, Rows> m;
   m.e[0] = m.e[1] = v;
   return m;
 }
 
-template <class T, int R, int C, class U>
-MTLCUDA_FN void simdgroup_load(simdgroup_matrix<T, R, C>& m, const U* src, ulong elements_per_row = C) {
-  const uint lane = simd_lane(), r = lane / 4, c = 2 * (lane % 4);
-  m.e[0] = T(src[r * elements_per_row + c]);
-  m.e[1] = T(src[r * elements_per_row + c + 1]);
-}
-
-template <class T, int R, int C, class U>
-MTLCUDA_FN void simdgroup_store(const simdgroup_matrix<T, R, C>& m, U* dst, ulong elements_per_row = C) {
-  const uint lane = simd_lane(), r = lane / 4, c = 2 * (lane % 4);
-  dst[r * elements_per_row + c] = U(m.e[0]);
-  dst[r * elements_per_row + c + 1] = U(m.e[1]);
-}
-
-template <class T>
-MTLCUDA_FN void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const simdgroup_matrix<T, 8, 8>& a,
-                                              const simdgroup_matrix<T, 8, 8>& b, const simdgroup_matrix<T, 8, 8>& c) {
-  const unsigned full = 0xffffffffu;
-  const uint lane = simd_lane(), r = lane / 4, cq = lane % 4;
-  T acc0 = c.e[0], acc1 = c.e[1];
-  for (int k = 0; k < 8; ++k) {
-    const T av = __shfl_sync(full, a.e[k & 1], r * 4 + (k >> 1));
-    const T b0 = __shfl_sync(full, b.e[0], k * 4 + cq), b1 = __shfl_sync(full, b.e[1], k * 4 + cq);
-    acc0 += av * b0;
-    acc1 += av * b1;
+// MSL's signature: elements_per_row, the matrix's origin (column, row) in the source, and whether the source
+// holds it transposed (element (r, c) at src[c * elements_per_row + r]: ggml's K^T).
+template <class T, int C, int R, class U>
+MTLCUDA_FN void simdgroup_load(simdgroup_matrix<T, C, R>& m, const U* src, ulong elements_per_row = C,
+                               vec<ulong, 2> matrix_origin = 0, bool transpose_matrix = false) {
+  const uint lane = simd_lane(), r = matrix_lanes::row(lane), c = matrix_lanes::col(lane);
+  src += matrix_origin.y * elements_per_row + matrix_origin.x;
+  if (transpose_matrix) {
+    m.e[0] = T(src[c * elements_per_row + r]);
+    m.e[1] = T(src[(c + 1) * elements_per_row + r]);
+  } else {
+    m.e[0] = T(src[r * elements_per_row + c]);
+    m.e[1] = T(src[r * elements_per_row + c + 1]);
   }
-  d.e[0] = acc0;
-  d.e[1] = acc1;
+}
+
+template <class T, int C, int R, class U>
+MTLCUDA_FN void simdgroup_store(const simdgroup_matrix<T, C, R>& m, U* dst, ulong elements_per_row = C,
+                                vec<ulong, 2> matrix_origin = 0, bool transpose_matrix = false) {
+  const uint lane = simd_lane(), r = matrix_lanes::row(lane), c = matrix_lanes::col(lane);
+  dst += matrix_origin.y * elements_per_row + matrix_origin.x;
+  if (transpose_matrix) {
+    dst[c * elements_per_row + r] = U(m.e[0]);
+    dst[(c + 1) * elements_per_row + r] = U(m.e[1]);
+  } else {
+    dst[r * elements_per_row + c] = U(m.e[0]);
+    dst[r * elements_per_row + c + 1] = U(m.e[1]);
+  }
+}
+
+// d = a * b + c. The operands may differ in type, as MSL allows (ggml multiplies bfloat Q and K into a float
+// S, and a float P by bfloat V into a half O): the products are summed in float, from c in float, and
+// rounded once to d's type (for float matrices, exactly a float multiply-accumulate).
+template <class TD, class TA, class TB, class TC>
+MTLCUDA_FN void simdgroup_multiply_accumulate(simdgroup_matrix<TD, 8, 8>& d, const simdgroup_matrix<TA, 8, 8>& a,
+                                              const simdgroup_matrix<TB, 8, 8>& b,
+                                              const simdgroup_matrix<TC, 8, 8>& c) {
+  const unsigned full = 0xffffffffu;
+  const uint lane = simd_lane(), rows = lane & matrix_lanes::kRowBits, cols = lane & matrix_lanes::kColBits;
+  const float a0 = float(a.e[0]), a1 = float(a.e[1]), b0 = float(b.e[0]), b1 = float(b.e[1]);
+  float acc0 = float(c.e[0]), acc1 = float(c.e[1]);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    // a(row, k): the lane of this row holding columns k & ~1; b(k, cols): the lane of row k, these columns.
+    const float av = __shfl_sync(full, k & 1 ? a1 : a0, rows | matrix_lanes::lane_of(0, k >> 1));
+    const uint from = matrix_lanes::lane_of(k, 0) | cols;
+    const float bk0 = __shfl_sync(full, b0, from), bk1 = __shfl_sync(full, b1, from);
+    acc0 += av * bk0;
+    acc1 += av * bk1;
+  }
+  d.e[0] = TD(acc0);
+  d.e[1] = TD(acc1);
 }
 
 }  // namespace metal

@@ -4,16 +4,19 @@
 //
 // - [[threadgroup(n)]] kernel parameters (ggml's shmem, MLX's tgp_memory): dynamic shared
 //   memory, slot 0 at offset 0 (the launcher passes the size, as setThreadgroupMemoryLength);
-// - simd_shuffle_down, fmax, fast::exp, numeric_limits, uniform/make_uniform, the
-//   long/ulong vectors MLX's index helpers return, and the type names that ggml's headers
-//   declare (matrix, packed_char4) but these kernels never use.
+// - simd_shuffle_down, fmax, fast::exp and exp2, log2, type traits, numeric_limits, uniform/make_uniform, the
+//   long/ulong vectors MLX's index helpers return, the 4x4 matrix types of ggml's prefill
+//   attention, and a type name ggml's headers declare (packed_char4) but these kernels never use.
 #pragma once
 
 #include <cfloat>
 #include <limits>
 
-// <metal_stdlib>'s largest finite half (ggml's attention kernels start running maxima from -MAXHALF).
+// <metal_stdlib>'s largest finite half (ggml's attention kernels start running maxima from -MAXHALF), and the
+// float constants of <metal_math> that MLX's steel attention scales by.
 #define MAXHALF 65504.0f
+#define M_LOG2E_F 1.44269504088896340736f
+#define M_LN2_F 0.693147180559945309417f
 
 namespace metal {
 
@@ -52,12 +55,31 @@ MTLCUDA_FN vec<T, N> fmax(vec<T, N> a, vec<T, N> b) {  // by value, as mtlcuda.h
 
 namespace precise {
 MTLCUDA_FN float tanh(float x) { return ::tanhf(x); }
+template <class T, int N>
+MTLCUDA_FN vec<T, N> tanh(vec<T, N> v) {
+  vec<T, N> r;
+  for (int i = 0; i < N; ++i) r[i] = T(::tanhf(float(v[i])));
+  return r;
+}
 }  // namespace precise
+
+// What MLX's steel headers use of <metal_type_traits> beyond mtlcuda.h's (the standard library's own); address
+// spaces are erased, so removing one is the identity.
+using std::bool_constant;
+using std::enable_if_t;
+using std::is_integral;
+using std::remove_cv;
+using std::remove_cv_t;
+template <class T>
+using remove_addrspace_t = T;
+
+MTLCUDA_FN float log2(float x) { return __log2f(x); }
 
 namespace fast {
 MTLCUDA_FN float exp(float x) { return __expf(x); }
 template <class T, int N>
 MTLCUDA_FN vec<T, N> exp(vec<T, N> v) { return ::metal::exp(v); }
+MTLCUDA_FN float exp2(float x) { return exp2f(x); }  // ex2.approx under -use_fast_math, as Metal's fast::exp2
 }  // namespace fast
 
 // <metal_uniform>
@@ -72,11 +94,22 @@ __host__ __device__ constexpr T make_uniform(T v) {
 template <class T>
 struct numeric_limits : std::numeric_limits<T> {};
 
-// <metal_matrix>: ggml's headers name matrix types; these kernels never use them.
+// <metal_matrix>: C columns of R elements. ggml's prefill attention stages K and V through half4x4 and
+// bfloat4x4 (copied whole, converted as MSL converts matrices: element-wise).
 template <class T, int C, int R = C>
 struct matrix {
   vec<T, R> columns[C];
+  matrix() = default;
+  template <class U, std::enable_if_t<!std::is_same_v<U, T>, int> = 0>
+  MTLCUDA_FN explicit matrix(const matrix<U, C, R>& o) {
+    for (int i = 0; i < C; ++i) columns[i] = vec<T, R>(o.columns[i]);
+  }
+  MTLCUDA_FN vec<T, R>& operator[](int i) { return columns[i]; }
+  MTLCUDA_FN const vec<T, R>& operator[](int i) const { return columns[i]; }
 };
+typedef matrix<float, 4> float4x4;
+typedef matrix<mtl_half, 4> half4x4;
+typedef matrix<mtl_bfloat, 4> bfloat4x4;
 
 }  // namespace metal
 
