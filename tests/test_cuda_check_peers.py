@@ -272,15 +272,21 @@ def test_attention_routing_is_each_hosts(tool):
 
 
 def test_attention_peers_not_applicable_are_reported(built):
-    # Where a peer cannot express a case it is said so (never dropped): torch has no sinks. Every case, decode
-    # and prefill, runs all three code bases.
+    # Where a peer cannot express a case it is said so (never dropped): torch has no sinks, torch 2.15's Metal
+    # kernels neither sinks nor MLA head dims. Every case, decode and prefill, runs ours,
+    # ggml's and MLX's; torch-mps's cells need its sources (peers.py --torch-mps), else say that they are missing.
+    peer_torch = _tool("peer_torch")
     for (family, name), (impls, _) in built.items():
         if family != "attention":
             continue
         na = {i.name: i.not_applicable for i in impls if i.not_applicable}
-        assert {i.name for i in impls} == {"ours", "ggml", "mlx", "torch"}, name
+        assert {i.name for i in impls} == {"ours", "ggml", "mlx", "torch", "torch_mps"}, name
         assert ("torch" in na) == name.startswith("gpt-oss"), name
-        assert set(na) - {"torch"} == set(), (name, na)
+        assert set(na) - {"torch", "torch_mps"} == set(), (name, na)
+        if name.startswith(("gpt-oss", "mla")):
+            assert na["torch_mps"] != peer_torch.NO_SOURCES, name
+        else:
+            assert na.get("torch_mps") in (None, peer_torch.NO_SOURCES), name
 
 
 @needs_peers

@@ -382,6 +382,7 @@ def attention(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
                          "decode" if q_len <= 8 else "prefill")]
     impls.append(ggml_attention(ggml, Q, K, V, S32, causal, ref, nbytes + (Q[0].numel() + ref.numel()) * 2))
     impls.append(mlx_attention(Q, K, V, S32, ref, nbytes))
+    impls.append(torch_mps_attention(Q, K, V, sinks, causal, ref, nbytes))
     if sinks:
         impls.append(not_applicable("torch", "F.scaled_dot_product_attention has no sinks"))
     else:
@@ -389,6 +390,20 @@ def attention(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
         impls.append(torch_impl([lambda s=s: torch_attention(Q[s], K[s], V[s], causal) for s in sets], ref, dtype,
                                 nbytes, f"F.scaled_dot_product_attention, {note}"))
     return impls
+
+
+def torch_mps_attention(Q, K, V, sinks: bool, causal: bool, ref, nbytes) -> Impl:
+    """torch 2.15's own attention kernels, as _scaled_dot_product_attention_math_mps routes the call."""
+    (b, heads, q_len, dim), (kv_heads, keys), v_dim = Q[0].shape, K[0].shape[1:3], V[0].shape[-1]
+    route = peer_torch.attention_route(heads, kv_heads, dim, v_dim, q_len, keys, sinks)
+    if route[0] == "general":
+        return not_applicable(peer_torch.NAME, route[1])
+    if peer_torch.SOURCES is None:
+        return not_applicable(peer_torch.NAME, peer_torch.NO_SOURCES)
+    O = [torch.empty(b, heads, q_len, v_dim, dtype=Q[0].dtype, device=cuda.DEV) for _ in Q]
+    runs = [(peer_torch.attention(Q[s], K[s], V[s], O[s], causal, peer_torch.attention_scratch(Q[s], keys)), O[s])
+            for s in range(len(Q))]
+    return kernel_impl(peer_torch.NAME, runs, ref, nbytes, peer_torch.attention_note(route))
 
 
 def ggml_attention(ggml, Q, K, V, S32, causal, ref, nbytes) -> Impl:

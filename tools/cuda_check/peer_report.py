@@ -54,8 +54,10 @@ TABLES = {
                   "over 8 KV heads of 128) and share their rows. GB/s counts q, k, v and the output once (ggml: f32 "
                   "queries and output). Each implementation runs its own host's routing: MLX as on an Ultra-class "
                   "GPU (1 pass below 1024 keys, else 2 passes with its block counts), ggml's vec kernel with the "
-                  "workgroups and SIMD groups its host sets for bf16.",
-                  [("ours", "ours"), *PEERS, ("torch", "torch CUDA")], ("÷ best peer", ["ggml", "mlx"])),
+                  "workgroups and SIMD groups its host sets for bf16; torch 2.15's own kernels as its "
+                  "_scaled_dot_product_attention_math_mps routes them (one threadgroup per query head; prefill "
+                  "as on macOS before 26.2, without Metal Performance Primitives).",
+                  [("ours", "ours"), *PEERS, TORCH_MPS, ("torch", "torch CUDA")], ("÷ best peer", METAL_PEERS)),
 }
 
 

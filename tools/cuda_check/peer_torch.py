@@ -20,17 +20,22 @@ import torch
 
 import cuda
 import peer_sources
+import _attention_cases  # noqa: E402 (on the path peer_sources sets)
 from cuda import Launch, Module
-from peer_plans import ceil_div
+from peer_plans import ceil_div, packed
 from translate_cuda import _METAL_CALLS
 
 NAME, TITLE = "torch_mps", "torch-mps 2.15"
 # The release the sources must come from (the tag, or the release/2.15 branch's head).
 REVISION = "v2.15.0"
 KERNELS = "aten/src/ATen/native/mps/kernels"
-# What the kernels here include, as pytorch's tree names them: extract copies exactly these.
-FILES = [f"{KERNELS}/{f}" for f in ("SoftMax.h", "SoftMax.metal", "Gemv.h", "ScaledMM.h", "GroupedMM.h")] + \
+# What the kernels here include, as pytorch's tree names them: extract copies exactly these. The attention
+# kernels are headers that torch's macOS wheels ship too (torch/include, which lays out c10/metal and
+# ATen/native/mps/kernels as the tree does under aten/src); SoftMax.metal is in the source tree only.
+HEADERS = [f"{KERNELS}/{f}" for f in ("SoftMax.h", "Gemv.h", "ScaledMM.h", "GroupedMM.h", "DecodeAttention.h",
+                                      "PrefillAttention.h")] + \
     [f"c10/metal/{h}.h" for h in ("common", "float8", "utils", "reduction_utils")]
+FILES = HEADERS + [f"{KERNELS}/SoftMax.metal"]
 # The directory of torch's sources for this run (peers.py --torch-mps DIR), None when none was given: every
 # torch-mps cell is then not applicable.
 SOURCES: Path | None = None
@@ -49,13 +54,17 @@ NOT_ON_PROXY = {
 
 # -- sources ----------------------------------------------------------------------------------------
 
-def extract(dest: Path, tree: Path | None = None, git_dir: Path | None = None, rev: str = REVISION) -> list[Path]:
-    """Copies FILES from a pytorch checkout (tree) or a git directory at rev into dest, in pytorch's layout."""
+def extract(dest: Path, tree: Path | None = None, git_dir: Path | None = None, rev: str = REVISION,
+            wheel: Path | None = None) -> list[Path]:
+    """Copies FILES from a pytorch checkout (tree) or a git directory at rev into dest, in pytorch's layout; or
+    HEADERS from the include directory of a torch macOS wheel (wheel: torch/include of 2.15's)."""
     out = []
-    for rel in FILES:
+    for rel in HEADERS if wheel is not None else FILES:
         target = dest / rel
         target.parent.mkdir(parents=True, exist_ok=True)
-        if tree is not None:
+        if wheel is not None:
+            shutil.copyfile(wheel / rel.removeprefix("aten/src/"), target)
+        elif tree is not None:
             shutil.copyfile(tree / rel, target)
         else:
             show = subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{rev}:{rel}"], capture_output=True,
@@ -68,7 +77,10 @@ def extract(dest: Path, tree: Path | None = None, git_dir: Path | None = None, r
 # -- translation ------------------------------------------------------------------------------------
 
 # The most threads per threadgroup torch's host launches each kernel with (kSoftmaxThreads: SoftMax.mm).
-LAUNCH_BOUNDS = [(re.compile(r"(log_)?softmax_(row|partial|finalize)_"), 256), (re.compile(r"(log_)?softmax_"), 1024)]
+# sdpa_vector and its second pass: 32 SIMD groups (BN); the first pass 8; prefill_attention: WM x WN x 32.
+LAUNCH_BOUNDS = [(re.compile(r"(log_)?softmax_(row|partial|finalize)_"), 256), (re.compile(r"(log_)?softmax_"), 1024),
+                 (re.compile(r"sdpa_vector_2pass_1_"), 256), (re.compile(r"sdpa_vector_"), 1024),
+                 (re.compile(r"prefill_attention_\w+_wm(\d)_wn(\d)"), None)]
 
 
 class TorchTranslator(peer_sources.PeerTranslator):
@@ -94,17 +106,60 @@ class TorchTranslator(peer_sources.PeerTranslator):
     @staticmethod
     def launch_bound(host: str) -> int:
         for pattern, n in LAUNCH_BOUNDS:
-            if pattern.match(host):
-                return n
+            if m := pattern.match(host):
+                return n if n is not None else int(m.group(1)) * int(m.group(2)) * 32
         return peer_sources.PeerTranslator.launch_bound(host)
 
 
-def modules(sources: Path) -> list[Module]:
-    """torch's modules: SoftMax.metal whole (its own instantiations), as Metal compiles it (__METAL__)."""
+def modules(sources: Path, gen: Path) -> list[Module]:
+    """torch's modules, as Metal compiles them (__METAL__): SoftMax.metal whole (its own instantiations) where the
+    sources have it, and the attention kernels (attention_source) in gen."""
     sources = sources.resolve()
     include = [sources, sources / "aten" / "src"]
-    return [Module("torch_softmax", sources / KERNELS / "SoftMax.metal", include, None, ("__METAL__",),
-                   TorchTranslator)]
+    out = []
+    if (sources / KERNELS / "SoftMax.metal").is_file():
+        out.append(Module("torch_softmax", sources / KERNELS / "SoftMax.metal", include, None, ("__METAL__",),
+                          TorchTranslator))
+    gen.mkdir(parents=True, exist_ok=True)
+    peer_sources.write_if_changed(gen / "torch_attention.metal", attention_source(sources))
+    out.append(Module("torch_attention", gen / "torch_attention.metal", include, None, ("__METAL__",),
+                      TorchTranslator))
+    return out
+
+
+# The lines of DecodeAttention.h and PrefillAttention.h that instantiate every dtype, head dim and mask (414
+# kernels): attention_source instantiates, with the headers' own macros, only what the cases launch.
+ALL_INSTANCES = re.compile(r"^\s*(INSTANTIATE_SDPA_VECTOR_HEADS|instantiate_attn_mask_helper)\(\w+(, \w+)?\);?\s*$",
+                           re.M)
+
+
+def attention_source(sources: Path, shapes: list[tuple] | None = None) -> str:
+    """torch 2.15's attention kernels (the two headers, as Attention.metal includes them) with the
+    instantiations that attention_route gives for shapes (heads, KV heads, dim, value dim, sinks, batch, query
+    rows, keys, causal): by default the cases of benchmarks/_attention_cases.py."""
+    items: list[str] = []
+    for heads, kv_heads, dim, v_dim, sinks, _, q_len, keys, causal in shapes or [c.dims for c in
+                                                                                 _attention_cases.cases()]:
+        route = attention_route(heads, kv_heads, dim, v_dim, q_len, keys, sinks)
+        c = str(bool(causal)).lower()
+        if route[0] == "vector":
+            new = [f'INSTANTIATE_SDPA_VECTOR_ONE(bfloat, {dim}, {dim}, {c}, false, float, "{mask_suffix(causal)}")']
+        elif route[0] == "2pass":
+            new = [f'INSTANTIATE_SDPA_VECTOR_2PASS_1_ONE(bfloat, {dim}, {dim}, {c}, false, float, '
+                   f'"{mask_suffix(causal)}")', f"INSTANTIATE_SDPA_VECTOR_AGGREGATION(bfloat, {dim})"]
+        elif route[0] == "prefill":
+            _, bq, bk, wm = route
+            new = [f"instantiate_attn(bfloat16, bfloat, {bq}, {bk}, {dim}, {wm}, 1, 0, {int(causal)}, bfloat16, "
+                   "bfloat)"]
+        else:
+            new = []
+        items += [i for i in new if i not in items]
+    kernels = sources / KERNELS
+    headers = [ALL_INSTANCES.sub("", (kernels / h).read_text()) for h in ("DecodeAttention.h", "PrefillAttention.h")]
+    return "\n".join(["// torch's attention kernels (DecodeAttention.h, PrefillAttention.h verbatim) with the "
+                      "instantiations the cases launch: tools/cuda_check/peer_torch.py.",
+                      "#include <c10/metal/utils.h>", "#include <metal_stdlib>", "using namespace metal;",
+                      *headers, *(i + ";" for i in items), ""])
 
 
 # -- routing and plans ------------------------------------------------------------------------------
@@ -164,6 +219,84 @@ def softmax_note(rows: int, cols: int) -> str:
     return "softmax_row" if route[0] == "row" else f"softmax_partial + softmax_finalize, {route[1]} chunks"
 
 
+# -- attention (operations/Attention.mm's _scaled_dot_product_attention_math_mps) ---------------------
+
+VECTOR_DIMS, PREFILL_DIMS = (64, 96, 128, 256), (32, 64, 72, 80, 96, 128, 256)
+# sdpa_vector_2pass's fixed split of the keys (DecodeAttention.h's `blocks`).
+ATTENTION_BLOCKS = 32
+
+
+def attention_route(heads: int, kv_heads: int, dim: int, v_dim: int, q_len: int, keys: int, sinks: bool) -> tuple:
+    """Which kernel torch 2.15 runs for a call without a mask: ("vector",) sdpa_vector, one threadgroup per query
+    head and row; ("2pass",) sdpa_vector_2pass_1 + _2, from 1024 keys (or GQA from 4096, a clause the first
+    covers); ("prefill", BQ, BK, WM) its flash kernel's tiles by head dim; ("general", why) MPSGraph. On macOS
+    26.2 and later 2.15 runs fp16/bf16 prefill on Metal Performance Primitives tensors instead (MppAttention.h),
+    which no GPU but Apple's runs: the proxy stands for the route older systems take."""
+    if sinks:
+        return ("general", "F.scaled_dot_product_attention has no sinks")
+    if q_len <= 8 and q_len <= keys:
+        if dim == v_dim and dim in VECTOR_DIMS:
+            return ("2pass",) if keys >= 1024 or (kv_heads < heads and keys >= 4096) else ("vector",)
+    elif keys > 0 and dim == v_dim and dim in PREFILL_DIMS:
+        return ("prefill", *((32, 32, 4) if dim <= 96 else (32, 16, 4) if dim == 128 else (16, 8, 2)))
+    return ("general", f"MPSGraph (sdpa_general_mps): no kernel for head dims {dim}/{v_dim} at {q_len} rows")
+
+
+def attention_scratch(q: torch.Tensor, keys: int) -> tuple | None:
+    """sdpa_vector_2pass's intermediates: partials (B·H·L, blocks, V) in q's dtype, sums and maxs (B·H·L,
+    blocks) float32; None for the other routes."""
+    b, heads, q_len, dim = q.shape
+    if attention_route(heads, heads, dim, dim, q_len, keys, False)[0] != "2pass":
+        return None
+    rows = b * heads * q_len
+    return (torch.empty(rows, ATTENTION_BLOCKS, dim, dtype=q.dtype, device=cuda.DEV),
+            torch.empty(rows, ATTENTION_BLOCKS, device=cuda.DEV), torch.empty(rows, ATTENTION_BLOCKS, device=cuda.DEV))
+
+
+def attention(q, k, v, out, causal: bool, scratch: tuple | None = None) -> list[Launch]:
+    """The launches of _scaled_dot_product_attention_math_mps for (B, H, L, D) q over (B, KV, S, D) k, v with
+    unit last strides, no mask, the default scale; out (B, H, L, D) contiguous. scratch: attention_scratch's."""
+    (b, heads, q_len, dim), (kv_heads, keys) = q.shape, k.shape[1:3]
+    route = attention_route(heads, kv_heads, dim, v.shape[-1], q_len, keys, False)
+    if route[0] == "general":
+        raise ValueError(f"torch runs no Metal kernel here: {route[1]}")
+    scale, gqa = dim ** -0.5, heads // kv_heads
+    if route[0] == "prefill":
+        _, bq, bk, wm = route
+        # PrefillAttnParams: B, H, D, qL, kL, gqa_factor, scale, softcapping (1: none), then the int64 (batch,
+        # head, row) strides of Q, K, V, O; PrefillAttnMaskParams (4 int64) bound though unread.
+        params = packed("6i2f12q", b, heads, dim, q_len, keys, gqa, scale, 1.0, *q.stride()[:3],
+                             *k.stride()[:3], *v.stride()[:3], *out.stride()[:3])
+        name = f"torch_attention/prefill_attention_bfloat16_bq{bq}_bk{bk}_bd{dim}_wm{wm}_wn1_hm0_dc{int(causal)}" \
+               "_maskbfloat16"
+        return [Launch(name, (ceil_div(q_len, bq), heads, b), (32, wm, 1), [q, k, v, out, params,
+                                                                         packed("4q", 0, 0, 0, 0), q])]
+    t = METAL_TYPE[q.dtype]
+    strides = [packed("4I", q.stride(1), k.stride(1), v.stride(1), 0),
+               packed("4I", q.stride(2), k.stride(2), v.stride(2), 0), packed("f", scale), q,
+               packed("4I", 0, 0, 0, 0), packed("4I", q.stride(0), k.stride(0), v.stride(0), heads)]
+    head = (packed("I", gqa), packed("I", keys))
+    suffix = f"{dim}_{dim}{mask_suffix(causal)}"
+    if route[0] == "vector":
+        return [Launch(f"torch_attention/sdpa_vector_{t}_{suffix}", (b * heads, q_len, 1), (1024, 1, 1),
+                       [q, k, v, out, *head, *strides])]
+    partials, sums, maxs = scratch
+    return [Launch(f"torch_attention/sdpa_vector_2pass_1_{t}_{suffix}", (b * heads, q_len, ATTENTION_BLOCKS),
+                   (256, 1, 1), [q, k, v, partials, sums, maxs, *head, *strides]),
+            Launch(f"torch_attention/sdpa_vector_2pass_2_{t}_{dim}", (b * heads, q_len, 1), (1024, 1, 1),
+                   [partials, sums, maxs, out])]
+
+
+def mask_suffix(causal: bool) -> str:
+    """The vector kernels' host-name suffix for a call without a mask."""
+    return "_masknone_causal" if causal else "_masknone"
+
+
+def attention_note(route: tuple) -> str:
+    return {"vector": "sdpa_vector (1 pass)", "2pass": f"sdpa_vector_2pass, {ATTENTION_BLOCKS} blocks",
+            "prefill": "prefill_attention (not the MPP kernel of macOS 26.2+)"}.get(route[0], "")
+
+
 def main():
     ap = argparse.ArgumentParser(description="Extracts the torch sources the torch-mps peer reads.")
     ap.add_argument("command", choices=["extract"])
@@ -171,9 +304,11 @@ def main():
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--tree", type=Path, help="a pytorch checkout at the release")
     src.add_argument("--git-dir", type=Path, help="a pytorch git directory (with --rev)")
+    src.add_argument("--wheel", type=Path, help="torch/include of a torch 2.15 macOS wheel: the headers only "
+                     "(SoftMax.metal is not among them)")
     ap.add_argument("--rev", default=REVISION)
     args = ap.parse_args()
-    for path in extract(args.dest, args.tree, args.git_dir, args.rev):
+    for path in extract(args.dest, args.tree, args.git_dir, args.rev, args.wheel):
         print(path)
 
 

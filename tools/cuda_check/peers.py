@@ -149,7 +149,7 @@ def load(build_dir: Path, peers: Path):
     driver, _, _ = load_all(build_dir)
     modules = peer_sources.modules(peers, build_dir / "peers")
     if peer_torch.SOURCES is not None:  # torch's own kernels (--torch-mps DIR)
-        modules += peer_torch.modules(peer_torch.SOURCES)
+        modules += peer_torch.modules(peer_torch.SOURCES, build_dir / "peers")
     for module, cubin in zip(modules, build(modules, build_dir, log=log).values()):
         driver.load(module.name, cubin, module.hosts(), prefix=module.name + "/")
     return driver

@@ -6,7 +6,8 @@
 // - the <metal_type_traits> names c10/metal/utils.h builds its opmath_t and overloads from;
 // - the math functions its complex helpers name (declared there, never called by these kernels) and
 //   the precise:: forms the softmax kernels call;
-// - clz (float8.h's e4m3fn conversion).
+// - clz (float8.h's e4m3fn conversion);
+// - integral_constant and a scalar tanh (PrefillAttention.h's tile sizes and softcapping).
 #pragma once
 
 #include <type_traits>
@@ -36,6 +37,7 @@ using std::is_unsigned_v;
 using std::remove_cv_t;
 using std::remove_reference_t;
 using std::is_convertible_v;
+using std::integral_constant;
 // Metal counts half and bfloat as floating point and scalar; std does not know the shim's types.
 template <class T>
 inline constexpr bool is_floating_point_v =
@@ -52,6 +54,7 @@ MTLCUDA_FN float copysign(float a, float b) { return copysignf(a, b); }
 MTLCUDA_FN float atan2(float a, float b) { return atan2f(a, b); }
 MTLCUDA_FN float abs(float a) { return fabsf(a); }
 MTLCUDA_FN int abs(int a) { return a < 0 ? -a : a; }
+MTLCUDA_FN float tanh(float x) { return ::tanhf(x); }
 
 namespace precise {
 MTLCUDA_FN float exp(float x) { return ::expf(x); }
