@@ -14,8 +14,10 @@
 //   written once, every input byte read once (twice or three times in
 //   reflected and replicated borders, and by the neighbouring thread's
 //   shifted load).
-// - backward (pad_backward_<mode>_<type>): one thread per element of the
-//   input's gradient gathers every output position that reads it (up to
+// - backward (pad_backward_<mode>_<type>): each thread writes 16 bytes of
+//   the input's gradient. Away from the borders each element is its own
+//   output position's gradient, read as the forward reads a run; at a
+//   border each element gathers every output position that reads it (up to
 //   three ranges per dimension: itself, and its mirror images or the border
 //   it repeats), in a fixed order, in float: no atomics, the same bits every
 //   run.
@@ -105,14 +107,15 @@ inline bool load_run(device const T* row, int start, int width, thread uint4& v)
 template <uint Size>
 struct Chunk {  // 1 and 2 bytes: a part of a word
   static constant constexpr uint kBits = Size * 8, kPerWord = 4 / Size;
+  typedef metal::conditional_t<Size == 1, uchar, ushort> Bits;
   template <typename T>
   static void set(thread uint4& chunk, uint k, T v) {
     const uint word = k / kPerWord, shift = k % kPerWord * kBits;
-    chunk[word] = (chunk[word] & ~(((1u << kBits) - 1) << shift)) | uint(v) << shift;
+    chunk[word] = (chunk[word] & ~(((1u << kBits) - 1) << shift)) | uint(as_type<Bits>(v)) << shift;
   }
   template <typename T>
   static T get(uint4 chunk, uint k) {
-    return T(chunk[k / kPerWord] >> (k % kPerWord * kBits));
+    return as_type<T>(Bits(chunk[k / kPerWord] >> (k % kPerWord * kBits)));
   }
 };
 template <>
@@ -230,38 +233,23 @@ inline Sources sources_of(int i, int size, int before, int out) {
   return s;
 }
 
-template <typename T, uint Mode>
-kernel void pad_backward(device const T* grad_out [[buffer(0)]], device T* grad_in [[buffer(1)]],
-                         constant PadParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
-  if (t >= p.threads) return;
-  typedef metal::conditional_t<metal::is_same<T, float2>::value, float2, float> Acc;  // complex64: (re, im)
-  // Most elements lie away from every border: read only by their own position, without the tables below
-  // (which index by dimension, so they live in thread memory).
-  bool own_only = true;
-  ulong own = 0;
-  for (uint d = p.dims, r = t; d-- > 0;) {
-    const Sources s = sources_of<Mode>(int(r % p.in_size[d]), int(p.in_size[d]), p.before[d], int(p.out_size[d]));
-    r /= p.in_size[d];
-    own_only = own_only && s.count[0] == 0 && s.count[1] == 1 && s.count[2] == 0;
-    own += ulong(s.start[1]) * p.src_stride[d];
-  }
-  if (own_only) {
-    grad_in[t] = T(Acc(0.0f) + Acc(grad_out[own]));  // as the sum below: torch adds into zeros
-    return;
-  }
+// Element e (in memory order) of the input's gradient: the sum of every
+// output position that reads it, every combination of its dimensions'
+// sources, the last dimension fastest.
+template <typename T, uint Mode, typename Acc>
+inline Acc gathered(device const T* grad_out, constant PadParams& p, uint e) {
   Sources sources[mps_ext::kPadMaxDims];
   uint range[mps_ext::kPadMaxDims], step[mps_ext::kPadMaxDims];
   bool any = true;
-  for (uint d = p.dims, r = t; d-- > 0;) {
-    sources[d] = sources_of<Mode>(int(r % p.in_size[d]), int(p.in_size[d]), p.before[d], int(p.out_size[d]));
-    r /= p.in_size[d];
+  for (uint d = p.dims; d-- > 0;) {
+    sources[d] = sources_of<Mode>(int(e % p.in_size[d]), int(p.in_size[d]), p.before[d], int(p.out_size[d]));
+    e /= p.in_size[d];
     range[d] = 0;
     while (range[d] < 2 && sources[d].count[range[d]] == 0) ++range[d];
     step[d] = 0;
     any = any && sources[d].count[range[d]] > 0;
   }
-  // Every combination of the dimensions' sources, the last dimension fastest.
-  Acc sum = Acc(0.0f);
+  Acc sum = Acc(0.0f);  // torch adds into zeros: a gradient of -0 gives +0
   while (any) {
     ulong offset = 0;
     for (uint d = 0; d < p.dims; ++d)
@@ -280,7 +268,70 @@ kernel void pad_backward(device const T* grad_out [[buffer(0)]], device T* grad_
     }
     any = d < p.dims;
   }
-  grad_in[t] = T(sum);
+  return sum;
+}
+
+// Whether input index i along a dimension is read by its own output
+// position alone (away from every border).
+template <uint Mode>
+inline bool own_only(int i, int size, int before, int out) {
+  const Sources s = sources_of<Mode>(i, size, before, out);
+  return s.count[0] == 0 && s.count[1] == 1 && s.count[2] == 0;
+}
+
+// Each thread writes 16 bytes of the input's gradient in memory order. Most
+// chunks lie away from every border: each of their elements is its own
+// output position's gradient, a run of the output's row that one aligned
+// load, or two shifted into place, reads. Chunks at a border (or across
+// rows) gather element by element.
+template <typename T, uint Mode>
+kernel void pad_backward(device const T* grad_out [[buffer(0)]], device T* grad_in [[buffer(1)]],
+                         constant PadParams& p [[buffer(2)]], uint t [[thread_position_in_grid]]) {
+  constexpr uint kPer = 16 / sizeof(T);
+  if (t >= p.threads) return;
+  typedef metal::conditional_t<metal::is_same<T, float2>::value, float2, float> Acc;  // complex64: (re, im)
+  const uint last = p.dims - 1, width = p.in_size[last];
+  const uint first = t * kPer, count = min(kPer, uint(p.out_numel) - first);
+  const uint col = first % width;
+  bool fast = p.src_vectorized && count == kPer && col + kPer <= width;
+  // The output row of the chunk's own positions (the dimensions before the last, each away from its borders).
+  ulong row_start = 0;
+  for (uint d = last, r = first / width; fast && d-- > 0;) {
+    const int i = int(r % p.in_size[d]);
+    r /= p.in_size[d];
+    fast = own_only<Mode>(i, int(p.in_size[d]), p.before[d], int(p.out_size[d]));
+    row_start += ulong(i + p.before[d]) * p.src_stride[d];
+  }
+  MPS_EXT_UNROLL
+  for (uint k = 0; k < kPer; ++k)
+    fast = fast && own_only<Mode>(int(col + k), int(width), p.before[last], int(p.out_size[last]));
+  uint4 chunk = uint4(0);
+  if (fast) {
+    const ulong own = row_start + ulong(int(col) + p.before[last]), lo = own & ~ulong(kPer - 1);
+    device const uint4* at = reinterpret_cast<device const uint4*>(grad_out + lo);
+    if (own == lo) {
+      chunk = at[0];
+    } else if (lo + 2 * kPer <= row_start + p.out_size[last]) {
+      chunk = shifted(at[0], at[1], uint(own - lo) * sizeof(T));
+    } else {
+      fast = false;
+    }
+  }
+  MPS_EXT_UNROLL
+  for (uint k = 0; k < kPer; ++k) {
+    if (k >= count) continue;
+    const Acc g = fast ? Acc(0.0f) + Acc(Chunk<sizeof(T)>::template get<T>(chunk, k))
+                       : gathered<T, Mode, Acc>(grad_out, p, first + k);
+    Chunk<sizeof(T)>::set(chunk, k, T(g));
+  }
+  device T* dst = grad_in + first;
+  if (p.out_vectorized && count == kPer) {
+    *reinterpret_cast<device uint4*>(dst) = chunk;
+    return;
+  }
+  MPS_EXT_UNROLL
+  for (uint k = 0; k < kPer; ++k)
+    if (k < count) dst[k] = Chunk<sizeof(T)>::template get<T>(chunk, k);
 }
 
 // pad_{constant,reflect,replicate}_<element type of that size>,

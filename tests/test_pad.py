@@ -278,6 +278,45 @@ def test_backward(device, mode, dtype):
         assert torch.equal(bits(got), bits(again))  # a fixed order of summation: the same bits every run
 
 
+def test_backward_rows_of_any_length_and_padding(device):
+    # Each thread writes 16 bytes of the gradient. Away from every border each element is its own output
+    # position's gradient, read with one aligned load or two shifted into place (the output's rows need not be
+    # aligned); at the borders, across rows shorter than 16 bytes, where a shifted load would pass its row's end
+    # and where the gradient is not aligned, element by element. In the simulator's checked mode, so no load
+    # strays past its row, and with -0 in the gradient, which torch sums into zeros: +0.
+    checks = mps_ext.sim.checked() if device == "cpu" else contextlib.nullcontext()
+    with checks:
+        for dtype in GRADIENT:
+            per = 16 // dtype.itemsize
+            for i, (before, width) in enumerate((b, w) for b in range(per + 1) for w in (4 * per, 4 * per + 3, 3)):
+                shape, pad = (2, 5, width), (before, min(2, width - 1), 1, 2)
+                for mode in ("reflect", "replicate"):
+                    if mode == "reflect" and before >= width:
+                        continue
+                    check_backward(device, values(shape, dtype, seed=i), pad, mode, seed=i)
+            x = values((2, 5, 4 * per), dtype)
+            cotangent = values((2, 8, 4 * per + 3), dtype, seed=3).nan_to_num()
+            unaligned = torch.cat([cotangent.new_zeros(1), cotangent.flatten()])[1:].view(cotangent.shape)
+            check_backward(device, x, (1, 2, 1, 2), "replicate", cotangent=unaligned)
+            check_backward(device, x, (-1, 3, 2, 1), "reflect")  # a crop along the rows
+            zeros = torch.full((2, 8, 4 * per + 3), -0.0, dtype=dtype)
+            got = check_backward(device, x, (1, 2, 1, 2), "replicate", cotangent=zeros)
+            assert not got.real.signbit().any() if dtype.is_complex else not got.signbit().any()
+
+
+def check_backward(device, x, pad, mode, seed=0, cotangent=None):
+    """The overrides' gradient of F.pad is torch's (summed in float64), from the backward kernel."""
+    if cotangent is None:
+        cotangent = values(F.pad(x, pad, mode=mode).shape, x.dtype, seed=seed + 1).nan_to_num()
+    wide = torch.complex128 if x.dtype.is_complex else torch.float64
+    xw = x.to(wide).requires_grad_()
+    F.pad(xw, pad, mode=mode).backward(cotangent.to(wide))
+    got, names = grad_of(device, x, pad, mode, cotangent)
+    assert names[-1].startswith(f"pad_backward_{mode}_"), names
+    assert_close(got, xw.grad.to(x.dtype), scale=2)
+    return got
+
+
 def mps_ext_type(dtype):
     return {torch.float32: "float", torch.float16: "half", torch.bfloat16: "bfloat"}[dtype]
 

@@ -123,13 +123,13 @@ PadParams params_of(const KernelDims& k) {
   return p;
 }
 
-// The forward kernel's threads (the output's 16-byte chunks), or 0 past what a 32-bit grid, and its 32-bit row
-// index, hold.
-uint32_t forward_threads(const KernelDims& k, int64_t element_size) {
+// The kernels' threads (the 16-byte chunks of the written tensor, of `sizes`), or 0 past what a 32-bit grid, and
+// the kernels' 32-bit row index, hold.
+uint32_t chunk_threads(const std::vector<int64_t>& sizes, int64_t element_size) {
   const int64_t per = 16 / element_size;
-  const int64_t numel = std::accumulate(k.out.begin(), k.out.end(), int64_t(1), std::multiplies<int64_t>());
+  const int64_t numel = std::accumulate(sizes.begin(), sizes.end(), int64_t(1), std::multiplies<int64_t>());
   const int64_t threads = (numel + per - 1) / per, limit = int64_t(std::numeric_limits<uint32_t>::max());
-  return threads > limit - kPadThreadsPerGroup || numel / k.out.back() > limit ? 0 : uint32_t(threads);
+  return threads > limit - kPadThreadsPerGroup || numel / sizes.back() > limit ? 0 : uint32_t(threads);
 }
 
 // A kernel's name for an element size: the MSL type of that size (the kernels move bytes).
@@ -162,7 +162,7 @@ std::optional<std::string> pad_unsupported(const at::Tensor& self, c10::IntArray
   if (like.numel() == 0) return std::nullopt;  // nothing to launch
   const std::optional<KernelDims> k = kernel_dims(self, *s, self, like);
   if (!k) return std::string("more than ") + std::to_string(kPadMaxDims) + " dimensions or sizes past 2^31";
-  if (!forward_threads(*k, es)) return std::string("more than 2^32 chunks");
+  if (!chunk_threads(k->out, es)) return std::string("more than 2^32 chunks");
   return std::nullopt;
 }
 
@@ -177,7 +177,7 @@ at::Tensor pad_kernels(const at::Tensor& self, c10::IntArrayRef pad, PadOp op, c
   std::memcpy(p.fill, fill.data_ptr(), size_t(fill.element_size()));
   const int64_t es = int64_t(self.element_size()), per = 16 / es;
   p.out_numel = uint64_t(out.numel());
-  p.threads = forward_threads(k, es);
+  p.threads = chunk_threads(k.out, es);
   bool strides16 = k.src_stride.back() == 1;
   for (size_t d = 0; d + 1 < k.in.size(); ++d) strides16 = strides16 && k.src_stride[d] % per == 0;
   p.src_vectorized = self.numel() && strides16 && aligned16(self);
@@ -203,8 +203,8 @@ std::optional<std::string> pad_backward_unsupported(const at::Tensor& grad_outpu
   if (self.numel() == 0) return std::nullopt;  // nothing to launch
   if (!kernel_dims(self, *s, grad_output, at::empty_like(meta_view(self), self.suggest_memory_format())))
     return std::string("more than ") + std::to_string(kPadMaxDims) + " dimensions or sizes past 2^31";
-  if (self.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - kPadThreadsPerGroup)
-    return std::string("more than 2^32 elements");
+  // The kernel's element indices are 32-bit.
+  if (self.numel() > int64_t(std::numeric_limits<uint32_t>::max()) - 16) return std::string("more than 2^32 elements");
   return std::nullopt;
 }
 
@@ -215,7 +215,10 @@ at::Tensor pad_backward_kernels(const at::Tensor& grad_output, const at::Tensor&
   if (grad_input.numel() == 0) return grad_input;
   const KernelDims k = *kernel_dims(self, s, grad_output, grad_input);
   PadParams p = params_of(k);
-  p.threads = uint32_t(grad_input.numel());
+  p.out_numel = uint64_t(grad_input.numel());
+  p.threads = chunk_threads(k.in, int64_t(self.element_size()));
+  p.src_vectorized = grad_output.numel() && k.src_stride.back() == 1 && aligned16(grad_output);
+  p.out_vectorized = aligned16(grad_input);
   const std::string kernel =
       std::string("pad_backward_") + pad_mode_name(op.mode) + "_" + metal_type(self.scalar_type());
   dispatch(Launch{kernel, {}, {ceil_div(p.threads, kPadThreadsPerGroup)}, {kPadThreadsPerGroup}}

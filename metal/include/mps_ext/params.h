@@ -175,14 +175,15 @@ enum PadMode : mps_ext_u32 { kPadConstant = 0, kPadReflect = 1, kPadReplicate = 
 struct PadParams {
   mps_ext_u64 src_stride[kPadMaxDims];
   mps_ext_u64 fill[2];  // constant: the value's bytes, cast to the element type as torch fills
-  mps_ext_u64 out_numel;  // forward: the output's elements
+  mps_ext_u64 out_numel;  // the written tensor's elements (the output, the input's gradient)
   mps_ext_u32 in_size[kPadMaxDims];
   mps_ext_u32 out_size[kPadMaxDims];
   mps_ext_i32 before[kPadMaxDims];
   mps_ext_u32 dims;
-  mps_ext_u32 threads;  // forward: the output's 16-byte chunks; backward: elements of the gradient
-  mps_ext_u32 src_vectorized;  // forward: src's rows (last dimension contiguous) 16-byte aligned
-  mps_ext_u32 out_vectorized;  // forward: the output 16-byte aligned
+  mps_ext_u32 threads;  // the written tensor's 16-byte chunks
+  // src's last dimension contiguous and its start 16-byte aligned (forward: each of its rows too)
+  mps_ext_u32 src_vectorized;
+  mps_ext_u32 out_vectorized;  // the written tensor 16-byte aligned
 };
 static_assert(sizeof(PadParams) == 160, "PadParams layout");
 
