@@ -18,7 +18,7 @@ from ._trace import KernelRecord, trace
 from .fp8 import fp8_grouped_mm, fp8_linear, scaled_mm
 from . import _vmap  # noqa: E402,F401 (batching rules of the operators above)
 from . import _autocast  # noqa: E402,F401 (their autocast)
-from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream
+from .streams import Event, Stream, current_stream, default_stream, record_stream, set_stream, stream, synchronize
 from . import _transformers  # noqa: E402
 
 _transformers.install()  # attn_implementation="mps_ext"
@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 __all__ = ["KernelRecord", "linear", "log_softmax", "overrides", "sim", "softmax", "trace"]
 __all__ += ["householder_product", "inv", "inv_ex", "lu_factor", "lu_factor_ex", "lu_solve", "qr", "solve", "solve_ex",
             "solve_triangular"]
-__all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream"]
+__all__ += ["Event", "Stream", "current_stream", "default_stream", "record_stream", "set_stream", "stream",
+            "synchronize"]
 __all__ += ["fp8", "fp8_grouped_mm", "fp8_linear", "nn", "scaled_mm"]
 __all__ += ["grouped_mm", "scaled_dot_product_attention"]
 

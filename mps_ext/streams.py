@@ -50,6 +50,7 @@ from . import _C
 
 __all__ = [
     "Event", "Stream", "current_stream", "default_stream", "hold", "record_stream", "set_stream", "stream",
+    "synchronize",
 ]
 
 
@@ -71,6 +72,10 @@ def _device(device) -> torch.device:
     return torch.device(device.type)
 
 
+# The streams of each device that this process has handed out or seen (synchronize waits for each).
+_seen: dict[str, set[int]] = {"cpu": {0}, "mps": {0}}
+
+
 class Stream:
     """A queue of work on ``device`` (default: ``"mps"`` when mps_ext has a Metal backend, else ``"cpu"``).
 
@@ -86,11 +91,13 @@ class Stream:
     def __init__(self, device=None):
         self.device = _device(device)
         self.stream_id = _C._stream_new(self.device.type)
+        _seen[self.device.type].add(self.stream_id)
 
     @classmethod
     def _of(cls, device: torch.device, stream_id: int) -> Stream:
         s = cls.__new__(cls)
         s.device, s.stream_id = device, int(stream_id)
+        _seen[device.type].add(s.stream_id)
         return s
 
     def synchronize(self) -> None:
@@ -189,6 +196,26 @@ def current_stream(device=None) -> Stream:
     """The calling thread's current stream on ``device``, where mps_ext's kernels go."""
     device = _device(device)
     return Stream._of(device, _C._stream_current(device.type))
+
+
+def synchronize(device=None) -> None:
+    """Wait until the work enqueued so far on every stream of ``device`` has run: its default stream and each
+    stream handed out (or seen current) in this process.
+
+    On torch 2.13 and 2.14 ``torch.mps.synchronize()`` waits for the default stream only, and torch never
+    reads a command buffer's status: there a failed kernel of ours, even on the default stream, is raised by
+    our synchronizes (this one, a stream's or an event's), not by torch's. Raises the first error of a kernel
+    that ran on any of the streams since they were last synchronized, after waiting for all of them.
+    """
+    device = _device(device)
+    first = None
+    for stream_id in sorted(_seen[device.type]):
+        try:
+            Stream._of(device, stream_id).synchronize()
+        except RuntimeError as e:
+            first = first or e
+    if first is not None:
+        raise first
 
 
 def set_stream(stream) -> None:

@@ -198,6 +198,28 @@ def test_default_stream_waits_on_the_host():
     t.join()
 
 
+def test_synchronize_waits_for_every_stream():
+    # mps_ext.synchronize(device): the default stream and every stream handed out, each held by a thread here
+    # until a moment after the call starts waiting.
+    streams, held, released = [mps_ext.Stream("cpu") for _ in range(3)], threading.Barrier(4), threading.Event()
+
+    def holder(s):
+        with hold(s):
+            held.wait()
+            time.sleep(0.05)
+            released.set()
+
+    threads = [threading.Thread(target=holder, args=(s,)) for s in streams]
+    for t in threads:
+        t.start()
+    held.wait()
+    assert not any(s.query() for s in streams)
+    mps_ext.synchronize("cpu")
+    assert released.is_set() and all(s.query() for s in streams)
+    for t in threads:
+        t.join()
+
+
 def test_query_transitions(lib):
     s = mps_ext.Stream("cpu")
     assert s.query()

@@ -11,6 +11,7 @@
 #include <ATen/mps/MPSStream.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -68,7 +69,6 @@ class MetalBackend final : public Backend {
   const char* name() const override { return "metal"; }
 
   std::optional<std::string> unavailable(const std::string& kernel, uint32_t threads) override {
-    std::lock_guard<std::mutex> lock(mu_);
     std::string error;
     const id<MTLComputePipelineState> pipeline = pipeline_for(kernel, &error);
     if (!pipeline) return error;
@@ -82,11 +82,7 @@ class MetalBackend final : public Backend {
 
   void dispatch(const Launch& launch) override {
     std::string error;
-    id<MTLComputePipelineState> pipeline = nil;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      pipeline = pipeline_for(launch.kernel, &error);
-    }
+    const id<MTLComputePipelineState> pipeline = pipeline_for(launch.kernel, &error);
     TORCH_CHECK(pipeline, "mps_ext: ", error);
     const Size3 groups = launch.threadgroups, threads = launch.threads_per_threadgroup;
     const uint64_t per_group = uint64_t(threads.x) * threads.y * threads.z;
@@ -144,18 +140,18 @@ class MetalBackend final : public Backend {
 
  private:
   // The kernel's pipeline, or nil with *error set. Ops run on any thread
-  // (autograd's, the user's): callers hold mu_. Failures are remembered, so a
-  // broken kernel is compiled once and then reported from the cache.
+  // (autograd's, the user's). A compile holds compile_mu_ only, so kernels
+  // already built dispatch meanwhile; mu_ guards the caches. Failures that
+  // the same source meets again (a compile error, a missing function, too
+  // much threadgroup memory) are remembered, so a broken kernel is compiled
+  // once; the compiler service's own failures are tried again next time.
   id<MTLComputePipelineState> pipeline_for(const std::string& kernel, std::string* error) {
-    auto it = pipelines_.find(kernel);
-    if (it != pipelines_.end()) return it->second;
-    auto failed = pipeline_errors_.find(kernel);
-    if (failed != pipeline_errors_.end()) {
-      *error = failed->second;
-      return nil;
-    }
+    if (std::optional<id<MTLComputePipelineState>> known = cached(kernel, error)) return *known;
+    std::lock_guard<std::mutex> compiling(compile_mu_);
+    if (std::optional<id<MTLComputePipelineState>> known = cached(kernel, error)) return *known;
     auto source = source_of_.find(kernel);
-    id<MTLLibrary> library = source == source_of_.end() ? nil : library_for(source->second, error);
+    bool lasting = true;  // whether a failure would recur
+    id<MTLLibrary> library = source == source_of_.end() ? nil : library_for(source->second, error, &lasting);
     id<MTLComputePipelineState> pipeline = nil;
     if (source == source_of_.end()) {
       *error = "no Metal kernel named '" + kernel + "' in this build";
@@ -167,7 +163,10 @@ class MetalBackend final : public Backend {
         } else {
           NSError* ns_error = nil;
           pipeline = [device_ newComputePipelineStateWithFunction:function error:&ns_error];
-          if (!pipeline) *error = "creating the pipeline of '" + kernel + "' failed: " + describe(ns_error);
+          if (!pipeline) {
+            *error = "creating the pipeline of '" + kernel + "' failed: " + describe(ns_error);
+            lasting = recurs(ns_error);
+          }
           // What the kernel declares plus what the compiler (or shader validation) adds.
           if (pipeline && pipeline.staticThreadgroupMemoryLength > device_.maxThreadgroupMemoryLength) {
             *error = "kernel '" + kernel + "' needs " + std::to_string(pipeline.staticThreadgroupMemoryLength) +
@@ -180,15 +179,32 @@ class MetalBackend final : public Backend {
         }
       }
     }
+    std::lock_guard<std::mutex> lock(mu_);
     if (pipeline) {
       pipelines_.emplace(kernel, pipeline);
-    } else {
+    } else if (lasting) {
       pipeline_errors_.emplace(kernel, *error);
     }
     return pipeline;
   }
 
-  id<MTLLibrary> library_for(size_t index, std::string* error) {
+  // The cache's pipeline or remembered failure (nil, *error set), or nothing.
+  std::optional<id<MTLComputePipelineState>> cached(const std::string& kernel, std::string* error) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pipelines_.find(kernel);
+    if (it != pipelines_.end()) return it->second;
+    auto failed = pipeline_errors_.find(kernel);
+    if (failed == pipeline_errors_.end()) return std::nullopt;
+    *error = failed->second;
+    return static_cast<id<MTLComputePipelineState>>(nil);
+  }
+
+  // Whether a compile that failed with `error` fails again on the same source: a compile error does, the
+  // compiler service's own failures (MTLLibraryErrorInternal: interrupted, timed out) need not.
+  static bool recurs(NSError* error) { return !error || error.code != MTLLibraryErrorInternal; }
+
+  // Callers hold compile_mu_, which guards libraries_ and library_errors_.
+  id<MTLLibrary> library_for(size_t index, std::string* error, bool* lasting) {
     if (libraries_[index]) return libraries_[index];
     if (!library_errors_[index].empty()) {
       *error = library_errors_[index];
@@ -204,17 +220,20 @@ class MetalBackend final : public Backend {
       library = [device_ newLibraryWithSource:[NSString stringWithUTF8String:source.text]
                                       options:options
                                         error:&ns_error];
-      if (!library) library_errors_[index] = std::string("compiling ") + source.file + " failed: " + describe(ns_error);
+      if (!library) {
+        *error = std::string("compiling ") + source.file + " failed: " + describe(ns_error);
+        *lasting = recurs(ns_error);
+        if (*lasting) library_errors_[index] = *error;
+      }
       [options release];
     }
     libraries_[index] = library;
-    *error = library_errors_[index];
     return library;
   }
 
   id<MTLDevice> device_;
   const int64_t fill_;  // read once: the GPU does not change
-  std::mutex mu_;
+  std::mutex mu_, compile_mu_;
   std::unordered_map<std::string, size_t> source_of_;
   std::vector<id<MTLLibrary>> libraries_;
   std::vector<std::string> library_errors_;
@@ -238,26 +257,28 @@ Backend* metal_backend() { return instance(); }
 std::vector<std::pair<std::string, std::string>> metal::device_info() {
   MetalBackend* backend = instance();
   if (!backend) return {};
-  id<MTLDevice> device = backend->device();
-  std::string family = "older than Apple7 (M1)";
-  // MTLGPUFamilyApple10 (M5) has a name from the macOS 26 SDK on only.
-  const std::pair<MTLGPUFamily, const char*> families[] = {{static_cast<MTLGPUFamily>(1010), "Apple10 (M5)"},
-                                                           {MTLGPUFamilyApple9, "Apple9 (M3/M4)"},
-                                                           {MTLGPUFamilyApple8, "Apple8 (M2)"},
-                                                           {MTLGPUFamilyApple7, "Apple7 (M1)"}};
-  for (const auto& [f, name] : families) {
-    if ([device supportsFamily:f]) {
-      family = name;
-      break;
+  @autoreleasepool {
+    id<MTLDevice> device = backend->device();
+    std::string family = "older than Apple7 (M1)";
+    // MTLGPUFamilyApple10 (M5) has a name from the macOS 26 SDK on only.
+    const std::pair<MTLGPUFamily, const char*> families[] = {{static_cast<MTLGPUFamily>(1010), "Apple10 (M5)"},
+                                                             {MTLGPUFamilyApple9, "Apple9 (M3/M4)"},
+                                                             {MTLGPUFamilyApple8, "Apple8 (M2)"},
+                                                             {MTLGPUFamilyApple7, "Apple7 (M1)"}};
+    for (const auto& [f, name] : families) {
+      if ([device supportsFamily:f]) {
+        family = name;
+        break;
+      }
     }
+    return {
+        {"name", device.name.UTF8String},
+        {"gpu family", family},
+        {"gpu cores", std::to_string(gpu_cores(device))},  // as dispatch sizes for them, torch's count or not
+        {"unified memory", device.hasUnifiedMemory ? "yes" : "no"},
+        {"recommended working set", std::to_string(device.recommendedMaxWorkingSetSize >> 20) + " MiB"},
+    };
   }
-  return {
-      {"name", device.name.UTF8String},
-      {"gpu family", family},
-      {"gpu cores", std::to_string(at::mps::MPSDevice::getInstance()->getCoreCount())},
-      {"unified memory", device.hasUnifiedMemory ? "yes" : "no"},
-      {"recommended working set", std::to_string(device.recommendedMaxWorkingSetSize >> 20) + " MiB"},
-  };
 }
 
 }  // namespace mps_ext

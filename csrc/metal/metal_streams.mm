@@ -225,11 +225,14 @@ class MetalEvent final : public Event {
         stream->endKernelCoalescing();
         MPSCommandBuffer* buffer = stream->commandBuffer();
         [buffer encodeSignalEvent:event value:value];
-        hold_until_completed(stream, event);
+        // A buffer that fails skips the rest of its commands, this signal too: the CPU gives it then, so that
+        // no query spins and no stream that waits on it hangs (the failure is raised by the synchronizes).
         // GPUEndTime of the buffer that ends with the signal: when it was reached.
         [buffer addCompletedHandler:^(id<MTLCommandBuffer> done) {
+          if (done.status == MTLCommandBufferStatusError && event.signaledValue < value) event.signaledValue = value;
           progress->reach(value, done.GPUEndTime);
         }];
+        hold_until_completed(stream, event);  // after the handler above, which uses it
         // Committed now, so the signal comes even if nothing else commits this stream.
         stream->synchronize(SyncType::COMMIT);
       }

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import mps_ext
+
 from mps_ext.testing import assert_close
 
 # lu_factor_ex of a complex64 matrix through lu_factor_simd_float2, whose
@@ -48,3 +50,46 @@ def test_a_pipeline_over_the_gpus_threadgroup_memory_is_left_to_torch(tmp_path, 
         assert report["kernels"] == []
         assert report["fallbacks"] == ["kernel 'lu_factor_simd_float2' needs 32784 bytes of threadgroup memory; "
                                        "this GPU has 32768"], report
+
+
+def test_device_info_where_torch_has_no_core_count(emu):
+    # torch's MPSDevice::getCoreCount throws where IOKit has no gpu-core-count: `python -m mps_ext info` reports
+    # the count dispatch sizes for (the architecture's smallest chip) instead of failing.
+    emu.set_core_count_fails(True)
+    try:
+        info = dict(emu.device_info())
+    finally:
+        emu.set_core_count_fails(False)
+    assert int(info["gpu cores"]) > 0 and info["name"]
+
+
+# softmax twice in a fresh process, its library's first compile failing.
+COMPILE = """
+import json, sys, torch, emulation
+emu = emulation.load()
+import mps_ext
+x = torch.randn(4, 300).to("mps")
+emu.fail_next_compiles("emulated compile failure", 1, sys.argv[1] == "compile error")
+runs = []
+for _ in range(2):
+    with mps_ext.trace() as t:
+        y = mps_ext.softmax(x, -1)
+    runs.append([k.name for k in t.kernels])
+    torch.testing.assert_close(y.cpu(), torch.softmax(x.cpu(), -1))
+reasons = [r for s in mps_ext.overrides.stats().values() for r in s["reasons"]]
+print(json.dumps({"runs": runs, "fallbacks": reasons}))
+"""
+
+
+@pytest.mark.parametrize("failure", ["compile error", "compiler service"])
+def test_only_compile_errors_are_remembered(failure):
+    # A compile error recurs on the same source: the family falls back to torch from then on, compiled once. The
+    # compiler service's own failure (interrupted, timed out) need not: the next call compiles again and runs.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", COMPILE, failure], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["runs"][0] == [] and any("emulated compile failure" in r for r in report["fallbacks"]), report
+    assert report["runs"][1] == ([] if failure == "compile error" else [report["runs"][1][0]]), report
+    assert failure == "compile error" or report["runs"][1][0].startswith("softmax"), report

@@ -75,6 +75,44 @@ def test_synchronize_raises_the_first_gpu_error(emu, waiter):
     assert_softmax(y, x.cpu())
 
 
+def test_mps_ext_synchronize_raises_a_default_stream_failure(emu):
+    # Before 2.15 torch reads no command buffer's status: a failed kernel on the default stream is raised by
+    # mps_ext.synchronize(), which waits for every stream (torch.mps.synchronize() only the default one there).
+    x = rows().to("mps")
+    s = mps_ext.Stream("mps")
+    emu.fail_next_kernel("emulated GPU fault")
+    mps_ext.softmax(x, -1)
+    with mps_ext.stream(s):
+        y = mps_ext.softmax(x, -1)
+    with pytest.raises(RuntimeError, match="emulated GPU fault"):
+        mps_ext.synchronize("mps")
+    assert s.query()
+    assert_softmax(y, x.cpu())
+    mps_ext.synchronize("mps")  # raised once
+
+
+def test_a_failed_buffer_still_gives_its_signals(emu):
+    # A command buffer that fails skips its later commands, an event's signal too: the event is signalled from
+    # the CPU then, so query() turns True and a stream that waits on it runs on; the failure is raised once.
+    s, other = mps_ext.Stream("mps"), mps_ext.Stream("mps")
+    x = rows().to("mps")
+    emu.fail_next_kernel("emulated GPU fault")
+    with mps_ext.stream(s):
+        mps_ext.softmax(x, -1)
+        event = s.record_event()
+    other.wait_event(event)
+    with mps_ext.stream(other):
+        y = mps_ext.softmax(x, -1)
+    deadline = time.monotonic() + 20
+    while not event.query():
+        assert time.monotonic() < deadline, "the failed buffer's event was never signalled"
+        time.sleep(0.01)
+    other.synchronize()
+    assert_softmax(y, x.cpu())
+    with pytest.raises(RuntimeError, match="emulated GPU fault"):
+        s.synchronize()
+
+
 def test_events_live_until_the_gpu_is_done_with_them(emu):
     s, other = mps_ext.Stream("mps"), mps_ext.Stream("mps")
     before = emu.released_object_uses()

@@ -2,6 +2,7 @@
 #import <Foundation/Foundation.h>
 
 #include <objc/runtime.h>
+#include <unwind.h>
 
 #include <atomic>
 #include <cstdio>
@@ -12,6 +13,22 @@
 #include <vector>
 
 #include "emu.h"
+
+// Objective-C++ code unwinds through the Objective-C runtime's personality
+// routine, and Apple's (__objc_personality_v0) runs C++ catch clauses too:
+// csrc/metal catches c10::Error (gpu_cores) and the dispatch blocks rethrow.
+// The GCC runtime's routine sees C++ exceptions as foreign and passes them by,
+// so that no catch in an .mm file would ever run: the emulation's .mm files
+// unwind through C++'s own routine instead, bound here (protected: the
+// library's own references resolve to it, not to libobjc's). Nothing here
+// throws Objective-C exceptions.
+extern "C" _Unwind_Reason_Code __gxx_personality_v0(int, _Unwind_Action, _Unwind_Exception_Class,
+                                                    _Unwind_Exception*, _Unwind_Context*);
+extern "C" __attribute__((visibility("protected"))) _Unwind_Reason_Code __gnu_objc_personality_v0(
+    int version, _Unwind_Action actions, _Unwind_Exception_Class exception_class, _Unwind_Exception* exception,
+    _Unwind_Context* context) {
+  return __gxx_personality_v0(version, actions, exception_class, exception, context);
+}
 
 namespace {
 
@@ -105,12 +122,19 @@ bool emu::is_zombie(id object) { return references(static_cast<NSObject*>(object
 
 @implementation NSError
 + (instancetype)emu_errorWithDescription:(const char*)description {
+  return [self emu_errorWithDescription:description code:0];
+}
++ (instancetype)emu_errorWithDescription:(const char*)description code:(NSInteger)code {
   NSError* e = [[self alloc] init];
   e->emu_description = [[NSString stringWithUTF8String:description] retain];
+  e->emu_code = code;
   return [e autorelease];
 }
 - (NSString*)localizedDescription {
   return emu_description;
+}
+- (NSInteger)code {
+  return emu_code;
 }
 - (void)dealloc {
   [emu_description release];

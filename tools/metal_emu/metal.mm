@@ -41,6 +41,13 @@ namespace {
 std::mutex gpu_mu;
 std::condition_variable gpu_cv;
 std::string fail_next;  // guarded by gpu_mu
+// The next library compiles fail: with a compile error, or as the compiler service does when it is
+// interrupted (MTLLibraryErrorInternal), which the next try may not meet.
+struct CompileFailure {
+  std::string message;
+  bool compile_error;
+};
+std::vector<CompileFailure> fail_compiles;  // guarded by gpu_mu
 std::atomic<int64_t> released_uses{0};
 
 constexpr auto kLaunchLatency = std::chrono::microseconds(500);
@@ -563,6 +570,16 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
   return family <= MTLGPUFamilyApple9;
 }
 - (id<MTLLibrary>)newLibraryWithSource:(NSString*)source options:(MTLCompileOptions*)options error:(NSError**)error {
+  std::lock_guard<std::mutex> lock(gpu_mu);
+  if (!fail_compiles.empty()) {
+    const CompileFailure f = fail_compiles.front();
+    fail_compiles.erase(fail_compiles.begin());
+    if (error)
+      *error = [NSError emu_errorWithDescription:f.message.c_str()
+                                            code:f.compile_error ? MTLLibraryErrorCompileFailure
+                                                                 : MTLLibraryErrorInternal];
+    return nil;
+  }
   return [[EmuLibrary alloc] init];
 }
 - (id<MTLComputePipelineState>)newComputePipelineStateWithFunction:(id<MTLFunction>)function error:(NSError**)error {
@@ -585,6 +602,11 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
 id<MTLDevice> emu::device() {
   static id<MTLDevice> device = [[EmuDevice alloc] init];
   return device;
+}
+
+void emu::fail_next_compiles(const std::string& message, int64_t count, bool compile_error) {
+  std::lock_guard<std::mutex> lock(gpu_mu);
+  fail_compiles.assign(size_t(count), CompileFailure{message, compile_error});
 }
 
 void emu::fail_next_kernel(const std::string& message) {

@@ -11,6 +11,7 @@
 // emu::enqueue and emu::wait_current_stream, so that it reads none of these
 // headers and is built once for every runtime.
 #import "emu.h"
+#include "hooks.h"
 
 #include <ATen/mps/MPSDevice.h>
 #include <ATen/mps/MPSEvent.h>
@@ -33,10 +34,20 @@ MPSDevice* MPSDevice::getInstance() {
   return device;
 }
 
-// The smallest M3's, as IOKit would report it.
-unsigned MPSDevice::getCoreCount() const { return 10; }
+// The smallest M3's, as IOKit would report it; or torch's error where IOKit has none.
+std::atomic<bool> core_count_fails{false};
+unsigned MPSDevice::getCoreCount() const {
+  TORCH_CHECK(!core_count_fails.load(), "Failed to get gpu-core-count property");
+  return 10;
+}
 
 bool is_available() { return true; }
+
+}  // namespace at::mps
+
+void emu::set_core_count_fails(bool fails) { at::mps::core_count_fails.store(fails); }
+
+namespace at::mps {
 
 MPSStream::MPSStream(Stream stream) : _stream(stream) {
   _commandQueue = [MPSDevice::getInstance()->device() newCommandQueue];

@@ -35,6 +35,14 @@ typedef NS_ENUM(NSUInteger, MTLResourceOptions) {
 @end
 
 // MTLLibrary.h
+typedef NS_ENUM(NSUInteger, MTLLibraryError) {
+  MTLLibraryErrorUnsupported = 1,
+  MTLLibraryErrorInternal = 2,
+  MTLLibraryErrorCompileFailure = 3,
+  MTLLibraryErrorCompileWarning = 4,
+  MTLLibraryErrorFunctionNotFound API_AVAILABLE(macos(10.12), ios(10.0)) = 5,
+  MTLLibraryErrorFileNotFound API_AVAILABLE(macos(10.12), ios(10.0)) = 6,
+} API_AVAILABLE(macos(10.11), ios(8.0));
 typedef NS_ENUM(NSUInteger, MTLLanguageVersion) {
   MTLLanguageVersion3_1 API_AVAILABLE(macos(14.0), ios(17.0)) = (3 << 16) + 1,
 } API_AVAILABLE(macos(10.11), ios(9.0));

@@ -65,10 +65,13 @@ __attribute__((objc_root_class))
 
 @interface NSError : NSObject {
   NSString* emu_description;
+  NSInteger emu_code;
 }
+@property(readonly) NSInteger code;
 @property(readonly, copy) NSString* localizedDescription;
-// The emulation's own: an autoreleased error with this description.
+// The emulation's own: an autoreleased error with this description (and code).
 + (instancetype)emu_errorWithDescription:(const char*)description;
++ (instancetype)emu_errorWithDescription:(const char*)description code:(NSInteger)code;
 @end
 
 @interface NSDictionary<__covariant KeyType, __covariant ObjectType> : NSObject
