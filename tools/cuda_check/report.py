@@ -67,17 +67,17 @@ REASONS = [
      "column sum and a broadcast across the SIMD group before the next can start (4 x 4 matrices: a few "
      "hundred KB in all, launch-bound)"),
     (r"^pad constant .* \(1, 1, 1, 1, 2, 0\)|^pad reflect \(8, 256, 128, 128\)",
-     "the width padded by one on each side: output rows (834 or 130 elements) are not 16-byte aligned, so every "
-     "chunk goes element by element (8 two-byte loads and stores per thread; torch 22-41%). Flag: aligned "
-     "16-byte loads shifted in registers"),
+     "the width padded by one on each side: output rows (834 or 130 elements) are not 16-byte aligned; each "
+     "thread stores 16 aligned bytes and reads an interior run with two aligned loads shifted into place, and "
+     "only chunks at a row's ends gather element by element (2 in 105 of Wan's rows, 3 in 16 of the UNet's)"),
     (r"^pad backward",
-     "one element of the gradient per thread, 2- or 4-byte loads and stores, the index arithmetic of all five "
-     "dimensions per element; an element on a border walks up to three ranges per dimension through a table in "
-     "thread memory. Flag: several elements per thread"),
+     "each thread writes 16 bytes of the gradient: an interior chunk is one aligned load or two shifted into "
+     "place (the output's rows of 130 or 210 elements are not aligned), a chunk on a border (2 of a row's 16 or "
+     "52, and whole border rows and frames) gathers element by element through tables in thread memory"),
     (r"^upsample",
-     "one position and 4 channels per thread, 2- or 4-byte accesses and no vector stores: the 2x nearest "
-     "kernels write each output element on its own. Flag: several positions of a row per thread, stored as "
-     "vectors"),
+     "nearest by a power of two: each thread loads 16 bytes once and stores them at every copy "
+     "(upsample_repeat); the other modes compute one position and 4 channels per thread, with 2- or 4-byte "
+     "accesses"),
     (r"^attention 1x32/8 heads q (1|4) ",
      "decode: a threadgroup per KV head and block of keys, then a merge launch over the blocks that takes half "
      "the time at 4096 keys (32 threadgroups of 32 threads); at 4 query rows per head 128 floats of "
