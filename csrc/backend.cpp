@@ -1,6 +1,8 @@
 #include "backend.h"
 
 #include <atomic>
+#include <mutex>
+#include <string>
 
 #include "recording.h"
 #include "sim/sim_backend.h"
@@ -17,10 +19,20 @@ c10::Device Launch::device() const {
 #if !defined(MPS_EXT_METAL)
 namespace {
 std::atomic<Backend*> installed_metal{nullptr};
+std::mutex installed_mu;
+std::string installed_why = "this build has no Metal backend (it is built on macOS with an MPS-enabled torch)";
 }  // namespace
 
 Backend* metal_backend() { return installed_metal.load(); }
-void install_metal_backend(Backend* backend) { installed_metal.store(backend); }
+std::string metal_unavailable_reason() {
+  std::lock_guard<std::mutex> lock(installed_mu);
+  return installed_metal.load() ? std::string() : installed_why;
+}
+void install_metal_backend(Backend* backend, const std::string& why) {
+  std::lock_guard<std::mutex> lock(installed_mu);
+  installed_why = why;
+  installed_metal.store(backend);
+}
 #endif
 
 Backend* backend_for(const c10::Device& device, std::string* why) {
@@ -31,7 +43,7 @@ Backend* backend_for(const c10::Device& device, std::string* why) {
     if (!backend) backend = &sim_backend();
   } else if (device.is_mps()) {
     backend = metal_backend();
-    if (!backend) reason = "no Metal backend (this build has none, or no Metal device was found)";
+    if (!backend) reason = "no Metal backend: " + metal_unavailable_reason();
   } else {
     reason = "mps_ext kernels run on cpu (simulator) or mps tensors, not " + device.str();
   }

@@ -120,10 +120,13 @@ void dispatch(const Launch& launch);
 // the torch ops see the results wherever the kernels were enqueued.
 void before_torch_ops(const c10::Device& device);
 
-// The Metal backend, when this build has one (macOS with an MPS-enabled torch).
+// The Metal backend, when this build has one (macOS with an MPS-enabled torch)
+// and the GPU runs its kernels; else nullptr, and why.
 Backend* metal_backend();
+std::string metal_unavailable_reason();
 // Elsewhere, the Metal backend of a library loaded beside this one: the
-// emulated Metal of tools/metal_emu installs csrc/metal's backend here.
-void install_metal_backend(Backend* backend);
+// emulated Metal of tools/metal_emu installs csrc/metal's backend here (or
+// nullptr, and why).
+void install_metal_backend(Backend* backend, const std::string& why);
 
 }  // namespace mps_ext

@@ -28,6 +28,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   register_stream_bindings(m);
 
   m.def("_has_metal", [] { return mps_ext::metal_backend() != nullptr; });
+  m.def("_metal_unavailable", [] { return mps_ext::metal_unavailable_reason(); });
   m.def("_metal_device_info", [] {
 #if defined(MPS_EXT_METAL)
     return mps_ext::metal::device_info();

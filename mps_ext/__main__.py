@@ -23,7 +23,7 @@ def info() -> int:
         ("torch", f"{torch.__version__} (mps_ext built against {BUILT_WITH})"),
         ("python", platform.python_version()),
         ("platform", f"{platform.system()} {platform.release()} {platform.machine()}"),
-        ("backends", "simulator" + (", metal" if _C._has_metal() else " (metal: not built on this platform)")),
+        ("backends", "simulator" + (", metal" if _C._has_metal() else f" (metal: {_C._metal_unavailable()})")),
         ("mps device", "usable" if usable else f"not usable: {why}"),
         *((f"  {k}", v) for k, v in _C._metal_device_info()),
         ("overrides", ", ".join(f"{d}: {'on' if overrides.is_enabled(d) else 'off'}" for d in ("mps", "cpu"))),

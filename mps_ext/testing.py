@@ -285,7 +285,7 @@ def mps_usable() -> tuple[bool, str]:
     if not torch.backends.mps.is_available():
         return False, "MPS is not available (needs Apple silicon, macOS 14+ and a torch built with MPS)"
     if not _C._has_metal():
-        return False, "mps_ext was built without its Metal backend"
+        return False, f"mps_ext's Metal backend is not there: {_C._metal_unavailable()}"
     try:
         x = torch.arange(4096, dtype=torch.float32, device="mps")
         got = float((x * 2).sum().cpu())

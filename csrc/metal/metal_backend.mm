@@ -44,6 +44,9 @@ void use_safe_math(MTLCompileOptions* options) {
 #pragma clang diagnostic pop
 }
 
+// The SIMD-group width every kernel is written for (Apple GPUs').
+constexpr NSUInteger kSimdWidth = 32;
+
 // The GPU's core count: torch reads the gpu-core-count property of the GPU's
 // IOKit accelerator entry (and throws when there is none); else the smallest
 // chip of the device's architecture tier.
@@ -167,6 +170,13 @@ class MetalBackend final : public Backend {
             *error = "creating the pipeline of '" + kernel + "' failed: " + describe(ns_error);
             lasting = recurs(ns_error);
           }
+          if (pipeline && pipeline.threadExecutionWidth != kSimdWidth) {
+            *error = "kernel '" + kernel + "' would run SIMD groups of " +
+                     std::to_string(pipeline.threadExecutionWidth) + " threads on this GPU; it is written for " +
+                     std::to_string(kSimdWidth);
+            [pipeline release];
+            pipeline = nil;
+          }
           // What the kernel declares plus what the compiler (or shader validation) adds.
           if (pipeline && pipeline.staticThreadgroupMemoryLength > device_.maxThreadgroupMemoryLength) {
             *error = "kernel '" + kernel + "' needs " + std::to_string(pipeline.staticThreadgroupMemoryLength) +
@@ -241,11 +251,27 @@ class MetalBackend final : public Backend {
   std::unordered_map<std::string, std::string> pipeline_errors_;
 };
 
+// Why the backend is not there, once instance() has run.
+std::string& unavailable_why() {
+  static std::string why;
+  return why;
+}
+
+// The kernels are written for Apple GPUs, the Apple7 family (M1) on: SIMD groups of 32 threads, bfloat,
+// simdgroup matrices. An Intel Mac's AMD GPU (SIMD groups of 64) would run them with wrong results: refused.
 MetalBackend* instance() {
   static MetalBackend* backend = []() -> MetalBackend* {
-    if (!at::mps::is_available()) return nullptr;
-    id<MTLDevice> device = at::mps::MPSDevice::getInstance()->device();
-    return device ? new MetalBackend(device) : nullptr;
+    id<MTLDevice> device = at::mps::is_available() ? at::mps::MPSDevice::getInstance()->device() : nil;
+    if (!device) {
+      unavailable_why() = "torch finds no MPS device";
+      return nullptr;
+    }
+    if (![device supportsFamily:MTLGPUFamilyApple7]) {
+      unavailable_why() = std::string("mps_ext's kernels need an Apple GPU of the Apple7 family (M1) or later, not ") +
+                          device.name.UTF8String + ": torch runs every op";
+      return nullptr;
+    }
+    return new MetalBackend(device);
   }();
   return backend;
 }
@@ -254,12 +280,14 @@ MetalBackend* instance() {
 
 Backend* metal_backend() { return instance(); }
 
+std::string metal_unavailable_reason() { return instance() ? std::string() : unavailable_why(); }
+
 std::vector<std::pair<std::string, std::string>> metal::device_info() {
   MetalBackend* backend = instance();
   if (!backend) return {};
   @autoreleasepool {
     id<MTLDevice> device = backend->device();
-    std::string family = "older than Apple7 (M1)";
+    std::string family;  // one of these: instance() refuses older GPUs
     // MTLGPUFamilyApple10 (M5) has a name from the macOS 26 SDK on only.
     const std::pair<MTLGPUFamily, const char*> families[] = {{static_cast<MTLGPUFamily>(1010), "Apple10 (M5)"},
                                                              {MTLGPUFamilyApple9, "Apple9 (M3/M4)"},

@@ -93,3 +93,34 @@ def test_only_compile_errors_are_remembered(failure):
     assert report["runs"][0] == [] and any("emulated compile failure" in r for r in report["fallbacks"]), report
     assert report["runs"][1] == ([] if failure == "compile error" else [report["runs"][1][0]]), report
     assert failure == "compile error" or report["runs"][1][0].startswith("softmax"), report
+
+
+# softmax on a GPU of the kind the environment sets (the emulation reads it once, at start).
+GPU_KIND = """
+import json, torch, emulation
+emu = emulation.load()
+import mps_ext
+x = torch.randn(4, 300)
+with mps_ext.trace() as t:
+    y = mps_ext.softmax(x.to("mps"), -1)
+torch.testing.assert_close(y.cpu(), torch.softmax(x, -1))
+reasons = [r for s in mps_ext.overrides.stats().values() for r in s["reasons"]]
+print(json.dumps({"metal": mps_ext._C._has_metal(), "unavailable": mps_ext._C._metal_unavailable(),
+                  "kernels": [k.name for k in t.kernels], "fallbacks": reasons}))
+"""
+
+
+@pytest.mark.parametrize("family, width", [(0, 64), (9, 64), (9, 32)])
+def test_only_apple_gpus_run_the_kernels(family, width):
+    # The kernels are written for Apple GPUs (Apple7 on, SIMD groups of 32): an Intel Mac's AMD GPU (no Apple
+    # family, SIMD groups of 64) gets no Metal backend, saying why, and a pipeline of another SIMD width is
+    # refused: torch computes those ops, never the kernels with wrong results.
+    env = {**os.environ, "MPS_EXT_METAL_EMU_APPLE_FAMILY": str(family), "MPS_EXT_METAL_EMU_SIMD_WIDTH": str(width),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run([sys.executable, "-c", GPU_KIND], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[-1])
+    assert report["metal"] == (family >= 7) and ("Apple7" in report["unavailable"]) == (family < 7), report
+    assert bool(report["kernels"]) == (family >= 7 and width == 32), report
+    if family >= 7 and width != 32:
+        assert any("SIMD groups of 64 threads" in r for r in report["fallbacks"]), report

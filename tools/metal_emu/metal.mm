@@ -64,6 +64,23 @@ NSUInteger validation_threadgroup_bytes() {
   return bytes;
 }
 
+// The emulated GPU's kind, read once: the newest Apple family it supports
+// (MPS_EXT_METAL_EMU_APPLE_FAMILY, default 9, an M3; 0: not an Apple GPU, as
+// an Intel Mac's AMD GPU is) and the threads of its SIMD groups
+// (MPS_EXT_METAL_EMU_SIMD_WIDTH, default 32; 64 on those AMD GPUs).
+NSUInteger env_or(const char* name, NSUInteger fallback) {
+  const char* value = std::getenv(name);
+  return value ? NSUInteger(std::strtoul(value, nullptr, 10)) : fallback;
+}
+NSUInteger apple_family() {
+  static const NSUInteger family = env_or("MPS_EXT_METAL_EMU_APPLE_FAMILY", 9);
+  return family;
+}
+NSUInteger simd_width() {
+  static const NSUInteger width = env_or("MPS_EXT_METAL_EMU_SIMD_WIDTH", 32);
+  return width;
+}
+
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -162,6 +179,9 @@ bool done(const BufferState& s) { return s.status >= MTLCommandBufferStatusCompl
 - (NSUInteger)maxTotalThreadsPerThreadgroup {
   return kernel_->max_total_threads_per_threadgroup ? kernel_->max_total_threads_per_threadgroup
                                                     : mtlsim::kMaxThreadsPerThreadgroup;
+}
+- (NSUInteger)threadExecutionWidth {
+  return simd_width();
 }
 // What the kernel's threadgroup variables take, plus what shader validation adds.
 - (NSUInteger)staticThreadgroupMemoryLength {
@@ -567,7 +587,7 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
   return mtlsim::kMaxThreadgroupMemory;
 }
 - (BOOL)supportsFamily:(MTLGPUFamily)family {
-  return family <= MTLGPUFamilyApple9;
+  return family >= MTLGPUFamilyApple1 && family <= MTLGPUFamilyApple1 + NSInteger(apple_family()) - 1;
 }
 - (id<MTLLibrary>)newLibraryWithSource:(NSString*)source options:(MTLCompileOptions*)options error:(NSError**)error {
   std::lock_guard<std::mutex> lock(gpu_mu);

@@ -137,5 +137,5 @@ TORCH_LIBRARY_IMPL(_, MPS, m) { m.fallback(torch::CppFunction::makeFromBoxedFunc
 
 void emu::install() {
   c10::SetAllocator(c10::DeviceType::MPS, &allocator);
-  mps_ext::install_metal_backend(mps_ext::metal_backend());
+  mps_ext::install_metal_backend(mps_ext::metal_backend(), mps_ext::metal_unavailable_reason());
 }

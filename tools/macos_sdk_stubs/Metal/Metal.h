@@ -75,6 +75,7 @@ API_AVAILABLE(macos(10.11), ios(8.0))
 // MTLComputePipeline.h
 @protocol MTLComputePipelineState <NSObject>
 @property(readonly) NSUInteger maxTotalThreadsPerThreadgroup;
+@property(readonly) NSUInteger threadExecutionWidth;
 @property(readonly) NSUInteger staticThreadgroupMemoryLength API_AVAILABLE(macos(11.0), ios(14.0));
 @end
 
@@ -137,6 +138,7 @@ typedef NS_ENUM(NSUInteger, MTLCommandBufferStatus) {
 
 // MTLDevice.h
 typedef NS_ENUM(NSInteger, MTLGPUFamily) {
+  MTLGPUFamilyApple1 = 1001,
   MTLGPUFamilyApple7 = 1007,
   MTLGPUFamilyApple8 = 1008,
   MTLGPUFamilyApple9 = 1009,
