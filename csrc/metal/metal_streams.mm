@@ -135,7 +135,9 @@ void raise_error(MPSStream* stream) {
 
 #endif
 
-id<MTLCommandBuffer> underlying(MPSStream* stream) { return stream->commandBuffer().commandBuffer; }
+// The Metal buffer the stream's work goes into now: the one commitAndContinue commits (rootCommandBuffer,
+// as Apple documents it; commandBuffer is the one the MPSCommandBuffer was made with).
+id<MTLCommandBuffer> underlying(MPSStream* stream) { return stream->commandBuffer().rootCommandBuffer; }
 
 // Inside a block on stream->queue(): `object` lives until the stream's
 // current command buffer, which references it, has completed.

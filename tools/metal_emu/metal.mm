@@ -468,7 +468,8 @@ bool done(const BufferState& s) { return s.status >= MTLCommandBufferStatusCompl
 @end
 
 void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
-  if (object_getClass(buffer) == objc_getClass("EmuMPSCommandBuffer")) buffer = ((MPSCommandBuffer*)buffer).commandBuffer;
+  if (object_getClass(buffer) == objc_getClass("EmuMPSCommandBuffer"))
+    buffer = ((MPSCommandBuffer*)buffer).rootCommandBuffer;
   BufferState& state = *((EmuCommandBuffer*)buffer)->state_->get();
   if (state.status != MTLCommandBufferStatusNotEnqueued) emu::fail("encoding into a committed command buffer");
   state.commands.push_back(std::move(command));
@@ -493,10 +494,13 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
 @end
 
 // MetalPerformanceShaders' command buffer: commitAndContinue commits the
-// underlying buffer and goes on in a new one of the same queue.
+// underlying buffer and goes on in a new one of the same queue. As Apple
+// documents them, rootCommandBuffer is the underlying buffer now (the one the
+// next commitAndContinue commits), commandBuffer the one it was made with.
 @interface EmuMPSCommandBuffer : MPSCommandBuffer {
  @public
   id<MTLCommandQueue> queue_;
+  id<MTLCommandBuffer> initial_;
   id<MTLCommandBuffer> current_;
 }
 @end
@@ -511,6 +515,7 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
   EmuMPSCommandBuffer* b = [[EmuMPSCommandBuffer alloc] init];
   b->queue_ = [queue retain];
   b->current_ = [[queue commandBuffer] retain];
+  b->initial_ = [b->current_ retain];
   return [b autorelease];
 }
 @end
@@ -518,6 +523,9 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
 
 @implementation EmuMPSCommandBuffer
 - (id<MTLCommandBuffer>)commandBuffer {
+  return initial_;
+}
+- (id<MTLCommandBuffer>)rootCommandBuffer {
   return current_;
 }
 - (void)commitAndContinue {
@@ -556,6 +564,7 @@ void emu::encode(id<MTLCommandBuffer> buffer, Command command) {
   return current_.GPUEndTime;
 }
 - (void)dealloc {
+  [initial_ release];
   [current_ release];
   [queue_ release];
   [super dealloc];

@@ -11,6 +11,7 @@ NS_ASSUME_NONNULL_BEGIN
 @interface MPSCommandBuffer : NSObject <MTLCommandBuffer>
 + (instancetype)commandBufferFromCommandQueue:(id<MTLCommandQueue>)commandQueue;
 @property(readonly, retain) id<MTLCommandBuffer> commandBuffer;
+@property(readonly, retain) id<MTLCommandBuffer> rootCommandBuffer;
 - (void)commitAndContinue;
 @end
 
