@@ -98,11 +98,11 @@ def test_column_only_with_torch_sources(peer_torch):
 def test_nvcc_compiles_torch_translation(peer_torch, headers, tmp_path):
     modules = peer_torch.modules(headers, tmp_path / "gen")
     built = _tool("cuda").build(modules, tmp_path, log=lambda *_: None, check_only=True)
-    assert sorted(built) == sorted(m.name for m in modules) and "torch_attention" in built
+    assert sorted(built) == sorted(m.name for m in modules) and {"torch_attention", "torch_gemv"} <= set(built)
     hosts = {h for m in modules for h in m.hosts()}
     assert {"sdpa_vector_bfloat_128_128_masknone", "sdpa_vector_2pass_1_bfloat_128_128_masknone",
-            "sdpa_vector_2pass_2_bfloat_256", "prefill_attention_bfloat16_bq32_bk16_bd128_wm4_wn1_hm0_dc1_maskbfloat16"
-            } <= hosts
+            "sdpa_vector_2pass_2_bfloat_256", "prefill_attention_bfloat16_bq32_bk16_bd128_wm4_wn1_hm0_dc1_maskbfloat16",
+            "gemv_nt_bfloat_4_8_none_xc", "gemv_nt_half_8_8_none_xc"} <= hosts
     if "torch_softmax" in built:
         assert {f"softmax_{k}_{t}_u32" for k in ("row", "partial", "finalize") for t in ("float", "bfloat")} <= hosts
 
@@ -146,3 +146,30 @@ def test_attention_launches_match_torch_on_the_simulator(peer_torch, headers, tm
     want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal,
                                                             enable_gqa=True)
     assert ((out.double() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_gemv_config_is_torchs_policy(peer_torch):
+    # GemvPolicy::pick_nt: 8 SIMD groups from 8192 outputs for half types (float: 4 from 2048, else 16), loads
+    # of 8 elements (float 4) halved while the row length is not a multiple.
+    config = peer_torch.gemv_config
+    assert config(torch.bfloat16, 4096, 4096) == (4, 8) and config(torch.float16, 128256, 4096) == (8, 8)
+    assert config(torch.bfloat16, 14336, 4100) == (8, 4) and config(torch.bfloat16, 100, 4099) == (4, 1)
+    assert config(torch.float32, 4096, 4096) == (4, 4) and config(torch.float32, 1000, 4098) == (16, 2)
+
+
+@pytest.mark.parametrize("dtype, n, k", [(torch.bfloat16, 37, 72), (torch.float16, 8200, 20),
+                                         (torch.bfloat16, 9, 1027)])
+def test_gemv_launches_match_torch_on_the_simulator(peer_torch, headers, dtype, n, k):
+    # torch 2.15's gemv_nt as peer_torch plans F.linear of one row (outputs past the last full threadgroup,
+    # loads of 8 and 4 elements and one at a time, the tail of a row) gives torch's F.linear.
+    sim = pytest.importorskip("mps_ext.sim")
+    w = (torch.randn(n, k) * 0.1).to(dtype)
+    x = torch.randn(1, k).to(dtype)
+    y = torch.full((1, n), float("nan"), dtype=dtype)
+    lib = sim.compile_shader("#define __METAL__ 1\n" + peer_torch.gemv_source(headers, [(dtype, n, k)]),
+                             name="torch_gemv.metal", include_dirs=[str(headers), str(headers / "aten" / "src")])
+    for l in peer_torch.gemv(w, x, y):
+        buffers = [bytes(b.numpy()) if b.dtype == torch.uint8 else b for b in l.buffers]
+        sim.dispatch(lib, l.kernel.split("/")[1], buffers, l.grid, l.threads, grid_in_threads=False)
+    want = x.double() @ w.double().T
+    assert ((y.double() - want).norm() / want.norm()).item() < 4e-3

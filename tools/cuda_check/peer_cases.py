@@ -119,7 +119,19 @@ def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
             kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets], ref, nbytes,
                         "gemv" if m == 1 else "gemv_wide (2-5 rows on M3 and later)"),
             torch_impl([lambda s=s: F.linear(X[s], W[s]) for s in sets], ref, dtype, nbytes, "F.linear"),
-            not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["gemv" if m == 1 else "gemv_rows"])]
+            torch_mps_gemv(W, X, sets, ref, nbytes)]
+
+
+def torch_mps_gemv(W, X, sets, ref, nbytes) -> Impl:
+    """torch 2.15's gemv_nt for one row (its few-row kernels take e4m3fn activations only)."""
+    if X[0].shape[0] != 1:
+        return not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["gemv_rows"])
+    if peer_torch.SOURCES is None:
+        return not_applicable(peer_torch.NAME, peer_torch.NO_SOURCES)
+    Y = [torch.empty(1, W[0].shape[0], dtype=W[0].dtype, device=cuda.DEV) for _ in sets]
+    nsimd, vec = peer_torch.gemv_config(W[0].dtype, *W[0].shape)
+    return kernel_impl(peer_torch.NAME, [(peer_torch.gemv(W[s], X[s], Y[s]), Y[s]) for s in sets], ref, nbytes,
+                       f"gemv_nt, {nsimd} SIMD groups, {vec}-element loads")
 
 
 def fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:

@@ -10,6 +10,7 @@ kernels/*), never copied into this repository; each family's routing mirrors tor
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ import torch
 import cuda
 import peer_sources
 import _attention_cases  # noqa: E402 (on the path peer_sources sets)
+import _decode_cases  # noqa: E402
 from cuda import Launch, Module
 from peer_plans import ceil_div, packed
 from translate_cuda import _METAL_CALLS
@@ -32,8 +34,8 @@ KERNELS = "aten/src/ATen/native/mps/kernels"
 # What the kernels here include, as pytorch's tree names them: extract copies exactly these. The attention
 # kernels are headers that torch's macOS wheels ship too (torch/include, which lays out c10/metal and
 # ATen/native/mps/kernels as the tree does under aten/src); SoftMax.metal is in the source tree only.
-HEADERS = [f"{KERNELS}/{f}" for f in ("SoftMax.h", "Gemv.h", "ScaledMM.h", "GroupedMM.h", "DecodeAttention.h",
-                                      "PrefillAttention.h")] + \
+HEADERS = [f"{KERNELS}/{f}" for f in ("SoftMax.h", "Gemv.h", "LinearAlgebra.h", "ScaledMM.h", "GroupedMM.h",
+                                      "DecodeAttention.h", "PrefillAttention.h")] + \
     [f"c10/metal/{h}.h" for h in ("common", "float8", "utils", "reduction_utils")]
 FILES = HEADERS + [f"{KERNELS}/SoftMax.metal"]
 # The directory of torch's sources for this run (peers.py --torch-mps DIR), None when none was given: every
@@ -42,8 +44,6 @@ SOURCES: Path | None = None
 NO_SOURCES = "no torch sources given (--torch-mps DIR)"
 # Where torch 2.15 has no counterpart of a case on the proxy, why (peer_cases reports the cell n/a).
 NOT_ON_PROXY = {
-    "gemv": "torch 2.15's gemv_nt (Gemv.h) is not on the proxy yet: the .metal file that instantiates it, with "
-            "its GemvDims and GemmEpilogue declarations, is not among the extracted sources",
     "gemv_rows": "torch 2.15 runs no GEMV for more than one row: Gemv.h's kernels are rank-1 (M == 1), and its "
                  "few-row kernels (scaled_mm_few_rows) take e4m3fn activations only",
     "fp8": "torch 2.15's FP8 path (_scaled_mm, scaled_mm_few_rows) quantizes the activations to e4m3fn too; "
@@ -77,10 +77,12 @@ def extract(dest: Path, tree: Path | None = None, git_dir: Path | None = None, r
 # -- translation ------------------------------------------------------------------------------------
 
 # The most threads per threadgroup torch's host launches each kernel with (kSoftmaxThreads: SoftMax.mm).
-# sdpa_vector and its second pass: 32 SIMD groups (BN); the first pass 8; prefill_attention: WM x WN x 32.
+# sdpa_vector and its second pass: 32 SIMD groups (BN); the first pass 8; prefill_attention: WM x WN x 32;
+# gemv_nt: NSIMD x 32.
 LAUNCH_BOUNDS = [(re.compile(r"(log_)?softmax_(row|partial|finalize)_"), 256), (re.compile(r"(log_)?softmax_"), 1024),
                  (re.compile(r"sdpa_vector_2pass_1_"), 256), (re.compile(r"sdpa_vector_"), 1024),
-                 (re.compile(r"prefill_attention_\w+_wm(\d)_wn(\d)"), None)]
+                 (re.compile(r"prefill_attention_\w+_wm(\d)_wn(\d)"), None),
+                 (re.compile(r"gemv_nt_[a-z]+_(\d+)_"), None)]
 
 
 class TorchTranslator(peer_sources.PeerTranslator):
@@ -107,7 +109,7 @@ class TorchTranslator(peer_sources.PeerTranslator):
     def launch_bound(host: str) -> int:
         for pattern, n in LAUNCH_BOUNDS:
             if m := pattern.match(host):
-                return n if n is not None else int(m.group(1)) * int(m.group(2)) * 32
+                return n if n is not None else math.prod(int(g) for g in m.groups()) * 32
         return peer_sources.PeerTranslator.launch_bound(host)
 
 
@@ -121,9 +123,9 @@ def modules(sources: Path, gen: Path) -> list[Module]:
         out.append(Module("torch_softmax", sources / KERNELS / "SoftMax.metal", include, None, ("__METAL__",),
                           TorchTranslator))
     gen.mkdir(parents=True, exist_ok=True)
-    peer_sources.write_if_changed(gen / "torch_attention.metal", attention_source(sources))
-    out.append(Module("torch_attention", gen / "torch_attention.metal", include, None, ("__METAL__",),
-                      TorchTranslator))
+    for name, text in (("torch_attention", attention_source(sources)), ("torch_gemv", gemv_source(sources))):
+        peer_sources.write_if_changed(gen / f"{name}.metal", text)
+        out.append(Module(name, gen / f"{name}.metal", include, None, ("__METAL__",), TorchTranslator))
     return out
 
 
@@ -217,6 +219,60 @@ def softmax_partials_buffer(x: torch.Tensor) -> torch.Tensor | None:
 def softmax_note(rows: int, cols: int) -> str:
     route = softmax_route(rows, cols)
     return "softmax_row" if route[0] == "row" else f"softmax_partial + softmax_finalize, {route[1]} chunks"
+
+
+# -- GEMV (F.linear of one row: gemv_nt, as GemvPolicy::pick_nt sizes it) -----------------------------
+
+# Gemv.h's instantiations of every config for every dtype, 32- and 64-bit indices (about 300 kernels):
+# gemv_source instantiates, with its own MB_GEMV_NT, only the configs the cases take.
+ALL_GEMVS = re.compile(r"^(MB_GEMV_(FLOAT|LP|I64_LP)\(\w+\)|MB_GEMV_(T|NT)_I64_E1?V?\([^)]*\))\s*$", re.M)
+GEMV_TYPES = {torch.bfloat16: "bfloat", torch.float16: "half", torch.float32: "float"}
+
+
+def gemv_config(dtype: torch.dtype, n: int, k: int) -> tuple[int, int]:
+    """(SIMD groups per threadgroup, elements per load) of gemv_nt for an output of n over rows of k: pytorch's
+    GemvPolicy::pick_nt (operations/GemmHeuristics.mm; its main branch after 2.15, whose Gemv.h instantiates
+    exactly these configs): 8 SIMD groups from 8192 outputs for half types (4 from 2048 for float, else 16), 8
+    elements per load (4 for float), halved while the row length is not a multiple."""
+    nsimd = (4 if n >= 2048 else 16) if dtype == torch.float32 else (8 if n >= 8192 else 4)
+    vec = 4 if dtype == torch.float32 else 8
+    while vec > 1 and k % vec:
+        vec //= 2
+    return nsimd, vec
+
+
+def gemv_source(sources: Path, shapes: list[tuple] | None = None) -> str:
+    """Gemv.h (with LinearAlgebra.h's GemvDims and GemmEpilogue, as LinearAlgebra.metal includes them) and the
+    gemv_nt instantiations of shapes (dtype, n, k): by default the one-row cases of benchmarks/_decode_cases.py
+    (a unit-stride x)."""
+    items: list[str] = []
+    for dtype, n, k in shapes or [(c.dtype, *c.dims[:2]) for c in _decode_cases.cases()
+                                  if c.family == "gemv" and c.dims[2] == 1]:
+        nsimd, vec = gemv_config(dtype, n, k)
+        x = gemv_x(vec)
+        item = f'MB_GEMV_NT({GEMV_TYPES[dtype]}, {nsimd}, {vec}, none, None, {x}, {str(x == "xc").lower()}, "", false)'
+        items += [item] if item not in items else []
+    kernels = sources / KERNELS
+    return "\n".join(["// torch's GEMV kernels (LinearAlgebra.h, Gemv.h verbatim) with the instantiations the cases "
+                      "launch: tools/cuda_check/peer_torch.py.", "#include <c10/metal/utils.h>",
+                      "#include <metal_stdlib>", "using namespace metal;", (kernels / "LinearAlgebra.h").read_text(),
+                      ALL_GEMVS.sub("", (kernels / "Gemv.h").read_text()), *items, ""])
+
+
+def gemv(w: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> list[Launch]:
+    """F.linear(x, w) for one row of x (1, k), w (n, k) row-major, y (1, n): gemv_nt over w's rows, one SIMD group
+    per output, without bias (GemvDims: n, K, ld, ms, xs, bias_r, bias_c; alpha and beta bound, unread)."""
+    (n, k), t = w.shape, GEMV_TYPES[w.dtype]
+    nsimd, vec = gemv_config(w.dtype, n, k)
+    dims = packed("7q", n, k, w.stride(0), w.stride(1), x.stride(-1), 0, 0)
+    return [Launch(f"torch_gemv/gemv_nt_{t}_{nsimd}_{vec}_none_{gemv_x(vec)}", (ceil_div(n, nsimd), 1, 1),
+                   (32 * nsimd, 1, 1), [w, x, y, dims, y, packed("2f", 1.0, 0.0)])]
+
+
+def gemv_x(vec: int) -> str:
+    """How gemv_nt reads x: as vectors where it is unit-stride and vec > 1 ("xc"), else element by element
+    ("xs": Gemv.h builds no vector load of one element)."""
+    return "xc" if vec > 1 else "xs"
 
 
 # -- attention (operations/Attention.mm's _scaled_dot_product_attention_math_mps) ---------------------
