@@ -380,3 +380,15 @@ def test_attention_table_names_what_is_not_applicable(tool):
     row = _row(md, "Attention", case.name)
     assert row[4] == "n/a" and row[5] == "0.80 (MLX)"
     assert f"- torch CUDA: no sinks ({case.name})" in md
+
+
+@needs_peers
+def test_a_plan_a_peer_refuses_drops_its_cell_only(tool):
+    # Two rows with K % 256 == 0 take a ggml kernel its module does not build (nxpsg 16): ggml's cell says so,
+    # and ours, MLX's and torch's are still built and checked.
+    peer_cases, _, _ = tool
+    case = _tool("_decode_cases").Case("gemv", "two rows", (96, 512, 2), torch.bfloat16)
+    impls = {i.name: i for i in peer_cases.gemv(case, _tool("peer_plans").Ggml(PEERS), rotate=0)}
+    assert "its plan refuses the case" in impls["ggml"].not_applicable and "K % 256" in impls["ggml"].not_applicable
+    assert not impls["ours"].not_applicable and not impls["torch"].not_applicable
+    assert impls["mlx"].not_applicable  # MLX's plans: one and four rows

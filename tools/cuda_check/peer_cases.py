@@ -70,6 +70,15 @@ def not_applicable(name: str, why: str) -> Impl:
     return Impl(name, [], lambda: None, None, None, 0, not_applicable=why)
 
 
+def peer(name: str, build: Callable[[], Impl]) -> Impl:
+    """A peer's implementation, or, where its own host code refuses the case (ggml's plans assert on shapes
+    its host would not build), that cell alone not applicable, saying why: the case's other cells still run."""
+    try:
+        return build()
+    except (AssertionError, ValueError, KeyError, NotImplementedError) as e:
+        return not_applicable(name, f"its plan refuses the case: {type(e).__name__}: {e}")
+
+
 def kernel_impl(name, planned: list[tuple], ref, nbytes, note="", order=None) -> Impl:
     """From (launches, output) per input set; order: the reference's row of each output row."""
     out = planned[0][1]
@@ -114,12 +123,12 @@ def gemv(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     Y32 = [torch.empty(m, n, device=cuda.DEV) for _ in sets]
     Ym = [torch.empty(m, n, device=cuda.DEV, dtype=dtype) for _ in sets]
     return [kernel_impl("ours", [our_plan(mps_ext.linear, X[s], W[s]) for s in sets], ref, nbytes),
-            kernel_impl("ggml", [(ggml.gemv(W[s], X32[s], Y32[s]), Y32[s]) for s in sets], ref,
-                        n * k * 2 + (m * k + m * n) * 4, "f32 activations and output"),
-            kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets], ref, nbytes,
-                        "gemv" if m == 1 else "gemv_wide (2-5 rows on M3 and later)"),
+            peer("ggml", lambda: kernel_impl("ggml", [(ggml.gemv(W[s], X32[s], Y32[s]), Y32[s]) for s in sets], ref,
+                                             n * k * 2 + (m * k + m * n) * 4, "f32 activations and output")),
+            peer("mlx", lambda: kernel_impl("mlx", [(peer_plans.mlx_gemv(W[s], X[s], Ym[s]), Ym[s]) for s in sets],
+                                            ref, nbytes, "gemv" if m == 1 else "gemv_wide (2-5 rows on M3 and later)")),
             torch_impl([lambda s=s: F.linear(X[s], W[s]) for s in sets], ref, dtype, nbytes, "F.linear"),
-            torch_mps_gemv(W, X, sets, ref, nbytes)]
+            peer(peer_torch.NAME, lambda: torch_mps_gemv(W, X, sets, ref, nbytes))]
 
 
 def torch_mps_gemv(W, X, sets, ref, nbytes) -> Impl:
@@ -192,11 +201,12 @@ def moe(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     vector_ids = (token_of_row if op == "gate_up" else torch.arange(rows, device=cuda.DEV)).to(torch.int32)
     return [kernel_impl("ours", [our_plan(mps_ext.grouped_mm, A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
                         ref, nbytes, "grouped_mm decode, rows sorted by expert", order[0]),
-            kernel_impl("ggml", [(ggml.moe(W, x32[s], ids[s], Yg[s]), Yg[s].view(rows, n)) for s in range(ROUTINGS)],
-                        ref, weights + x32[0].numel() * 4 + rows * n * 4, "mul_mv_id; f32 activations and output"),
-            kernel_impl("mlx", [(peer_plans.mlx_gather(W, vectors[s], vector_ids, ids[s].reshape(-1), Ym[s]), Ym[s])
-                                for s in range(ROUTINGS)], ref, weights + (vectors[0].numel() + rows * n) * 2,
-                        "gemv_gather"),
+            peer("ggml", lambda: kernel_impl(
+                "ggml", [(ggml.moe(W, x32[s], ids[s], Yg[s]), Yg[s].view(rows, n)) for s in range(ROUTINGS)], ref,
+                weights + x32[0].numel() * 4 + rows * n * 4, "mul_mv_id; f32 activations and output")),
+            peer("mlx", lambda: kernel_impl(
+                "mlx", [(peer_plans.mlx_gather(W, vectors[s], vector_ids, ids[s].reshape(-1), Ym[s]), Ym[s])
+                        for s in range(ROUTINGS)], ref, weights + (vectors[0].numel() + rows * n) * 2, "gemv_gather")),
             torch_impl([lambda s=s: torch._grouped_mm(A[s], W.transpose(-2, -1), offs=offs[s])
                         for s in range(ROUTINGS)], ref, dtype, nbytes, "torch._grouped_mm", order[0]),
             not_applicable(peer_torch.NAME, peer_torch.NOT_ON_PROXY["moe"])]
@@ -252,10 +262,11 @@ def softmax(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     impls = [kernel_impl("ours", [our_plan(mps_ext.softmax, X[s], -1) for s in sets], ref, nbytes)]
     if dtype == F32:  # ggml's softmax takes float32 only
         Yg = [torch.empty_like(x) for x in X]
-        impls.append(kernel_impl("ggml", [(ggml.softmax(X[s], Yg[s]), Yg[s]) for s in sets], ref, nbytes))
-    impls.append(kernel_impl("mlx", [(peer_plans.mlx_softmax(X[s], Y[s]), Y[s]) for s in sets], ref, nbytes,
-                             "" if dtype == F32 else "precise (float accumulation)"))
-    impls.append(torch_mps_softmax(X, sets, ref, nbytes))
+        impls.append(peer("ggml", lambda: kernel_impl("ggml", [(ggml.softmax(X[s], Yg[s]), Yg[s]) for s in sets], ref,
+                                                      nbytes)))
+    impls.append(peer("mlx", lambda: kernel_impl("mlx", [(peer_plans.mlx_softmax(X[s], Y[s]), Y[s]) for s in sets],
+                                                 ref, nbytes, "" if dtype == F32 else "precise (float accumulation)")))
+    impls.append(peer(peer_torch.NAME, lambda: torch_mps_softmax(X, sets, ref, nbytes)))
     impls.append(torch_impl([lambda s=s: torch.softmax(X[s], -1) for s in sets], ref, dtype, nbytes,
                             "torch.softmax"))
     return impls
@@ -392,9 +403,10 @@ def attention(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     nbytes = kv_bytes + Q[0].numel() * dtype.itemsize + out_bytes
     impls = [kernel_impl("ours", [our_plan(attended, Q[s], K[s], V[s], S32, causal) for s in sets], ref, nbytes,
                          "decode" if q_len <= 8 else "prefill")]
-    impls.append(ggml_attention(ggml, Q, K, V, S32, causal, ref, nbytes + (Q[0].numel() + ref.numel()) * 2))
-    impls.append(mlx_attention(Q, K, V, S32, ref, nbytes))
-    impls.append(torch_mps_attention(Q, K, V, sinks, causal, ref, nbytes))
+    impls.append(peer("ggml", lambda: ggml_attention(ggml, Q, K, V, S32, causal, ref,
+                                                     nbytes + (Q[0].numel() + ref.numel()) * 2)))
+    impls.append(peer("mlx", lambda: mlx_attention(Q, K, V, S32, ref, nbytes)))
+    impls.append(peer(peer_torch.NAME, lambda: torch_mps_attention(Q, K, V, sinks, causal, ref, nbytes)))
     if sinks:
         impls.append(not_applicable("torch", "F.scaled_dot_product_attention has no sinks"))
     else:
