@@ -11,7 +11,8 @@
 //   split into runs over as many threadgroups as fill the GPU (the host
 //   plan); a single run writes the output, several write their partial
 //   (max, sum, output) for
-// - attention_merge, which combines a row's runs as flash-decoding does.
+// - attention_merge, which combines a row's runs as flash-decoding does,
+//   its SIMD groups taking the runs in turn.
 // - attention_prefill: longer queries, in blocks of rows with simdgroup
 //   matrices for both products (below).
 //
@@ -217,20 +218,37 @@ kernel void attention_decode(device const T* q [[buffer(0)]], device const T* k 
   }
 }
 
-// grid: one SIMD group per output row; lane l combines elements [l E, l E + E) of every run.
+// The largest of a value over the SIMD group's lanes (no lane's value is NaN:
+// the runs' maxima never take a NaN score).
+inline float simd_max_of(float v) {
+  MPS_EXT_UNROLL
+  for (ushort offset = 16; offset > 0; offset /= 2) v = attention_max(v, simd_shuffle_xor(v, offset));
+  return v;
+}
+
+// grid: one threadgroup of kAttentionMergeSimdGroups SIMD groups per output
+// row. SIMD group g combines runs g, g + G, ... (lane l elements [l E, l E +
+// E) of each), so that no lane walks every run in turn; the groups' sums are
+// then added through threadgroup memory, in a fixed order.
 template <typename T, uint E>
 kernel void attention_merge(device const float* partial_out [[buffer(0)]],
                             device const float2* partial_stats [[buffer(1)]], device T* out [[buffer(2)]],
                             constant AttentionParams& p [[buffer(3)]], device const float* sinks [[buffer(4)]],
-                            uint row [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]]) {
+                            uint row [[threadgroup_position_in_grid]], uint lane [[thread_index_in_simdgroup]],
+                            uint sg [[simdgroup_index_in_threadgroup]],
+                            uint simdgroups [[simdgroups_per_threadgroup]]) {
+  constexpr uint G = mps_ext::kAttentionMergeSimdGroups;
+  threadgroup float group_acc[G * 32 * E];
+  threadgroup float group_sum[G];
   device const float2* stats = partial_stats + ulong(row) * p.splits;
-  float row_max = -INFINITY;
-  for (uint j = 0; j < p.splits; ++j) row_max = attention_max(row_max, stats[j].x);
+  float m = -INFINITY;
+  for (uint j = lane; j < p.splits; j += 32) m = attention_max(m, stats[j].x);
+  const float row_max = simd_max_of(m);
   float row_sum = 0.0f, acc[E];
   MPS_EXT_UNROLL
   for (uint e = 0; e < E; ++e) acc[e] = 0.0f;
   const uint first = lane * E;
-  for (uint j = 0; j < p.splits; ++j) {
+  for (uint j = sg; j < p.splits; j += simdgroups) {
     const float rescale = attention_term(stats[j].x, row_max);
     row_sum += stats[j].y * rescale;
     device const float* part = partial_out + (ulong(row) * p.splits + j) * p.v_dim;
@@ -238,11 +256,20 @@ kernel void attention_merge(device const float* partial_out [[buffer(0)]],
     for (uint e = 0; e < E; ++e)
       if (first + e < p.v_dim) acc[e] += part[first + e] * rescale;
   }
+  MPS_EXT_UNROLL
+  for (uint e = 0; e < E; ++e) group_acc[(sg * 32 + lane) * E + e] = acc[e];
+  if (lane == 0) group_sum[sg] = row_sum;
+  threadgroup_barrier(mem_flags::mem_threadgroup);
+  if (sg != 0) return;
+  row_sum = 0.0f;
+  for (uint g = 0; g < simdgroups; ++g) row_sum += group_sum[g];
   const SinkTaken t = take_sink(p, sinks, (row / p.q_len) % (p.kv_heads * p.group), row_max, row_sum);
   MPS_EXT_UNROLL
-  for (uint e = 0; e < E; ++e)
-    if (first + e < p.v_dim)
-      out[ulong(row) * p.v_dim + first + e] = T(t.sum == 0.0f ? 0.0f : acc[e] * t.rescale / t.sum);
+  for (uint e = 0; e < E; ++e) {
+    float sum = 0.0f;
+    for (uint g = 0; g < simdgroups; ++g) sum += group_acc[(g * 32 + lane) * E + e];
+    if (first + e < p.v_dim) out[ulong(row) * p.v_dim + first + e] = T(t.sum == 0.0f ? 0.0f : sum * t.rescale / t.sum);
+  }
 }
 
 // Prefill: query blocks of kPrefillRows rows per (batch, query head), flash

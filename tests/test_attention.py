@@ -87,6 +87,16 @@ def test_llama3_decode_reads_each_kv_head_once(device):
     assert decode.grid[1:] == (1, 8) and decode.grid[0] > 1, decode.grid
 
 
+def test_a_long_cache_merges_many_runs(device):
+    # 20,000 keys split over more runs than a SIMD group has lanes: the merge's SIMD groups take the runs in
+    # turn and add their sums in a fixed order, the same bits every call.
+    q, k, v = randn(1, 4, 1, 64), randn(1, 1, 20000, 64, seed=1), randn(1, 1, 20000, 64, seed=2)
+    got, t = check(device, q, k, v, enable_gqa=True)
+    assert t.names[1] == "attention_merge_float_e2" and t.kernels[0].grid[0] > 32, [(r.name, r.grid) for r in t.kernels]
+    again, _ = check(device, q, k, v, enable_gqa=True)
+    assert torch.equal(got, again)
+
+
 @pytest.mark.parametrize("q_len", [3, 40])
 @pytest.mark.parametrize("dim", [32, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 256])
 def test_head_dims(device, dim, q_len):

@@ -299,7 +299,7 @@ std::optional<std::string> attention_unsupported(const AttentionArgs& a) {
   const Plan p = plan(w, a, *backend);
   if (auto reason = backend->unavailable(p.kernel, p.threadgroup.x)) return reason;
   if (p.params.splits > 1)
-    if (auto reason = backend->unavailable(p.merge, 32)) return reason;
+    if (auto reason = backend->unavailable(p.merge, 32 * kAttentionMergeSimdGroups)) return reason;
   return std::nullopt;
 }
 
@@ -326,7 +326,7 @@ at::Tensor attention_kernels(const AttentionArgs& a) {
                .bytes(p.params)
                .tensor(w.sinks ? *w.sinks : w.q));
   if (splits > 1)
-    dispatch(Launch{p.merge, {}, {uint32_t(out_rows)}, {32}}
+    dispatch(Launch{p.merge, {}, {uint32_t(out_rows)}, {32 * kAttentionMergeSimdGroups}}
                  .tensor(partial_out)
                  .tensor(partial_stats)
                  .tensor(out)

@@ -79,9 +79,9 @@ REASONS = [
      "(upsample_repeat); the other modes compute one position and 4 channels per thread, with 2- or 4-byte "
      "accesses"),
     (r"^attention 1x32/8 heads q (1|4) ",
-     "decode: a threadgroup per KV head and block of keys, then a merge launch over the blocks that takes half "
-     "the time at 4096 keys (32 threadgroups of 32 threads); at 4 query rows per head 128 floats of "
-     "accumulators per lane. Flag: fewer, longer blocks and a wider merge"),
+     "decode: a threadgroup per KV head and block of keys, then a merge launch over the blocks (a threadgroup "
+     "of 4 SIMD groups per output row, taking the blocks in turn); at 4 query rows per head 128 floats of "
+     "accumulators per lane"),
     (r"^attention .*q 1024|^attention backward",
      "tiles of simdgroup_matrix products, which are emulated with warp shuffles here (correctness, not "
      "speed)"),

@@ -314,6 +314,8 @@ static_assert(sizeof(AttentionParams) == 176, "AttentionParams layout");
 // Rows of one threadgroup (1, 2, 4 or 8); more rows per KV head take more
 // threadgroups, each reading that head's keys.
 enum : mps_ext_u32 { kAttentionMaxRows = 8 };
+// The merge's SIMD groups per output row (metal/attention.metal: attention_merge).
+enum : mps_ext_u32 { kAttentionMergeSimdGroups = 4 };
 // Query rows of one prefill threadgroup (8 per SIMD group).
 enum : mps_ext_u32 { kAttentionPrefillRows = 32 };
 
