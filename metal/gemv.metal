@@ -56,8 +56,11 @@ kernel void gemv_dense(device const T* w [[buffer(0)]], device const T* x [[buff
   mps_ext::gemv_store_tile(y, bias, p, weights, first, t, lane);
 }
 
+// Launched with up to 32 x kGemvMaxSlices threads: without the attribute a pipeline may allow fewer (and the
+// host then splits K fewer ways).
+static_assert(32 * mps_ext::kGemvMaxSlices == 512, "gemv_splitk's max_total_threads_per_threadgroup");
 template <typename T, uint M, uint R>
-kernel void gemv_splitk(device const T* w [[buffer(0)]], device const T* x [[buffer(1)]],
+[[max_total_threads_per_threadgroup(512)]] kernel void gemv_splitk(device const T* w [[buffer(0)]], device const T* x [[buffer(1)]],
                         device const T* bias [[buffer(2)]], device T* y [[buffer(3)]],
                         constant GemvParams& p [[buffer(4)]], uint group [[threadgroup_position_in_grid]],
                         uint sg [[simdgroup_index_in_threadgroup]],

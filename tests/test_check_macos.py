@@ -82,7 +82,7 @@ def test_torch_function_not_exported(tmp_path):
     # ATen/native/DispatchStub.h declares at::native::get_cpu_capability() without TORCH_API:
     # it compiles and links, but no torch version's dylibs export it, so `import mps_ext`
     # would fail on every Mac. (at::get_cpu_capability() of ATen/Version.h is exported.)
-    cores = '{"gpu cores", std::to_string(at::mps::MPSDevice::getInstance()->getCoreCount())},'
+    cores = '{"gpu cores", std::to_string(gpu_cores(device))},'
     capability = '{"cpu capability", std::to_string(int(at::native::get_cpu_capability()))},'
     result = check_planted(tmp_path, cores, cores + capability, "2.15.0", header="ATen/native/DispatchStub.h",
                            analyze=False)

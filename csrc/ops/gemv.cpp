@@ -21,10 +21,10 @@ namespace {
 
 // Four SIMD groups per threadgroup for the dense kernel.
 constexpr uint32_t kDenseSimdGroups = 4;
-// A slice of K gets at least this many steps, and a threadgroup at most 16
-// slices.
+// A slice of K gets at least this many steps, and a threadgroup at most
+// kGemvMaxSlices slices.
 constexpr int64_t kMinStepsPerSlice = 2;
-constexpr int64_t kMaxSlices = 16;
+constexpr int64_t kMaxSlices = kGemvMaxSlices;
 
 // 16-byte chunks of each weight row a lane reads per step (chunks_per_lane
 // in metal/gemv.metal).

@@ -33,6 +33,9 @@ struct SoftmaxParams {
 static_assert(sizeof(SoftmaxParams) == 24, "SoftmaxParams layout");
 
 
+// The most SIMD groups gemv_splitk splits K over (one threadgroup).
+enum : mps_ext_u32 { kGemvMaxSlices = 16 };
+
 // y (m x n, row stride y_stride) = x (m x k) @ W.T (+ bias), W n x k; for
 // gemv_t, W stored k-major (k x n, w_stride between its k rows).
 struct GemvParams {
