@@ -158,3 +158,19 @@ def test_record_stream_on_an_idle_stream_lets_go(emu):
             break
         time.sleep(0.01)
     assert held.expired()
+
+
+@pytest.mark.parametrize("op", ["lu_factor_ex", "solve_ex", "inv_ex"])
+def test_check_errors_on_a_stream_reads_what_the_kernel_wrote(emu, op):
+    # check_errors=True reads the info the kernel writes with torch's ops, which on 2.13 run on the default
+    # stream: the op makes them wait for the stream first, so a singular matrix on a stream still raises.
+    s = mps_ext.Stream("mps")
+    singular = torch.zeros(3, 3).to("mps")
+    call = {"lu_factor_ex": lambda: mps_ext.lu_factor_ex(singular, check_errors=True),
+            "solve_ex": lambda: mps_ext.solve_ex(singular, torch.ones(3, 1).to("mps"), check_errors=True),
+            "inv_ex": lambda: mps_ext.inv_ex(singular, check_errors=True)}[op]
+    with mps_ext.stream(s), mps_ext.trace() as t:
+        with pytest.raises(RuntimeError, match="singular|zero"):
+            call()
+    assert t.kernels and all(k.backend == "metal" for k in t.kernels), t.names
+    s.synchronize()
