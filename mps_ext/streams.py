@@ -320,10 +320,11 @@ def record_stream(tensor: torch.Tensor, stream) -> None:
 
     Use it for a tensor made on one stream and used by work on another, before
     letting go of it. mps_ext's own launches keep their tensors alive by
-    themselves; this is for the rest (torch ops that follow the stream). With
-    torch 2.15 on ``mps`` it is torch's ``Tensor.record_stream``; elsewhere
-    the memory is held until the work enqueued on ``stream`` before this call
-    has run, so call it after enqueuing the work that uses the tensor.
+    themselves; this is for the rest (torch ops that follow the stream). The
+    memory is held until the work enqueued on ``stream`` before this call has
+    run, so call it after enqueuing the work that uses the tensor; with torch
+    2.15 on ``mps`` it is also torch's ``Tensor.record_stream`` (which records
+    nothing for the private-storage buffers of default MPS tensors).
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"record_stream() expects a tensor, got {type(tensor).__name__}")

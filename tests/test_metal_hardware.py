@@ -68,3 +68,23 @@ def test_ten_thousand_pads_of_varying_shape_keep_driver_memory_flat():
     assert set(t.names) == {"pad_constant_ushort"}
     grown = torch.mps.driver_allocated_memory() - before
     assert grown < 64 << 20, f"driver memory grew by {grown >> 20} MiB over 10,000 pads"
+
+
+@pytest.mark.skipif(torch.__version__ < "2.14", reason="torch's ops follow the stream from 2.14 on")
+def test_a_recorded_tensor_outlives_a_long_kernel_on_its_stream():
+    # The README's prefetch pattern under a long kernel: a tensor used by torch's own op on another stream,
+    # recorded there and let go at once. Its memory must not go to the next allocation of its size before the
+    # op has run (torch 2.15's own recordStream records nothing for private-storage buffers).
+    s = mps_ext.Stream("mps")
+    x = torch.randn(256, 1 << 16)
+    gpu = x.to("mps")
+    torch.mps.synchronize()
+    with mps_ext.stream(s):
+        y = mps_ext.softmax(mps_ext.softmax(mps_ext.softmax(torch.randn(256, 1 << 16, device="mps"), -1), -1), -1)
+        doubled = gpu * 2  # torch's op, after the long kernels on s
+    mps_ext.record_stream(gpu, s)
+    del gpu
+    clobber = torch.full((256, 1 << 16), float("nan"), device="mps")  # the freed size, at once
+    s.synchronize()
+    assert_close(doubled, x * 2)
+    del y, clobber

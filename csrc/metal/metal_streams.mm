@@ -357,8 +357,11 @@ std::unique_ptr<Event> new_event(id<MTLDevice> device) { return std::make_unique
 void record_tensor(const at::Tensor& t, int64_t stream_id) {
   MPSStream* stream = by_id(stream_id);
 #if MPS_EXT_TORCH_AT_LEAST(15)
-  t.record_stream(stream->unwrap());  // torch's allocator tracks streams since 2.15
-#else
+  // Torch's allocator tracks streams since 2.15, but its recordStream records
+  // nothing for a private-storage buffer (every default MPS tensor): the
+  // tensor is held below as well.
+  t.record_stream(stream->unwrap());
+#endif
   // Committed now: an idle stream would otherwise hold the tensor until it next synchronizes.
   at::mps::dispatch_sync_with_rethrow(stream->queue(), ^() {
     @autoreleasepool {
@@ -366,7 +369,6 @@ void record_tensor(const at::Tensor& t, int64_t stream_id) {
       stream->synchronize(SyncType::COMMIT);
     }
   });
-#endif
 }
 
 void wait_torch_event(int64_t stream_id, int64_t event_id) {
