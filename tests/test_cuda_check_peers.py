@@ -392,3 +392,15 @@ def test_a_plan_a_peer_refuses_drops_its_cell_only(tool):
     assert "its plan refuses the case" in impls["ggml"].not_applicable and "K % 256" in impls["ggml"].not_applicable
     assert not impls["ours"].not_applicable and not impls["torch"].not_applicable
     assert impls["mlx"].not_applicable  # MLX's plans: one and four rows
+
+
+def test_reports_name_the_card_and_its_clocks(tool):
+    # Every report says where the card's clocks were when the run started (and where they could be).
+    _, _, peer_report = tool
+    info = {"device": "NVIDIA H100 80GB HBM3", "sms": 132, "torch": "2.11", "cuda": "13.0", "copy_gbs": 3000.0,
+            "clocks": {"clocks.sm": 1980, "clocks.max.sm": 1980, "clocks.mem": 2619, "clocks.max.mem": 2619}}
+    md = peer_report.render({"info": info, "cases": []})
+    assert "NVIDIA H100 80GB HBM3 (132 SMs; SM clock 1980 of 1980 MHz, memory 2619 of 2619 MHz" in md
+    assert "clocks not read" in peer_report.render({"info": {**info, "clocks": None}, "cases": []})
+    report = _tool("report")
+    assert "SM clock 1980 of 1980 MHz" in report.render({"info": info, "small": [], "large": [], "kernels": {}})

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import statistics
 
+from report import clocks_text
+
 PEERS = [("ggml", "ggml"), ("mlx", "MLX")]
 # torch 2.15's own Metal kernels (peer_torch.py; n/a without peers.py --torch-mps DIR).
 TORCH_MPS = ("torch_mps", "torch-mps 2.15")
@@ -139,7 +141,7 @@ def render(result: dict) -> str:
     """Markdown: a line on the run, then one table per family that the run holds."""
     info, rows = result["info"], result["cases"]
     between, peers = spread(rows), spread(rows, ("ggml", "mlx"))
-    lines = [f"Run: {info['device']} ({info['sms']} SMs), torch {info['torch']} (CUDA {info['cuda']}), at "
+    lines = [f"Run: {info['device']} ({info['sms']} SMs; {clocks_text(info)}), torch {info['torch']} (CUDA {info['cuda']}), at "
              f"{info.get('commit') or 'an uncommitted tree'}; copy bandwidth {info['copy_gbs']:.0f} GB/s (read + "
              f"write); {info.get('seconds', '?')} s. Cells: median µs per call in pass 1 (% of copy bandwidth)."
              + (f" Our times differ between the passes by {100 * between[0]:.1f}% at the median, "

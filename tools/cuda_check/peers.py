@@ -32,7 +32,7 @@ import peer_torch  # noqa: E402
 from cases import TOL, rel_err  # noqa: E402
 from cuda import Launcher, build  # noqa: E402
 from peer_plans import Ggml  # noqa: E402
-from run import copy_bandwidth, load_all  # noqa: E402
+from run import copy_bandwidth, device_info, load_all  # noqa: E402
 from translate_cuda import ROOT  # noqa: E402
 
 PASSES = 2
@@ -171,9 +171,7 @@ def main():
     peer_torch.SOURCES = args.torch_mps
     t0 = time.time()
     launcher = Launcher(load(args.build, args.peers))
-    props = torch.cuda.get_device_properties(0)
-    info = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda, "copy_gbs": copy_bandwidth(), "commit": commit()}
+    info = {**device_info(), "copy_gbs": copy_bandwidth(), "commit": commit()}
     log(f"{info['device']}, {info['sms']} SMs; copy {info['copy_gbs']:.0f} GB/s")
     families = args.families.split(",")
     cases = [c for c in peer_cases.cases() if c.family in families]

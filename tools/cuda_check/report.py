@@ -108,6 +108,15 @@ def _verdict(san: dict, tool: str, kernel: str) -> str:
     return "clean" if not errs[kernel] else f"**{len(errs[kernel])} error(s)**"
 
 
+def clocks_text(info: dict) -> str:
+    """The clocks of a report's info, as a phrase: where the card was running and could run."""
+    c = info.get("clocks")
+    if not c:
+        return "clocks not read"
+    return (f"SM clock {c['clocks.sm']} of {c['clocks.max.sm']} MHz, memory {c['clocks.mem']} of "
+            f"{c['clocks.max.mem']} MHz at the start")
+
+
 def render(res: dict) -> str:
     info, san = res["info"], res.get("sanitizers", {})
     copy = info.get("copy_gbs", 0.0)
@@ -123,7 +132,7 @@ def render(res: dict) -> str:
          "bandwidth ratios point at serialisation, too little parallelism or missing vector loads. They do not "
          "predict times on an M-series GPU (other caches, other memory system; simdgroup_matrix is emulated "
          "with shuffles here).", "",
-         f"Device: {info.get('device')} ({info.get('sms')} SMs), torch {info.get('torch')} (CUDA "
+         f"Device: {info.get('device')} ({info.get('sms')} SMs; {clocks_text(info)}), torch {info.get('torch')} (CUDA "
          f"{info.get('cuda')}); measured device-to-device copy bandwidth {copy:.0f} GB/s (bytes read + "
          f"written). Whole run: {info.get('seconds')} s.", ""]
 

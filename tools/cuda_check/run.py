@@ -100,6 +100,23 @@ def time_ms(fn, reps=50) -> float:
     return statistics.median(times)
 
 
+# nvidia-smi's fields for the card's clocks when the run starts: SM and memory now, and their maxima.
+CLOCKS = ("clocks.sm", "clocks.max.sm", "clocks.mem", "clocks.max.mem")
+
+
+def device_info() -> dict:
+    """The card (name, SMs, its clocks in MHz as nvidia-smi reads them, or None without it) and the software."""
+    props = torch.cuda.get_device_properties(0)
+    try:
+        line = subprocess.run(["nvidia-smi", "-i", "0", f"--query-gpu={','.join(CLOCKS)}", "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        clocks = dict(zip(CLOCKS, (int(v) for v in line.split(","))))
+    except (OSError, ValueError, subprocess.SubprocessError):
+        clocks = None
+    return {"device": props.name, "sms": props.multi_processor_count, "clocks": clocks, "torch": torch.__version__,
+            "cuda": torch.version.cuda}
+
+
 def copy_bandwidth() -> float:
     """GB/s of a device-to-device copy of 4 GiB (bytes read + written)."""
     src = torch.empty(1 << 30, dtype=torch.float32, device="cuda").uniform_()
@@ -310,9 +327,7 @@ def main():
         for tool, r in san.items():
             log(f"  {tool}: rc {r.get('rc')}, {r.get('seconds')} s, completed {r.get('completed')}, "
                 f"flagged {sorted(k for k, v in r.get('errors', {}).items() if v)}")
-    props = torch.cuda.get_device_properties(0)
-    info = {"device": props.name, "sms": props.multi_processor_count, "torch": torch.__version__,
-            "cuda": torch.version.cuda}
+    info = device_info()
     info["copy_gbs"] = copy_bandwidth()
     log(f"device {info['device']}, {info['sms']} SMs; copy bandwidth {info['copy_gbs']:.0f} GB/s")
     large = []
