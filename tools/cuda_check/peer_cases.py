@@ -172,6 +172,12 @@ def routing(e: int, topk: int, tokens: int, seed: int) -> torch.Tensor:
     return torch.stack([torch.randperm(e, generator=gen)[:topk] for _ in range(tokens)]).to(torch.int32).to(cuda.DEV)
 
 
+def distinct_experts(ids: list[torch.Tensor]) -> float:
+    """The experts a routing reads, on average over the routings a case rotates through: each call of the timed
+    replay reads its own routing's experts once, so the bytes that the median time moves are these."""
+    return sum(int(torch.unique(i).numel()) for i in ids) / len(ids)
+
+
 def sorted_rows(ids: torch.Tensor, e: int):
     """The order that sorts routed rows by expert (stable), and offs (cumulative rows per expert)."""
     flat = ids.reshape(-1).long()
@@ -190,7 +196,7 @@ def moe(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     token_of_row = torch.arange(tokens, device=cuda.DEV).repeat_interleave(topk)
     routed = [x[token_of_row] if op == "gate_up" else x.reshape(rows, k) for x in inputs]  # (token, j) order
     ref = torch.einsum("pnk,pk->pn", W[ids[0].reshape(-1).long()].double(), routed[0].double())
-    weights = int(torch.unique(ids[0]).numel()) * n * k * 2
+    weights = round(distinct_experts(ids) * n * k * 2)
     nbytes = weights + rows * (k + n) * 2
     order, offs = zip(*(sorted_rows(i, e) for i in ids))
     A = [r[o].contiguous() for r, o in zip(routed, order)]
@@ -226,11 +232,11 @@ def moe_fp8(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     experts = ids[0].reshape(-1).long()[order[0]]
     ref = torch.einsum("pnk,pk->pn", W[experts].double(), A[0].double())
     ref8 = torch.einsum("pnk,pk->pn", (W8.double() * scale.double()[..., None])[experts], A[0].double())
-    distinct = int(torch.unique(ids[0]).numel())
+    distinct = distinct_experts(ids)
     return [kernel_impl("ours", [our_plan(mps_ext.fp8_grouped_mm, A[s], W8, scale, offs[s]) for s in range(ROUTINGS)],
-                        ref8, distinct * n * k + rows * (k + n) * 2, "fp8_grouped_mm, per-row scales"),
+                        ref8, round(distinct * n * k) + rows * (k + n) * 2, "fp8_grouped_mm, per-row scales"),
             kernel_impl("bf16", [our_plan(mps_ext.grouped_mm, A[s], W.transpose(-2, -1), offs[s]) for s in range(ROUTINGS)],
-                        ref, distinct * n * k * 2 + rows * (k + n) * 2, "grouped_mm on the bf16 experts")]
+                        ref, round(distinct * n * k * 2) + rows * (k + n) * 2, "grouped_mm on the bf16 experts")]
 
 
 def moe_kn(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
@@ -244,7 +250,7 @@ def moe_kn(case: Case, ggml: peer_plans.Ggml, rotate: int) -> list[Impl]:
     A = [randn(rows, k, dtype=BF16) for _ in ids]
     experts = ids[0].reshape(-1).long()[order[0]]
     ref = torch.einsum("pkn,pk->pn", W[experts].double(), A[0].double())
-    nbytes = int(torch.unique(ids[0]).numel()) * n * k * 2 + rows * (k + n) * 2
+    nbytes = round(distinct_experts(ids) * n * k * 2) + rows * (k + n) * 2
     return [kernel_impl("ours", [our_plan(mps_ext.grouped_mm, A[s], W, offs[s]) for s in range(ROUTINGS)], ref, nbytes,
                         "grouped_mm decode along N"),
             torch_impl([lambda s=s: torch._grouped_mm(A[s], W, offs=offs[s]) for s in range(ROUTINGS)], ref, BF16,

@@ -25,7 +25,8 @@ TABLES = {
             [("ours", "fp8_linear"), ("bf16", "bf16 GEMV"), TORCH_MPS, ("torch", "torch CUDA bf16")],
             ("÷ bf16 GEMV", ["bf16"])),
     "moe": ("MoE decode (Qwen3-30B-A3B experts: 128, top-8, bf16)",
-            "T tokens route T × 8 rows; GB/s counts the distinct active experts' weights once.",
+            "T tokens route T × 8 rows; GB/s counts the distinct active experts' weights once, averaged over the "
+            "eight routings each case rotates through.",
             [("ours", "ours"), *PEERS, TORCH_MPS, ("torch", "torch CUDA")], ("÷ best peer", METAL_PEERS)),
     "moe_fp8": ("FP8 MoE decode (`fp8_grouped_mm`, the same experts in e4m3fn)",
                 "One scale per row, bf16 activations, beside our bf16 decode on the same routing.",
