@@ -32,6 +32,8 @@ if "--dry-run" in sys.argv:
 import torch  # noqa: E402
 
 import cases as C  # noqa: E402
+import report  # noqa: E402
+from report import CONTROL  # noqa: E402
 import replay  # noqa: E402
 from cuda import Driver, Launch, Launcher, build, env_no_caching, resource_usage, u32s  # noqa: E402
 from translate_cuda import ROOT, translate  # noqa: E402
@@ -40,7 +42,6 @@ HERE = Path(__file__).resolve().parent
 SOURCES = sorted((ROOT / "metal").glob("*.metal"))
 PLANTED = HERE / "planted.metal"
 TOOLS = ("racecheck", "synccheck", "memcheck")
-CONTROL = {"racecheck": "planted_race", "synccheck": "planted_divergent_barrier", "memcheck": "planted_oob"}
 MARK = "@@kernel "
 # Marks what a case runs of torch's own on the GPU (its reference): the sanitizers' reports there are not ours.
 TORCH = "__torch__"
@@ -339,7 +340,6 @@ def main():
     result = {"info": info, "small": small, "large": large, "sanitizers": san, "kernels": all_names, "usage": usage,
               "launched": sorted(launcher.launched)}
     (args.out / "cuda_check.json").write_text(json.dumps(result, indent=1, default=str))
-    import report
     (args.out / "cuda_check.md").write_text(report.render(result))
     log(report.summary(result))
 
