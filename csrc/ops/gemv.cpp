@@ -24,7 +24,6 @@ constexpr uint32_t kDenseSimdGroups = 4;
 // A slice of K gets at least this many steps, and a threadgroup at most
 // kGemvMaxSlices slices.
 constexpr int64_t kMinStepsPerSlice = 2;
-constexpr int64_t kMaxSlices = kGemvMaxSlices;
 
 // 16-byte chunks of each weight row a lane reads per step (chunks_per_lane
 // in metal/gemv.metal).
@@ -105,7 +104,7 @@ GemvGeometry gemv_geometry(int64_t n, int64_t steps, int64_t rows_per_simdgroup,
   // Split only when that at least doubles the SIMD groups: a grid just short
   // of the fill runs best dense.
   const int64_t fill = backend.fill_simdgroups(split_kernel, 32 * kDenseSimdGroups);
-  int64_t slices = std::min({kMaxSlices, fill / blocks, steps / kMinStepsPerSlice});
+  int64_t slices = std::min({int64_t(kGemvMaxSlices), fill / blocks, steps / kMinStepsPerSlice});
   if (slices >= 2) {
     while (slices > 2 && backend.unavailable(split_kernel, uint32_t(32 * slices))) slices /= 2;
     return {slices, {uint32_t(blocks)}, {uint32_t(32 * slices)}};
